@@ -1,0 +1,136 @@
+/*
+ * relaxed_atomic.h -- the few things Cython cannot say by itself:
+ * GCC __atomic builtins with explicit orderings, a cpu pause, the cache-line
+ * constant, a per-handle RNG (wyrand) and a cheap timestamp.
+ *
+ * Everything is static inline; the .pyx files declare these with
+ * `cdef extern from "relaxed_atomic.h" nogil`.
+ */
+#ifndef RELAXED_ATOMIC_H
+#define RELAXED_ATOMIC_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <errno.h>
+#include <signal.h>
+#include <sched.h>
+#include <time.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* One named cache-line constant for every padded counter and lock guard.
+ * 128 rather than 64 on x86-64 because the adjacent-line prefetcher pulls
+ * pairs of lines (the same choice as crossbeam's CachePadded).
+ * Override at build time with -DRELAXED_CACHE_LINE=64. */
+#ifndef RELAXED_CACHE_LINE
+#define RELAXED_CACHE_LINE 128
+#endif
+
+static inline int64_t rlx_cache_line(void) { return RELAXED_CACHE_LINE; }
+
+/* ---- atomics on int64 / uint64 / int32 words ---------------------------- */
+static inline int64_t rlx_load_relaxed_i64(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline int64_t rlx_load_acquire_i64(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void rlx_store_relaxed_i64(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+static inline void rlx_store_release_i64(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline int64_t rlx_fetch_add_i64(int64_t *p, int64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline int64_t rlx_fetch_add_acqrel_i64(int64_t *p, int64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
+
+static inline uint64_t rlx_load_relaxed_u64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline void rlx_store_relaxed_u64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+
+static inline int32_t rlx_load_relaxed_i32(const int32_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline int32_t rlx_load_acquire_i32(const int32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void rlx_store_release_i32(int32_t *p, int32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+/* Strong CAS; acquire on success (it takes a lock), relaxed on failure. */
+static inline int rlx_cas_acquire_i32(int32_t *p, int32_t expected, int32_t desired) {
+    return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+static inline int rlx_cas_acqrel_i64(int64_t *p, int64_t expected, int64_t desired) {
+    return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+}
+
+/* Orders every store before it ahead of every store after it (a compiler
+ * barrier on x86-64, dmb on arm64). Used by the per-queue journal that lets a
+ * survivor repair a heap whose lock holder died mid-operation. */
+static inline void rlx_release_fence(void) { __atomic_thread_fence(__ATOMIC_RELEASE); }
+
+static inline void rlx_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+static inline void rlx_yield(void) { sched_yield(); }
+
+static inline int32_t rlx_getpid(void) { return (int32_t)getpid(); }
+
+/* ---- liveness of a lock owner ------------------------------------------ */
+/* 1 if a process with this pid is running (or we may not signal it), 0 if it
+ * does not exist or is a zombie (dead but not yet reaped by its parent, which
+ * kill(pid, 0) alone would report as alive). Slow path only. */
+static inline int rlx_pid_alive(int32_t pid) {
+    char path[64], buf[512];
+    FILE *f;
+    size_t n;
+    char *rp;
+    if (pid <= 0) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    f = fopen(path, "r");
+    if (!f) return 1;                 /* no procfs: trust kill() */
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    rp = strrchr(buf, ')');           /* the state follows the command name */
+    if (rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X')) return 0;
+    return 1;
+}
+
+/* ---- per-handle RNG: wyrand (Wang Yi, public domain) ---------------------- */
+static inline uint64_t rlx_rand(uint64_t *state) {
+    *state += 0xa0761d6478bd642fULL;
+    __uint128_t t = (__uint128_t)(*state) * (*state ^ 0xe7037ed1a0b428dbULL);
+    return (uint64_t)(t >> 64) ^ (uint64_t)t;
+}
+/* Uniform in [0, n) by Lemire's multiply-shift (bias < n / 2^32, negligible). */
+static inline uint32_t rlx_rand_below(uint64_t *state, uint32_t n) {
+    return (uint32_t)(((uint64_t)(uint32_t)rlx_rand(state) * (uint64_t)n) >> 32);
+}
+/* splitmix64, to derive independent seeds from (seed, stream id). */
+static inline uint64_t rlx_mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* ---- timestamps for the operation log ---------------------------------- */
+static inline uint64_t rlx_ticks(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return __builtin_ia32_rdtsc();
+#else
+    struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+#endif
+}
+
+/* ---- order-preserving key maps to uint64 -------------------------------- */
+static inline uint64_t rlx_key_from_i64(int64_t k) { return ((uint64_t)k) ^ 0x8000000000000000ULL; }
+static inline int64_t rlx_key_to_i64(uint64_t u) { return (int64_t)(u ^ 0x8000000000000000ULL); }
+static inline uint64_t rlx_key_from_f64(double d) {
+    union { double d; uint64_t u; } c; c.d = d;
+    return (c.u & 0x8000000000000000ULL) ? ~c.u : (c.u | 0x8000000000000000ULL);
+}
+static inline double rlx_key_to_f64(uint64_t u) {
+    union { double d; uint64_t u; } c;
+    c.u = (u & 0x8000000000000000ULL) ? (u & 0x7fffffffffffffffULL) : ~u;
+    return c.d;
+}
+
+#endif

@@ -1,0 +1,26 @@
+"""relaxed: concurrent relaxed data structures on shared memory.
+
+Structures (each works across Python threads, whose bulk calls run without the
+GIL, and across processes when created with ``shared=True``):
+
+    MultiQueue      relaxed concurrent priority queue (Rihani, Sanders, Dementiev 2015)
+    QueueFull       raised when every queue of a MultiQueue is full
+    MultiCounter    relaxed scalable counter (Alistarh et al., SPAA 2018)
+
+Shared memory:
+
+    Segment         a named POSIX shared-memory block or private memory (relaxed.shm)
+
+Example::
+
+    from relaxed import MultiQueue
+    mq = MultiQueue(1_000_000, n_queues=8, shared=True, seed=0)
+    mq.push_many(keys, values)          # nogil
+    keys, values = mq.pop_many(1000)    # nogil, a few smallest-ish
+"""
+from relaxed.shm import Segment
+from relaxed._multiqueue import MultiQueue, QueueFull
+from relaxed._multicounter import MultiCounter
+
+__all__ = ["MultiQueue", "QueueFull", "MultiCounter", "Segment"]
+__version__ = "0.1.0"

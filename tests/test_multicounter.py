@@ -1,0 +1,108 @@
+"""MultiCounter: conservation across threads and processes, the read bound, bad input."""
+import math
+import pickle
+import threading
+
+import multiprocess as mp
+import numpy as np
+import pytest
+
+import workers
+from conftest import scaled
+from naive import LockedCounter
+from relaxed import MultiCounter
+
+
+def test_smoke_and_sequential_exact():
+    with MultiCounter(8, seed=0) as c:
+        ref = LockedCounter()
+        for _ in range(1000):
+            c.increment()
+            ref.increment()
+        c.increment_many(5000)
+        ref.increment(5000)
+        assert c.exact() == ref.value() == 6000
+        assert c.counters().sum() == 6000
+        assert abs(c.read() - c.exact()) <= c.error_bound()
+        c._check()
+
+
+def test_single_counter_is_exact():
+    c = MultiCounter(1, seed=0)
+    c.increment_many(123)
+    assert c.read() == c.exact() == 123 and c.error_bound() == 0
+    c.close()
+
+
+def test_error_bound_formula():
+    for m in (2, 16, 1024):
+        assert MultiCounter(m).error_bound() == int(m * (2 * math.log2(m) + 8))
+
+
+def test_threads_conserve_and_reads_stay_within_bound():
+    n = scaled(500_000)
+    c = MultiCounter(16, seed=1)
+    ts = [threading.Thread(target=c.increment_many, args=(n,)) for _ in range(2)]
+    for t in ts:
+        t.start()
+    errs = []
+    while any(t.is_alive() for t in ts):
+        errs.append(np.abs(c._read_errors(100)).max())
+    for t in ts:
+        t.join()
+    assert c.exact() == 2 * n
+    worst = max(errs + [abs(c.read() - c.exact())])
+    assert worst <= c.error_bound(), f"read error {worst} exceeds the bound {c.error_bound()}"
+    c.close()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_two_processes_million_increments_each(method, no_shm_leak):
+    ctx = mp.get_context(method)
+    with MultiCounter(16, shared=True, seed=2) as c:
+        ps = [ctx.Process(target=workers.increment, args=(c, 1_000_000)) for _ in range(2)]
+        for p in ps:
+            p.start()
+        errs = []
+        while any(p.is_alive() for p in ps):
+            errs.append(np.abs(c._read_errors(100)).max())
+        for p in ps:
+            p.join()
+            assert p.exitcode == 0
+        assert c.exact() == 2_000_000
+        reads = [c.read() for _ in range(1000)]
+        worst = max(errs + [abs(r - 2_000_000) for r in reads])
+        assert worst <= c.error_bound(), (
+            f"read error {worst} exceeds the documented bound {c.error_bound()}")
+        c._check()
+
+
+def test_python_level_increments_across_processes(no_shm_leak):
+    ctx = mp.get_context("fork")
+    with MultiCounter(4, shared=True, seed=3) as c:
+        ps = [ctx.Process(target=workers.increment, args=(c, 20_000, False)) for _ in range(2)]
+        for p in ps:
+            p.start()
+        for p in ps:
+            p.join()
+        assert c.exact() == 40_000
+
+
+def test_bad_input_and_close():
+    with pytest.raises(ValueError, match="n_counters must be >= 1"):
+        MultiCounter(0)
+    with pytest.raises(TypeError, match="n_counters must be an int"):
+        MultiCounter(2.0)
+    with pytest.raises(TypeError, match="shared"):
+        MultiCounter(2, shared=1)
+    c = MultiCounter(2)
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        c.increment_many(-1)
+    with pytest.raises(TypeError, match="k must be an int"):
+        c.increment_many(1.0)
+    with pytest.raises(TypeError, match="shared=True"):
+        pickle.dumps(c)
+    c.close()
+    for call in (c.increment, c.read, c.exact, lambda: c.increment_many(1)):
+        with pytest.raises(RuntimeError, match="closed"):
+            call()

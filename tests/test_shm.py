@@ -1,0 +1,172 @@
+"""Shared memory: attach by name, headers, and no segment left behind after normal
+exit, an exception, or SIGKILL of a child (or of the owner)."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import multiprocess as mp
+import numpy as np
+import pytest
+from multiprocessing import shared_memory
+
+import workers
+from conftest import shm_names
+from relaxed import MultiCounter, MultiQueue, Segment
+
+
+def run_script(code, expect_rc=0):
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == expect_rc, r.stderr
+    return r
+
+
+def wait_gone(names, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not (names & shm_names()):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_segment_create_attach_unlink(no_shm_leak):
+    seg = Segment.create(4096)
+    assert seg.name in shm_names()
+    other = Segment.attach(seg.name)
+    other.buf[100] = 7
+    assert seg.buf[100] == 7
+    other.close()
+    assert seg.name in shm_names(), "closing an attached handle must not unlink"
+    seg.close()
+    assert seg.name not in shm_names()
+    seg.close()
+
+
+def test_attach_missing_and_foreign_segments():
+    with pytest.raises(ValueError, match="no shared-memory segment named"):
+        MultiQueue.attach("rlx_does_not_exist")
+    with pytest.raises(ValueError, match="without '/'"):
+        MultiQueue.attach("a/b")
+    with pytest.raises(TypeError, match="name must be a str"):
+        MultiCounter.attach(5)
+    foreign = shared_memory.SharedMemory(create=True, size=4096)
+    try:
+        with pytest.raises(ValueError, match="not a relaxed structure"):
+            MultiQueue.attach(foreign.name)
+    finally:
+        foreign.close()
+        foreign.unlink()
+    small = shared_memory.SharedMemory(create=True, size=16)
+    try:
+        with pytest.raises(ValueError, match="too small"):
+            MultiQueue.attach(small.name)
+    finally:
+        small.close()
+        small.unlink()
+    with MultiCounter(4, shared=True) as c:
+        with pytest.raises(ValueError, match="holds a MultiCounter, not a MultiQueue"):
+            MultiQueue.attach(c.name)
+    with MultiQueue(10, shared=True) as q:
+        with pytest.raises(ValueError, match="holds a MultiQueue, not a MultiCounter"):
+            MultiCounter.attach(q.name)
+
+
+def test_attacher_exit_does_not_unlink_spawn(no_shm_leak):
+    """Python 3.11's resource tracker would unlink a segment when a spawned attacher
+    exits; ours must survive that."""
+    ctx = mp.get_context("spawn")
+    with MultiQueue(100, shared=True) as mq:
+        mq.push(1, 1)
+        with ctx.Pool(1) as pool:
+            assert pool.apply(workers.attach_and_exit, (mq.name, "MultiQueue")) == 1
+        time.sleep(0.3)
+        assert mq.name in shm_names()
+        again = MultiQueue.attach(mq.name)
+        assert len(again) == 1
+        again.close()
+
+
+def test_no_leak_after_normal_exit_and_exception():
+    before = shm_names()
+    run_script("""
+        from relaxed import MultiQueue, MultiCounter
+        q = MultiQueue(1000, shared=True); c = MultiCounter(8, shared=True)
+        q.push(1, 1); c.increment()
+        q2 = MultiQueue(10, shared=True)   # never closed: the finalizer unlinks it
+    """)
+    r = run_script("""
+        from relaxed import MultiQueue
+        q = MultiQueue(1000, shared=True)
+        raise RuntimeError("boom")
+    """, expect_rc=1)
+    assert "boom" in r.stderr
+    assert shm_names() - before == set()
+
+
+def test_no_leak_when_child_is_sigkilled(no_shm_leak):
+    ctx = mp.get_context("fork")
+    with MultiQueue(100, shared=True) as mq:
+        ready = ctx.Event()
+        p = ctx.Process(target=workers.attach_and_sleep, args=(mq, ready))
+        p.start()
+        ready.wait(30)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+        mq.push(1, 1)
+        assert mq.pop() == (1, 1)
+
+
+def test_no_leak_when_owner_is_sigkilled():
+    before = shm_names()
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from relaxed import MultiQueue
+        q = MultiQueue(1000, shared=True)
+        print(q.name, flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    name = proc.stdout.readline().strip()
+    assert name in shm_names()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # the owner's resource tracker notices the death and unlinks
+    assert wait_gone({name}), f"{name} still in /dev/shm after its owner was killed"
+    assert shm_names() - before == set()
+
+
+def test_forked_child_holding_owner_copy_does_not_unlink(no_shm_leak):
+    ctx = mp.get_context("fork")
+    with MultiQueue(100, shared=True) as mq:
+        p = ctx.Process(target=lambda: mq.close())   # the child's copy of the owner
+        p.start()
+        p.join()
+        assert mq.name in shm_names()
+        mq.push(1, 1)
+        assert len(mq) == 1
+
+
+def test_private_memory_is_shared_with_forked_children():
+    mq = MultiQueue(100, seed=0)
+    assert mq.name is None and not mq.shared
+    p = mp.get_context("fork").Process(target=workers.produce, args=(mq, 0, 10, 0))
+    p.start()
+    p.join()
+    assert len(mq) == 10
+    mq.close()
+
+
+def test_fork_after_closing_a_structure():
+    """The after-fork hook must skip structures that were closed (it once crashed)."""
+    q = MultiQueue(10, shared=True)
+    c = MultiCounter(4, shared=True)
+    q.close()
+    c.close()
+    with MultiCounter(4, shared=True) as c2:
+        p = mp.get_context("fork").Process(target=workers.increment, args=(c2, 1000))
+        p.start()
+        p.join()
+        assert p.exitcode == 0 and c2.exact() == 1000
