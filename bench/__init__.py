@@ -1,0 +1,1 @@
+"""Microbenchmarks of the kit (python -m bench --help)."""

@@ -1,0 +1,214 @@
+"""Scalability and quality microbenchmarks: ``python -m bench SCENARIO [options]``.
+
+Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
+
+  pq-threads     hold-model throughput vs threads: MultiQueue (nogil loop, bulk API,
+                 Python level, one queue) beside heapq+Lock and queue.PriorityQueue
+  pq-processes   the same across processes sharing one MultiQueue, beside a
+                 Manager-served queue.PriorityQueue
+  quality        rank error and delay of pops, replayed from per-thread operation logs
+  counter        MultiCounter increments vs threads/processes, and read() error
+  all            every scenario above, then plot
+  plot           PNG plots from the JSON results
+
+Examples:
+  python -m bench all                       # 1..CPU count workers, 5 repetitions
+  python -m bench pq-threads --workers 1-16 --reps 7
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from bench import common
+from bench.common import Series, fmt_rate
+
+
+def _workers(args):
+    return common.parse_counts(args.workers) if args.workers else list(range(1, (os.cpu_count() or 1) + 1))
+
+
+def _measure(comp_objs, workers_list, args, kind, iters_of):
+    """Interleaved repetitions: for each worker count, every competitor once per rep."""
+    from bench import pq
+    runner = pq.run_threads if kind == "threads" else pq.run_processes
+    rows = []
+    total = sum(len(comp_objs) * (args.reps + 1) for _ in workers_list)
+    bar = tqdm(total=total, desc=kind, unit="run", leave=False)
+    for T in workers_list:
+        built = []
+        for c in comp_objs:
+            s = c.build(T, shared=True) if kind == "processes" else c.build(T)
+            built.append((c, s, Series(c.name, {"workers": T, "iters_per_worker": iters_of(c)})))
+        for rep in range(args.reps + 1):            # rep 0 is the warm-up
+            for c, s, ser in built:
+                rate = runner(c, s, T, iters_of(c), args.seed + rep)
+                if rep:
+                    ser.rates.append(rate)
+                bar.update()
+        for c, s, ser in built:
+            c.close(s)
+            rows.append(ser.summary())
+    bar.close()
+    return rows
+
+
+def _table(rows, title):
+    print(f"\n{title}")
+    comps = list(dict.fromkeys(r["competitor"] for r in rows))
+    ws = sorted({r["workers"] for r in rows})
+    print(f"{'competitor':24s}" + "".join(f"{f'{w} worker(s)':>28s}" for w in ws))
+    for c in comps:
+        line = f"{c:24s}"
+        for w in ws:
+            r = next((r for r in rows if r["competitor"] == c and r["workers"] == w), None)
+            cell = (f"{fmt_rate(r['median'])} [{fmt_rate(r['min'])}–{fmt_rate(r['max'])}]"
+                    if r else "-")
+            line += f"{cell:>28s}"
+        print(line)
+
+
+def cmd_pq(args, kind):
+    from bench import pq
+    rng = np.random.default_rng(args.seed)
+    prefill = rng.integers(0, pq.KEY_RANGE, args.prefill)
+    classes = pq.THREAD_COMPETITORS if kind == "threads" else pq.PROCESS_COMPETITORS
+    if args.only:
+        classes = [c for c in classes if c.name in args.only.split(",")]
+    comps = [c(prefill) for c in classes]
+
+    def iters_of(c):
+        if c.name == "manager-pq":
+            return args.manager_iters
+        return args.py_iters if c.python_level else args.iters
+    hdr = common.header(args)
+    common.print_header(hdr)
+    rows = _measure(comps, _workers(args), args, kind, iters_of)
+    _table(rows, f"hold-model throughput, ops/s, median [min–max] of {args.reps} ({kind})")
+    path = common.write_json(f"pq-{kind}", hdr, rows)
+    print(f"\nwrote {path}")
+
+
+def cmd_quality(args):
+    from relaxed import MultiQueue
+    from relaxed.quality import merge_logs, replay, theory_rank_error
+    hdr = common.header(args)
+    common.print_header(hdr)
+    rng = np.random.default_rng(args.seed)
+    rows, cdfs = [], {}
+    print(f"\nrank error and delay (hold model, prefill {args.prefill:,}, "
+          f"{args.quality_iters:,} pop/push pairs per thread)")
+    print(f"{'threads':>7s} {'queues':>6s} {'stick':>5s} {'rank mean':>9s} {'p50':>5s} {'p99':>6s} "
+          f"{'max':>6s} {'theory':>7s} {'delay mean':>10s} {'p99':>6s}")
+    settings = [(T, q, s) for T in _workers(args) for q in (1, 2 * T, 4, 8, 16)
+                for s in ((1, 8) if q == 8 else (1,))]
+    settings = sorted(set(settings))
+    for T, q, stick in tqdm(settings, desc="quality", leave=False):
+        n = args.prefill
+        init = rng.integers(0, 1 << 32, n)
+        mq = MultiQueue(n + T, n_queues=q, seed=args.seed, stickiness=stick)
+        mq.push_many(init, np.arange(n))
+        it = args.quality_iters
+        logs = [np.zeros((2 * it, 4), dtype=np.int64) for _ in range(T)]
+        lens = [0] * T
+        barrier = threading.Barrier(T)
+
+        def body(i):
+            barrier.wait()
+            lens[i] = mq._hold(it, (1 << 32) - 1, log=logs[i])[1]
+        ts = [threading.Thread(target=body, args=(i,)) for i in range(T)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        mq._check()
+        mq.close()
+        ticks, ops, keys, vals = merge_logs(logs, lens)
+        rank, delay = replay(ticks, ops, keys, vals, init, np.arange(n))
+        row = {"threads": T, "queues": q, "stickiness": stick,
+               "rank_mean": float(rank.mean()), "rank_p50": float(np.percentile(rank, 50)),
+               "rank_p99": float(np.percentile(rank, 99)), "rank_max": int(rank.max()),
+               "theory_rank_mean": theory_rank_error(q),
+               "delay_mean": float(delay.mean()), "delay_p99": float(np.percentile(delay, 99)),
+               "delay_max": int(delay.max()), "pops": int(len(rank))}
+        rows.append(row)
+        vals_, counts = np.unique(np.minimum(rank, 1000), return_counts=True)
+        cdfs[f"{T}t-{q}q-s{stick}"] = {"rank": vals_.tolist(),
+                                       "cdf": (np.cumsum(counts) / counts.sum()).tolist()}
+        print(f"{T:7d} {q:6d} {stick:5d} {row['rank_mean']:9.2f} {row['rank_p50']:5.0f} "
+              f"{row['rank_p99']:6.0f} {row['rank_max']:6d} {row['theory_rank_mean']:7.2f} "
+              f"{row['delay_mean']:10.2f} {row['delay_p99']:6.0f}")
+    path = common.write_json("quality", hdr, rows, {"rank_cdf": cdfs})
+    print(f"\nwrote {path}")
+
+
+def cmd_counter(args):
+    from bench import counter
+    hdr = common.header(args)
+    common.print_header(hdr)
+    rows, errs = counter.run(args, _workers(args))
+    _table(rows, f"counter increments, ops/s, median [min–max] of {args.reps}")
+    print("\nread() error under 2 incrementing threads (|read − exact| / n_counters):")
+    for e in errs:
+        print(f"  m={e['n_counters']:5d}: mean {e['mean']:.2f}  p99 {e['p99']:.2f}  "
+              f"max {e['max']:.2f}  bound/m {e['bound_per_counter']:.1f}")
+    path = common.write_json("counter", hdr, rows, {"read_error": errs})
+    print(f"\nwrote {path}")
+
+
+def cmd_plot(args):
+    from bench import plot
+    for p in plot.plot_all():
+        print(f"wrote {p}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
+                                         "all", "plot"])
+    ap.add_argument("--workers", default=None,
+                    help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prefill", type=int, default=1_000_000, help="prefill size (default 1M)")
+    ap.add_argument("--iters", type=int, default=1_000_000,
+                    help="pop/push pairs per worker, compiled competitors (default 1M)")
+    ap.add_argument("--py-iters", type=int, default=200_000,
+                    help="pop/push pairs per worker, Python-level competitors (default 200k)")
+    ap.add_argument("--manager-iters", type=int, default=2_000,
+                    help="pop/push pairs per worker through a Manager proxy (default 2000)")
+    ap.add_argument("--quality-iters", type=int, default=200_000,
+                    help="logged pop/push pairs per thread in 'quality' (default 200k)")
+    ap.add_argument("--only", default=None, help="comma-separated competitor names")
+    args = ap.parse_args(argv)
+    for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.workers:
+        try:
+            common.parse_counts(args.workers)
+        except ValueError as e:
+            ap.error(str(e))
+    t0 = time.time()
+    if args.scenario in ("pq-threads", "all"):
+        cmd_pq(args, "threads")
+    if args.scenario in ("pq-processes", "all"):
+        cmd_pq(args, "processes")
+    if args.scenario in ("quality", "all"):
+        cmd_quality(args)
+    if args.scenario in ("counter", "all"):
+        cmd_counter(args)
+    if args.scenario in ("plot", "all"):
+        cmd_plot(args)
+    print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

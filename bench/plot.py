@@ -1,0 +1,75 @@
+"""PNG plots from bench/results/*.json (``python -m bench plot``)."""
+from __future__ import annotations
+
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from bench.common import RESULTS  # noqa: E402
+
+
+def _load(name):
+    p = RESULTS / f"{name}.json"
+    if not p.exists():
+        return None
+    with open(p) as f:
+        return json.load(f)
+
+
+def _throughput(data, title, out, ylabel="ops/s (median, min–max bars)"):
+    rows = data["results"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for comp in dict.fromkeys(r["competitor"] for r in rows):
+        rs = sorted((r for r in rows if r["competitor"] == comp), key=lambda r: r["workers"])
+        x = [r["workers"] for r in rs]
+        med = [r["median"] for r in rs]
+        lo = [r["median"] - r["min"] for r in rs]
+        hi = [r["max"] - r["median"] for r in rs]
+        ax.errorbar(x, med, yerr=[lo, hi], marker="o", capsize=3, label=comp)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers")
+    ax.set_ylabel(ylabel)
+    h = data["header"]
+    ax.set_title(f"{title}\n{h['cpu']} ({h['cpu_count']} CPUs), {h['date'][:10]}", fontsize=9)
+    ax.set_xticks(sorted({r["workers"] for r in rows}))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = RESULTS / out
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all():
+    out = []
+    d = _load("pq-threads")
+    if d:
+        out.append(_throughput(d, "Hold model, threads (1M prefill)", "pq-threads.png"))
+    d = _load("pq-processes")
+    if d:
+        out.append(_throughput(d, "Hold model, processes sharing one queue", "pq-processes.png"))
+    d = _load("counter")
+    if d:
+        out.append(_throughput(d, "Counter increments", "counter.png", "increments/s"))
+    d = _load("quality")
+    if d:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label, c in d["rank_cdf"].items():
+            if label.endswith("-s1"):
+                ax.step(c["rank"], c["cdf"], where="post", label=label[:-3])
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlabel("rank error of a pop (capped at 1000)")
+        ax.set_ylabel("fraction of pops ≤ x")
+        ax.set_title("MultiQueue rank-error CDF (threads t, queues q)", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = RESULTS / "quality-rank-cdf.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        out.append(path)
+    return out
