@@ -187,6 +187,7 @@ def main(argv=None):
     ap.add_argument("--quality-iters", type=int, default=200_000,
                     help="logged pop/push pairs per thread in 'quality' (default 200k)")
     ap.add_argument("--only", default=None, help="comma-separated competitor names")
+    ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters"):
         if getattr(args, name) < 1:
@@ -196,6 +197,8 @@ def main(argv=None):
             common.parse_counts(args.workers)
         except ValueError as e:
             ap.error(str(e))
+    if args.out:
+        common.set_results_dir(args.out)
     t0 = time.time()
     if args.scenario in ("pq-threads", "all"):
         cmd_pq(args, "threads")

@@ -20,6 +20,12 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def set_results_dir(path) -> None:
+    """Write results somewhere else (``--out``), e.g. a temporary folder in tests."""
+    global RESULTS
+    RESULTS = Path(path)
+
+
 def header(args) -> dict:
     import numpy
     import numba
@@ -75,6 +81,10 @@ class Series:
         return {"competitor": self.competitor, **self.setting,
                 "min": r[0] if r else None, "median": statistics.median(r) if r else None,
                 "max": r[-1] if r else None, "rates": self.rates, **self.extra}
+
+
+def results_dir() -> Path:
+    return RESULTS
 
 
 def write_json(name: str, hdr: dict, rows: list, extra: dict | None = None) -> Path:

@@ -8,11 +8,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench.common import RESULTS  # noqa: E402
+from bench import common  # noqa: E402
 
 
 def _load(name):
-    p = RESULTS / f"{name}.json"
+    p = common.results_dir() / f"{name}.json"
     if not p.exists():
         return None
     with open(p) as f:
@@ -38,7 +38,7 @@ def _throughput(data, title, out, ylabel="ops/s (median, min–max bars)"):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = RESULTS / out
+    path = common.results_dir() / out
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -68,7 +68,7 @@ def plot_all():
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        path = RESULTS / "quality-rank-cdf.png"
+        path = common.results_dir() / "quality-rank-cdf.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         out.append(path)

@@ -22,6 +22,7 @@ cdef extern from "relaxed_atomic.h" nogil:
     int rlx_pid_alive(int32_t pid)
     uint64_t rlx_rand(uint64_t *state)
     uint32_t rlx_rand_below(uint64_t *state, uint32_t n)
+    void rlx_rand_pair(uint64_t *state, uint32_t n, uint32_t *i, uint32_t *j)
     uint64_t rlx_mix64(uint64_t z)
     uint64_t rlx_ticks()
     uint64_t rlx_key_from_i64(int64_t k)

@@ -51,10 +51,7 @@ cdef inline void mc_increment(char *base, int64_t stride, int64_t m, uint64_t *r
     if m == 1:
         rlx_fetch_add_i64(C(base, stride, 0), 1)
         return
-    i = rlx_rand_below(rng, <uint32_t>m)
-    j = rlx_rand_below(rng, <uint32_t>(m - 1))
-    if j >= i:
-        j += 1
+    rlx_rand_pair(rng, <uint32_t>m, &i, &j)
     ci = C(base, stride, i)
     cj = C(base, stride, j)
     if rlx_load_relaxed_i64(cj) < rlx_load_relaxed_i64(ci):

@@ -358,10 +358,7 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
     if n > 1:
         for attempt in range(8):
             if hd.pop_left <= 0:
-                i = rlx_rand_below(&hd.rng, <uint32_t>n)
-                j = rlx_rand_below(&hd.rng, <uint32_t>(n - 1))
-                if j >= i:
-                    j += 1
+                rlx_rand_pair(&hd.rng, <uint32_t>n, &i, &j)
                 hd.pop_i = i
                 hd.pop_j = j
                 hd.pop_left = hd.stickiness

@@ -102,6 +102,15 @@ static inline uint64_t rlx_rand(uint64_t *state) {
 static inline uint32_t rlx_rand_below(uint64_t *state, uint32_t n) {
     return (uint32_t)(((uint64_t)(uint32_t)rlx_rand(state) * (uint64_t)n) >> 32);
 }
+/* Two distinct indices in [0, n), n >= 2, from one draw (32 bits each). */
+static inline void rlx_rand_pair(uint64_t *state, uint32_t n, uint32_t *i, uint32_t *j) {
+    uint64_t r = rlx_rand(state);
+    uint32_t a = (uint32_t)(((r & 0xffffffffULL) * (uint64_t)n) >> 32);
+    uint32_t b = (uint32_t)(((r >> 32) * (uint64_t)(n - 1)) >> 32);
+    *i = a;
+    *j = b >= a ? b + 1 : b;
+}
+
 /* splitmix64, to derive independent seeds from (seed, stream id). */
 static inline uint64_t rlx_mix64(uint64_t z) {
     z += 0x9e3779b97f4a7c15ULL;

@@ -1,0 +1,34 @@
+"""The benchmark command runs end to end on tiny settings and writes JSON and PNGs.
+(No assertion on speed: speed is measured by ``python -m bench``, not by tests.)"""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bench_all_tiny(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "bench", "all", "--workers", "1,2", "--reps", "1",
+                        "--prefill", "2000", "--iters", "2000", "--py-iters", "500",
+                        "--manager-iters", "20", "--quality-iters", "1000",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    for name in ("pq-threads", "pq-processes", "quality", "counter"):
+        data = json.loads((tmp_path / f"{name}.json").read_text())
+        assert data["header"]["cpu_count"] == os.cpu_count()
+        assert data["results"], name
+    q = json.loads((tmp_path / "quality.json").read_text())["results"]
+    assert all(row["rank_max"] == 0 for row in q if row["queues"] == 1)
+    for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+
+
+def test_bench_rejects_bad_settings():
+    r = subprocess.run([sys.executable, "-m", "bench", "pq-threads", "--workers", "0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "positive" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "bench", "pq-threads", "--reps", "0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--reps must be >= 1" in r.stderr
