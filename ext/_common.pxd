@@ -30,3 +30,5 @@ cdef extern from "relaxed_atomic.h" nogil:
     uint64_t rlx_key_from_f64(double d)
     double rlx_key_to_f64(uint64_t u)
     int32_t rlx_getpid()
+    void rlx_crash_arm(int64_t k)
+    void rlx_crash_point()

@@ -62,6 +62,7 @@ _live = weakref.WeakSet()
 
 def _after_fork_in_child():
     for mc in list(_live):
+        (<MultiCounter>mc)._active = 0     # threads do not survive a fork
         (<MultiCounter>mc)._reseed()
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -191,9 +192,10 @@ cdef class MultiCounter:
         cdef int64_t n = _check_int("k", k, 0, "use a count >= 0")
         cdef int64_t i
         cdef uint64_t rng = rlx_mix64(rlx_rand(&self.rng))
+        self._check_open()           # (the argument's __index__ could have closed it)
         cdef char *base = self.base
         cdef int64_t stride = self.stride, m = self.n_counters
-        self._active += 1
+        self._active += 1            # no Python code runs from here to the decrement
         try:
             with nogil:
                 for i in range(n):
@@ -246,16 +248,20 @@ cdef class MultiCounter:
         the GIL while others may be incrementing. Each read r is bracketed by two
         exact sums e1 <= e2 (counters only grow, so the true total at the read lies
         in [e1, e2]); the error is how far r falls outside that interval."""
-        self._check_open()
         cdef int64_t n = _check_int("n_reads", n_reads, 0, "use a count >= 0")
         out = np.empty(n, dtype=np.int64)
         cdef int64_t[::1] o = out
-        cdef int64_t r, i, e1, e2, v, m = self.n_counters
-        cdef uint64_t rng = rlx_mix64(rlx_rand(&self.rng))
-        cdef char *base = self.base
-        cdef int64_t stride = self.stride
-        self._active += 1
+        cdef int64_t r, i, e1, e2, v, m
+        cdef uint64_t rng
+        cdef char *base
+        cdef int64_t stride
+        self._check_open()
+        self._active += 1            # no Python code runs from here to the decrement
         try:
+            m = self.n_counters
+            rng = rlx_mix64(rlx_rand(&self.rng))
+            base = self.base
+            stride = self.stride
             with nogil:
                 for r in range(n):
                     e1 = 0

@@ -50,6 +50,7 @@ cdef enum:
     OP_NONE = 0
     OP_PUSH = 1
     OP_POP = 2
+    OP_SIFT = 3
     KEY_INT64 = 0
     KEY_FLOAT64 = 1
     HEAP_ARITY = 4
@@ -63,7 +64,7 @@ ctypedef struct Elem:
 
 ctypedef struct Guard:
     int32_t lock       # 0 = free, else the holder's pid
-    int32_t op         # journal: OP_NONE / OP_PUSH / OP_POP in flight
+    int32_t op         # journal: OP_NONE / OP_PUSH / OP_POP / OP_SIFT in flight
     uint64_t top       # cached key of the heap top, EMPTY_TOP when empty (a hint)
     int64_t size       # element count; written under the lock, read relaxed
     int64_t op_size    # journal: size when the op in flight began
@@ -135,69 +136,108 @@ cdef inline bint try_lock(Guard *g, int32_t pid) noexcept nogil:
 cdef inline void unlock(Guard *g) noexcept nogil:
     rlx_store_release_i32(&g.lock, 0)
 
+cdef inline void CP() noexcept nogil:
+    rlx_crash_point()          # a test may kill the process here (see relaxed_atomic.h)
+
 cdef inline void jset(int64_t *p, int64_t v) noexcept nogil:
     # journal store: after every earlier heap write, before every later one
     rlx_release_fence()
     p[0] = v
     rlx_release_fence()
+    CP()
 
-cdef void heapify(Elem *h, int64_t n) noexcept nogil:
-    cdef int64_t start, i, c, m, e
-    cdef Elem x
+cdef inline void jbegin(Guard *g, int32_t op) noexcept nogil:
+    # the journal's fields were written before this; the op makes them valid
+    rlx_release_fence()
+    g.op = op
+    rlx_release_fence()
+    CP()
+
+cdef void sift_down_journaled(Guard *g, Elem *h, int64_t n, int64_t i) noexcept nogil:
+    """Sift h[i] down in a heap of n elements; crash-safe through the journal
+    (OP_SIFT: the array minus the hole, plus ``pending``, is the multiset)."""
+    cdef int64_t c, m, e
+    cdef Elem x = h[i]
+    g.pending = x
+    CP()
+    g.hole = i
+    CP()
+    jbegin(g, OP_SIFT)
+    while True:
+        c = HEAP_ARITY * i + 1
+        if c >= n:
+            break
+        m = c
+        e = c + HEAP_ARITY
+        if e > n:
+            e = n
+        c += 1
+        while c < e:
+            if h[c].key < h[m].key:
+                m = c
+            c += 1
+        if h[m].key >= x.key:
+            break
+        h[i] = h[m]
+        CP()
+        jset(&g.hole, m)
+        i = m
+    h[i] = x
+    CP()
+    jbegin(g, OP_NONE)
+
+cdef void heapify_journaled(Guard *g, Elem *h, int64_t n) noexcept nogil:
+    cdef int64_t start
     if n < 2:
         return
     start = (n - 2) // HEAP_ARITY
     while start >= 0:
-        i = start
-        x = h[i]
-        while True:
-            c = HEAP_ARITY * i + 1
-            if c >= n:
-                break
-            m = c
-            e = c + HEAP_ARITY
-            if e > n:
-                e = n
-            c += 1
-            while c < e:
-                if h[c].key < h[m].key:
-                    m = c
-                c += 1
-            if h[m].key >= x.key:
-                break
-            h[i] = h[m]
-            i = m
-        h[i] = x
+        sift_down_journaled(g, h, n, start)
         start -= 1
 
 cdef void recover(Core *c, int64_t q) noexcept nogil:
-    """Repair queue q after taking over the lock of a dead holder (lock held)."""
+    """Repair queue q after taking over the lock of a dead holder (lock held).
+
+    Idempotent, so that a recoverer that dies half-way leaves a state the next
+    one repairs the same way: first the multiset is restored from the journal
+    (writes that are safe to repeat), then size is committed and op cleared,
+    and only then is the heap order rebuilt by journaled sifts."""
     cdef Guard *g = G(c, q)
     cdef Elem *h = H(c, q)
     cdef int64_t size = g.size
-    if g.op == OP_PUSH:
-        if size != g.op_size + 1:          # not committed: finish placing it
+    cdef int32_t op = g.op
+    if op == OP_PUSH:
+        if size != g.op_size + 1:          # not committed: complete it
             h[g.hole] = g.pending
+            CP()
             size = g.op_size + 1
-    elif g.op == OP_POP:
+    elif op == OP_POP:
         if size != g.op_size - 1:          # not committed: roll the pop back
-            h[g.hole] = g.pending          # finish the sift ...
-            h[g.op_size - 1] = g.popped    # ... and put the top back (heapify below)
+            h[g.hole] = g.pending          # where the moved last element belongs ...
+            CP()
+            h[g.op_size - 1] = g.popped    # ... and the top goes back in at the end
+            CP()
             size = g.op_size
+    elif op == OP_SIFT:
+        h[g.hole] = g.pending
+        CP()
     if size < 0:
         size = 0
     if size > c.cap:
         size = c.cap
-    heapify(h, size)
-    g.op = OP_NONE
+    rlx_release_fence()
     rlx_store_relaxed_i64(&g.size, size)
+    CP()
+    jbegin(g, OP_NONE)
+    heapify_journaled(g, h, size)
     rlx_store_relaxed_u64(&g.top, h[0].key if size > 0 else EMPTY_TOP)
 
-cdef int lock_spin(Core *c, int64_t q, int32_t pid) noexcept nogil:
-    """Blocking acquire; takes over (and repairs) a lock whose holder is dead.
-    Returns 1 if it recovered a dead holder's queue, else 0."""
+cdef int lock_spin(Core *c, int64_t q, int32_t pid, int64_t max_yields) noexcept nogil:
+    """Blocking acquire with a budget: 1 = acquired, 0 = gave up after max_yields
+    yields (the caller checks for signals and retries). A lock whose holder is
+    dead (or a zombie) is taken over and its queue repaired."""
     cdef Guard *g = G(c, q)
-    cdef int64_t spins = 0
+    cdef int64_t spins = 0, yields = 0
     cdef int32_t owner
     while not try_lock(g, pid):
         spins += 1
@@ -205,13 +245,16 @@ cdef int lock_spin(Core *c, int64_t q, int32_t pid) noexcept nogil:
             rlx_cpu_relax()
             continue
         rlx_yield()
-        if spins % 256 == 0:
+        yields += 1
+        if yields % 256 == 0:
             owner = rlx_load_relaxed_i32(&g.lock)
             if owner != 0 and owner != pid and not rlx_pid_alive(owner):
                 if rlx_cas_acquire_i32(&g.lock, owner, pid):
                     recover(c, q)
                     return 1
-    return 0
+        if yields >= max_yields:
+            return 0
+    return 1
 
 cdef inline void log_op(Handle *hd, int64_t op, Elem e) noexcept nogil:
     cdef int64_t *row
@@ -227,22 +270,26 @@ cdef inline void heap_push(Core *c, Guard *g, Elem *h, Elem e) noexcept nogil:
     cdef int64_t s = g.size
     cdef int64_t i = s, p
     g.pending = e
+    CP()
     g.op_size = s
+    CP()
     g.hole = s
-    g.op = OP_PUSH
-    rlx_release_fence()
+    CP()
+    jbegin(g, OP_PUSH)
     while i > 0:
         p = (i - 1) >> 2
         if h[p].key <= e.key:
             break
         h[i] = h[p]
+        CP()
         jset(&g.hole, p)
         i = p
     h[i] = e
+    CP()
     rlx_release_fence()
     rlx_store_relaxed_i64(&g.size, s + 1)       # commit point
-    rlx_release_fence()
-    g.op = OP_NONE
+    CP()
+    jbegin(g, OP_NONE)
     rlx_store_relaxed_u64(&g.top, h[0].key)
 
 cdef inline Elem heap_pop(Core *c, Guard *g, Elem *h) noexcept nogil:
@@ -252,17 +299,20 @@ cdef inline Elem heap_pop(Core *c, Guard *g, Elem *h) noexcept nogil:
     cdef uint64_t k0, k1, k2, k3, km
     cdef Elem last
     if n == 0:
-        rlx_store_relaxed_i64(&g.size, 0)
+        rlx_store_relaxed_i64(&g.size, 0)        # one store: nothing to journal
+        CP()
         rlx_store_relaxed_u64(&g.top, EMPTY_TOP)
         return out
     last = h[n]
     g.pending = last
+    CP()
     g.popped = out
+    CP()
     g.op_size = s
+    CP()
     g.hole = 0
-    rlx_release_fence()
-    g.op = OP_POP
-    rlx_release_fence()
+    CP()
+    jbegin(g, OP_POP)
     while True:
         ch = 4 * i + 1
         if ch + 3 < n:
@@ -299,21 +349,35 @@ cdef inline Elem heap_pop(Core *c, Guard *g, Elem *h) noexcept nogil:
         if km >= last.key:
             break
         h[i] = h[m]
+        CP()
         jset(&g.hole, m)
         i = m
     h[i] = last
+    CP()
     rlx_release_fence()
     rlx_store_relaxed_i64(&g.size, n)           # commit point
-    rlx_release_fence()
-    g.op = OP_NONE
+    CP()
+    jbegin(g, OP_NONE)
     rlx_store_relaxed_u64(&g.top, h[0].key)
     return out
 
 # ---------------------------------------------------------------------------
 # core: the MultiQueue operations
 # ---------------------------------------------------------------------------
+cdef enum:
+    R_EMPTY_OR_FULL = 0
+    R_OK = 1
+    R_BUSY = 2          # gave up waiting on a held lock: check signals, call again
+    WAIT_YIELDS = 4096  # yields before a waiting call returns R_BUSY
+
+cdef int64_t mq_len(const Core *c) noexcept nogil:
+    cdef int64_t q, s = 0
+    for q in range(c.n):
+        s += rlx_load_relaxed_i64(&G(c, q).size)
+    return s
+
 cdef int mq_push(Core *c, Handle *hd, Elem e) noexcept nogil:
-    """1 = pushed, 0 = every queue was full."""
+    """R_OK = pushed, R_EMPTY_OR_FULL = every queue was full, R_BUSY = retry."""
     cdef int64_t n = c.n, q, k, start, attempt
     cdef Guard *g
     for attempt in range(8):
@@ -328,27 +392,36 @@ cdef int mq_push(Core *c, Handle *hd, Elem e) noexcept nogil:
                 log_op(hd, 1, e)
                 unlock(g)
                 hd.push_left -= 1
-                return 1
+                return R_OK
             unlock(g)
         hd.push_left = 0
-    # slow path: visit every queue, waiting for its lock
-    start = rlx_rand_below(&hd.rng, <uint32_t>n)
-    for k in range(n):
-        q = (start + k) % n
-        g = G(c, q)
-        if rlx_load_relaxed_i64(&g.size) >= c.cap:
-            continue
-        lock_spin(c, q, hd.pid)
-        if g.size < c.cap:
-            heap_push(c, g, H(c, q), e)
-            log_op(hd, 1, e)
+    # slow path: visit every queue, waiting for its lock. Seeing each queue full
+    # at a different moment does not mean the whole is full (pops and pushes of
+    # others move items between queues meanwhile), so "full" needs the total
+    # to be at capacity; otherwise the pass is repeated.
+    for attempt in range(64):
+        start = rlx_rand_below(&hd.rng, <uint32_t>n)
+        for k in range(n):
+            q = (start + k) % n
+            g = G(c, q)
+            if rlx_load_relaxed_i64(&g.size) >= c.cap:
+                continue
+            if not lock_spin(c, q, hd.pid, WAIT_YIELDS):
+                return R_BUSY
+            if g.size < c.cap:
+                heap_push(c, g, H(c, q), e)
+                log_op(hd, 1, e)
+                unlock(g)
+                return R_OK
             unlock(g)
-            return 1
-        unlock(g)
-    return 0
+        if mq_len(c) >= n * c.cap:
+            return R_EMPTY_OR_FULL
+        rlx_yield()
+    return R_EMPTY_OR_FULL
 
 cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
-    """1 = popped into out, 0 = a full scan found every queue empty."""
+    """R_OK = popped into out, R_EMPTY_OR_FULL = a full scan found every queue
+    empty, R_BUSY = retry."""
     cdef int64_t n = c.n, q, k, start, attempt
     cdef uint32_t i, j
     cdef uint64_t ti, tj
@@ -381,7 +454,7 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
                     log_op(hd, 2, out[0])
                     unlock(g)
                     hd.pop_left -= 1
-                    return 1
+                    return R_OK
                 unlock(g)
             hd.pop_left = 0
     # scan: one pass over every queue; empty only if each was seen empty
@@ -391,20 +464,19 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
         g = G(c, q)
         if rlx_load_relaxed_i64(&g.size) == 0:
             continue
-        lock_spin(c, q, hd.pid)
+        if not lock_spin(c, q, hd.pid, WAIT_YIELDS):
+            return R_BUSY
         if g.size > 0:
             out[0] = heap_pop(c, g, H(c, q))
             log_op(hd, 2, out[0])
             unlock(g)
-            return 1
+            return R_OK
         unlock(g)
-    return 0
+    return R_EMPTY_OR_FULL
 
-cdef int64_t mq_len(const Core *c) noexcept nogil:
-    cdef int64_t q, s = 0
-    for q in range(c.n):
-        s += rlx_load_relaxed_i64(&G(c, q).size)
-    return s
+cdef int check_signals() except -1 with gil:
+    # called from nogil loops while waiting: raises e.g. KeyboardInterrupt
+    return PyErr_CheckSignals()
 
 # ---------------------------------------------------------------------------
 # Python API
@@ -424,11 +496,19 @@ def _after_fork_in_child():
     global _PID
     _PID = rlx_getpid()
     for mq in list(_live_queues):
+        (<MultiQueue>mq)._active = 0       # threads do not survive a fork
         (<MultiQueue>mq)._reseed()
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 cdef dict _KEY_KINDS = {"int64": KEY_INT64, "float64": KEY_FLOAT64}
+
+
+def _crash_after(k):
+    """Tests only: SIGKILL this process at the k-th crash point from now (k >= 0);
+    k = -1 disarms. Crash points follow every store of a heap operation or of a
+    recovery."""
+    rlx_crash_arm(k)
 
 
 def _attach(name, stickiness):
@@ -447,7 +527,10 @@ cdef class MultiQueue:
     Parameters
     ----------
     capacity : int
-        Total number of items it can hold (> 0); pushing more raises QueueFull.
+        Number of items it must hold (> 0). It is rounded up to a multiple of
+        n_queues (each heap holds capacity / n_queues, rounded up); the
+        ``capacity`` attribute reports the rounded value, and a push beyond it
+        raises QueueFull.
     n_queues : int
         Number of internal heaps (>= 1). More queues mean less contention and
         more relaxation; 2 to 4 per thread is usual.
@@ -537,8 +620,15 @@ cdef class MultiQueue:
         try:
             _shm.check_header(seg.buf, KIND_MQ, name)
             self._map(seg)
-            expect = self.hdr.heaps_offset + self.hdr.n_queues * self.hdr.heap_stride
-            if self.hdr.n_queues < 1 or expect != seg.size or self.hdr.key_kind not in (0, 1):
+            hd = self.hdr
+            expect = hd.heaps_offset + hd.n_queues * hd.heap_stride
+            if (hd.n_queues < 1 or hd.cap_per_queue < 1 or expect != seg.size
+                    or hd.key_kind not in (0, 1) or hd.guard_stride < sizeof(Guard)
+                    or hd.guards_offset < HEADER_BYTES
+                    or hd.heaps_offset < hd.guards_offset + hd.n_queues * hd.guard_stride
+                    or hd.heap_stride < HEAD_OFFSET + 16 * hd.cap_per_queue
+                    or hd.heaps_offset % 64 or hd.heap_stride % 64):
+                self.hdr = NULL
                 raise ValueError(f"segment {name!r} has an inconsistent MultiQueue header")
             self._setup(stickiness)
         except BaseException:
@@ -560,7 +650,7 @@ cdef class MultiQueue:
         self.core.cap = self.hdr.cap_per_queue
         self.core.guard_stride = self.hdr.guard_stride
         self.core.heap_stride = self.hdr.heap_stride
-        self.capacity = self.hdr.capacity
+        self.capacity = self.hdr.n_queues * self.hdr.cap_per_queue
         self.n_queues = self.hdr.n_queues
         self.key_kind = <int>self.hdr.key_kind
         self.h.stickiness = stickiness
@@ -642,6 +732,13 @@ cdef class MultiQueue:
             return rlx_key_to_i64(u)
         return rlx_key_to_f64(u)
 
+    cdef inline int _pop1(self, Elem *e) except -1:
+        cdef int r = mq_pop(&self.core, &self.h, e)
+        while r == R_BUSY:                 # waited long on a held lock: allow Ctrl-C
+            PyErr_CheckSignals()
+            r = mq_pop(&self.core, &self.h, e)
+        return r
+
     def push(self, key, value):
         """Insert ``(key, value)``; raises QueueFull if every queue is full."""
         cdef Elem e
@@ -653,7 +750,11 @@ cdef class MultiQueue:
         except (OverflowError, TypeError):
             raise _bad_value(value) from None
         e.value = v
-        if not mq_push(&self.core, &self.h, e):
+        cdef int r = mq_push(&self.core, &self.h, e)
+        while r == R_BUSY:                 # waited long on a held lock: allow Ctrl-C
+            PyErr_CheckSignals()
+            r = mq_push(&self.core, &self.h, e)
+        if r == R_EMPTY_OR_FULL:
             raise QueueFull(f"MultiQueue is full ({self.capacity} items); create it "
                             "with a larger capacity or pop first")
 
@@ -661,7 +762,7 @@ cdef class MultiQueue:
         """Pop a small (key, value), or return None if a full scan found it empty."""
         cdef Elem e
         self._check_open()
-        if mq_pop(&self.core, &self.h, &e):
+        if self._pop1(&e):
             return (self._key_out(e.key), e.value)
         return None
 
@@ -669,7 +770,7 @@ cdef class MultiQueue:
         """Pop a small (key, value); raises IndexError if a full scan found it empty."""
         cdef Elem e
         self._check_open()
-        if mq_pop(&self.core, &self.h, &e):
+        if self._pop1(&e):
             return (self._key_out(e.key), e.value)
         raise IndexError("pop from an empty MultiQueue (a full scan found every queue empty)")
 
@@ -690,30 +791,37 @@ cdef class MultiQueue:
         ``n_pushed`` if the queue fills up part way (those items stay in).
         """
         self._check_open()
-        cdef object k_arr, v_arr
+        self._active += 1          # from here on close() refuses: the memory stays mapped
+        try:
+            return self._push_many(keys, values)
+        finally:
+            self._active -= 1
+
+    cdef _push_many(self, keys, values):
         k_arr, v_arr = self._bulk_args(keys, values)
-        cdef int64_t n = k_arr.shape[0], i = 0, done
+        cdef int64_t n = k_arr.shape[0], i = 0
         cdef Handle hd = self._fork_handle()
         cdef Elem e
+        cdef int r = R_OK
         cdef int key_kind = self.key_kind
-        cdef int64_t[::1] ki
-        cdef double[::1] kf
-        cdef int64_t[::1] vv = v_arr
+        cdef const int64_t[::1] ki
+        cdef const double[::1] kf
+        cdef const int64_t[::1] vv = v_arr
         if key_kind == KEY_INT64:
             ki = k_arr
         else:
             kf = k_arr
-        self._active += 1
-        try:
-            with nogil:
-                while i < n:
-                    e.key = rlx_key_from_i64(ki[i]) if key_kind == KEY_INT64 else rlx_key_from_f64(kf[i])
-                    e.value = vv[i]
-                    if not mq_push(&self.core, &hd, e):
-                        break
-                    i += 1
-        finally:
-            self._active -= 1
+        with nogil:
+            while i < n:
+                e.key = rlx_key_from_i64(ki[i]) if key_kind == KEY_INT64 else rlx_key_from_f64(kf[i])
+                e.value = vv[i]
+                r = mq_push(&self.core, &hd, e)
+                if r == R_BUSY:
+                    check_signals()
+                    continue
+                if r == R_EMPTY_OR_FULL:
+                    break
+                i += 1
         if i < n:
             raise QueueFull(f"MultiQueue is full ({self.capacity} items) after pushing {i} "
                             f"of {n}; those {i} stay in. Create it with a larger capacity.", i)
@@ -724,9 +832,16 @@ cdef class MultiQueue:
         Fewer than n come back only when a full scan found the queue empty.
         """
         self._check_open()
+        self._active += 1
+        try:
+            return self._pop_many(n)
+        finally:
+            self._active -= 1
+
+    cdef _pop_many(self, n):
         cdef int64_t m = _check_int("n", n, 0, "ask for zero or more items")
-        cdef object keys = np.empty(m, dtype=np.float64 if self.key_kind == KEY_FLOAT64 else np.int64)
-        cdef object vals = np.empty(m, dtype=np.int64)
+        keys = np.empty(m, dtype=np.float64 if self.key_kind == KEY_FLOAT64 else np.int64)
+        vals = np.empty(m, dtype=np.int64)
         cdef int64_t[::1] vv = vals
         cdef int64_t[::1] ki
         cdef double[::1] kf
@@ -737,21 +852,22 @@ cdef class MultiQueue:
             kf = keys
         cdef Handle hd = self._fork_handle()
         cdef Elem e
+        cdef int r
         cdef int64_t i = 0
-        self._active += 1
-        try:
-            with nogil:
-                while i < m:
-                    if not mq_pop(&self.core, &hd, &e):
-                        break
-                    if key_kind == KEY_INT64:
-                        ki[i] = rlx_key_to_i64(e.key)
-                    else:
-                        kf[i] = rlx_key_to_f64(e.key)
-                    vv[i] = e.value
-                    i += 1
-        finally:
-            self._active -= 1
+        with nogil:
+            while i < m:
+                r = mq_pop(&self.core, &hd, &e)
+                if r == R_BUSY:
+                    check_signals()
+                    continue
+                if r == R_EMPTY_OR_FULL:
+                    break
+                if key_kind == KEY_INT64:
+                    ki[i] = rlx_key_to_i64(e.key)
+                else:
+                    kf[i] = rlx_key_to_f64(e.key)
+                vv[i] = e.value
+                i += 1
         if i < m:
             return keys[:i].copy(), vals[:i].copy()
         return keys, vals
@@ -771,18 +887,31 @@ cdef class MultiQueue:
 
     # -- benchmark kernel -----------------------------------------------------
     def _hold(self, n_iter, max_increment=1 << 20, log=None):
-        """Benchmark kernel (hold model): n_iter times pop, then push key + U[0, max_increment).
+        """Benchmark kernel (hold model): n_iter times pop, then push key + U[0, max_increment)
+        (saturating at the largest key) with the same value.
 
         Runs without the GIL with a private handle. ``log``: optional int64 array
         of shape (>= 2*n_iter, 4) that receives rows (tick, op, mapped key, value),
         op 1 = push, 2 = pop, each stamped while the queue's lock was held.
-        Returns (pops that found the queue empty, log rows written). int64 keys only.
+        A pop that finds the queue empty pushes a fresh key instead.
+        Returns (pops that found the queue empty, log rows written); raises
+        QueueFull if a push found every queue full. int64 keys only.
         """
         self._check_open()
+        self._active += 1
+        try:
+            return self._hold_impl(n_iter, max_increment, log)
+        finally:
+            self._active -= 1
+
+    cdef _hold_impl(self, n_iter, max_increment, log):
         if self.key_kind != KEY_INT64:
             raise ValueError("_hold runs on int64-key queues")
         cdef int64_t iters = _check_int("n_iter", n_iter, 0, "use a count >= 0")
-        cdef uint32_t inc = <uint32_t>_check_int("max_increment", max_increment, 1, "use >= 1")
+        cdef int64_t inc64 = _check_int("max_increment", max_increment, 1, "use >= 1")
+        if inc64 > 0xFFFFFFFF:
+            raise ValueError(f"max_increment must be < 2**32, got {inc64}")
+        cdef uint32_t inc = <uint32_t>inc64
         cdef Handle hd = self._fork_handle()
         cdef int64_t[:, ::1] lg
         if log is not None:
@@ -794,21 +923,35 @@ cdef class MultiQueue:
                 hd.log = &lg[0, 0]
             hd.log_cap = lg.shape[0]
             hd.log_len = 0
-        cdef int64_t it, empties = 0
+        cdef int64_t it = 0, empties = 0, full = 0
+        cdef uint64_t d
         cdef Elem e
-        self._active += 1
-        try:
-            with nogil:
-                for it in range(iters):
-                    if mq_pop(&self.core, &hd, &e):
-                        e.key = rlx_key_from_i64(rlx_key_to_i64(e.key) + rlx_rand_below(&hd.rng, inc))
-                    else:
-                        empties += 1
-                        e.key = rlx_key_from_i64(<int64_t>rlx_rand_below(&hd.rng, inc))
-                        e.value = it
-                    mq_push(&self.core, &hd, e)
-        finally:
-            self._active -= 1
+        cdef int r
+        with nogil:
+            while it < iters:
+                r = mq_pop(&self.core, &hd, &e)
+                if r == R_BUSY:
+                    check_signals()
+                    continue
+                if r == R_OK:
+                    d = rlx_rand_below(&hd.rng, inc)
+                    # mapped keys are order-preserving: add there, saturating
+                    e.key = e.key + d if e.key <= 0xFFFFFFFFFFFFFFFEULL - d else 0xFFFFFFFFFFFFFFFEULL
+                else:
+                    empties += 1
+                    e.key = rlx_key_from_i64(<int64_t>rlx_rand_below(&hd.rng, inc))
+                    e.value = it
+                r = mq_push(&self.core, &hd, e)
+                while r == R_BUSY:
+                    check_signals()
+                    r = mq_push(&self.core, &hd, e)
+                if r == R_EMPTY_OR_FULL:
+                    full += 1
+                    break
+                it += 1
+        if full:
+            raise QueueFull(f"_hold: a push found every queue full after {it} iterations "
+                            "(pops that found it empty push fresh keys); use a larger capacity")
         return empties, hd.log_len
 
     # -- invariants, recovery, teardown ---------------------------------------
@@ -845,6 +988,11 @@ cdef class MultiQueue:
         return True
 
     def _dump(self, q):
+        """The state of queue q (lock, journal, size, first items), for diagnostics."""
+        self._check_open()
+        q = _check_int("q", q, 0, "use a queue index")
+        if q >= self.core.n:
+            raise ValueError(f"q must be < n_queues = {self.core.n}, got {q}")
         cdef Guard *g = G(&self.core, q)
         cdef Elem *h = H(&self.core, q)
         cdef int64_t s = min(max(g.size, 0), self.core.cap)
@@ -882,12 +1030,12 @@ cdef class MultiQueue:
         cdef Elem *h = H(&self.core, qq)
         cdef int64_t lim = steps, s, i, p, m, c, e2
         cdef Elem x
-        lock_spin(&self.core, qq, _PID)
+        lock_spin(&self.core, qq, _PID, 1 << 62)
         s = g.size
         if op == 1:
             x.key = self._key_in(key)
             x.value = value
-            g.pending = x; g.op_size = s; g.hole = s; g.op = OP_PUSH
+            g.pending = x; g.op_size = s; g.hole = s; jbegin(g, OP_PUSH)
             i = s
             while i > 0 and lim > 0:
                 p = (i - 1) >> 2
@@ -896,7 +1044,7 @@ cdef class MultiQueue:
                 h[i] = h[p]; g.hole = p; i = p; lim -= 1
         elif op == 2 and s > 1:
             x = h[s - 1]
-            g.pending = x; g.popped = h[0]; g.op_size = s; g.hole = 0; g.op = OP_POP
+            g.pending = x; g.popped = h[0]; g.op_size = s; g.hole = 0; jbegin(g, OP_POP)
             i = 0
             while lim > 0:
                 c = 4 * i + 1

@@ -119,6 +119,20 @@ static inline uint64_t rlx_mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
+/* ---- crash injection (tests only) ----------------------------------------
+ * rlx_crash_arm(k): the k-th crash point reached after arming (0-based) kills
+ * this process with SIGKILL. Crash points sit after every store of the heap
+ * operations and of recovery, so a test can kill a holder at every step and
+ * check that the survivors repair the queue. Disarmed (-1) it costs one
+ * predictable branch per store. Process-local (one per extension module). */
+static int64_t rlx_crash_countdown = -1;
+static inline void rlx_crash_arm(int64_t k) { rlx_crash_countdown = k; }
+static inline void rlx_crash_point(void) {
+    if (__builtin_expect(rlx_crash_countdown >= 0, 0)) {
+        if (rlx_crash_countdown-- == 0) kill(getpid(), SIGKILL);
+    }
+}
+
 /* ---- timestamps for the operation log ---------------------------------- */
 static inline uint64_t rlx_ticks(void) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -115,9 +115,9 @@ def test_bulk_roundtrip_and_pop_many_stops_when_empty():
 
 def test_full_queue_raises_and_keeps_items():
     mq = MultiQueue(10, n_queues=3, seed=0)    # 3 queues of 4: capacity 10 always fits
+    assert mq.capacity == 12                   # rounded up to a multiple of n_queues
     for i in range(10):
         mq.push(i, i)
-    # the per-queue rounding gives room for 12
     mq.push(10, 10)
     mq.push(11, 11)
     with pytest.raises(QueueFull, match="full"):
@@ -412,3 +412,101 @@ def test_stampede_processes_conserve_values(no_shm_leak):
             assert p.exitcode == 0
         mq._check()
         assert sorted(mq.pop_many(2 * n)[1].tolist()) == list(range(n))
+
+
+# -- regressions from review ---------------------------------------------------------
+class ClosesOnIndex(int):
+    """An int whose conversion closes the queue: the bulk call must not use freed memory."""
+    target = None
+
+    def __index__(self):
+        self.target.close()
+        return int.__int__(self)
+
+    __int__ = __index__
+
+
+def test_close_during_argument_conversion_is_refused_not_a_crash():
+    mq = MultiQueue(100, seed=0)
+    mq.push_many(np.arange(10), np.arange(10))
+    bad = ClosesOnIndex(5)
+    bad.target = mq
+    with pytest.raises(RuntimeError, match="running in other threads"):
+        mq.pop_many(bad)
+
+    class ClosingArray:
+        def __array__(self, dtype=None, copy=None):
+            mq.close()
+            return np.arange(3)
+    with pytest.raises(RuntimeError, match="running in other threads"):
+        mq.push_many(ClosingArray(), np.arange(3))
+    assert len(mq) == 10
+    mq.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        mq._dump(0)
+
+
+def test_dump_checks_its_index():
+    with MultiQueue(10, n_queues=2) as mq:
+        assert mq._dump(1)["queue"] == 1
+        with pytest.raises(ValueError, match="n_queues"):
+            mq._dump(2)
+        with pytest.raises(ValueError, match="q must be >= 0"):
+            mq._dump(-1)
+
+
+def test_read_only_arrays_are_accepted():
+    k = np.arange(5)
+    v = np.arange(5)
+    k.flags.writeable = False
+    v.flags.writeable = False
+    with MultiQueue(10, n_queues=2) as mq:
+        mq.push_many(k, v)
+        assert len(mq) == 5
+
+
+def test_fork_while_a_bulk_call_runs_in_another_thread():
+    mq = MultiQueue(2_000_000, n_queues=4, shared=True, seed=0)
+    mq.push_many(np.arange(1_000_000), np.arange(1_000_000))
+    t = threading.Thread(target=mq._hold, args=(2_000_000,))
+    t.start()
+    time.sleep(0.02)
+    ctx = mp.get_context("fork")
+    p = ctx.Process(target=mq.close)          # the child has no running bulk call
+    p.start()
+    p.join()
+    t.join()
+    assert p.exitcode == 0
+    mq.close()
+
+
+def test_signal_interrupts_a_wait_on_a_live_stuck_holder(no_shm_leak):
+    """A live process holds the only queue's lock forever (stopped, in a debugger...):
+    pop() keeps waiting but stays interruptible; once the holder dies it recovers."""
+    ctx = mp.get_context("fork")
+
+    class Alarm(Exception):
+        pass
+
+    def on_alarm(signum, frame):
+        raise Alarm()
+    with MultiQueue(10, n_queues=1, shared=True, seed=0) as mq:
+        mq.push(1, 1)
+        ready = ctx.Event()
+        p = ctx.Process(target=workers.hold_lock_and_sleep, args=(mq, ready))
+        p.start()
+        assert ready.wait(30)
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            t0 = time.time()
+            with pytest.raises(Alarm):
+                mq.pop()
+            assert time.time() - t0 < 10
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+        assert mq.pop() == (1, 1)
+        mq._check()

@@ -73,3 +73,9 @@ def attach_and_exit(name, kind):
 def attach_and_sleep(obj, ready):
     ready.set()
     time.sleep(60)
+
+
+def hold_lock_and_sleep(mq, ready):
+    mq._debug_partial(0, 1, 0, 5, 5)      # takes the lock, starts a push, stops
+    ready.set()
+    time.sleep(120)
