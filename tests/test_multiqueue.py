@@ -359,12 +359,14 @@ def test_sigkill_at_random_moment_no_deadlock_no_duplicates(no_shm_leak):
         ctx = mp.get_context("fork")
         for trial in range(3):
             ready = ctx.Event()
-            p = ctx.Process(target=workers.hold_forever, args=(mq, ready))
+            p = ctx.Process(target=workers.hold_forever, args=(mq, ready), daemon=True)
             p.start()
-            ready.wait(30)
-            mq._hold(20_000)   # contend with it for a while
-            os.kill(p.pid, signal.SIGKILL)
-            p.join()
+            try:
+                assert ready.wait(30)
+                mq._hold(20_000)   # contend with it for a while
+            finally:
+                os.kill(p.pid, signal.SIGKILL)
+                p.join()
             mq.recover_dead_locks()
             mq._check()
         k, v = mq.pop_many(2 * n)
@@ -493,11 +495,11 @@ def test_signal_interrupts_a_wait_on_a_live_stuck_holder(no_shm_leak):
     with MultiQueue(10, n_queues=1, shared=True, seed=0) as mq:
         mq.push(1, 1)
         ready = ctx.Event()
-        p = ctx.Process(target=workers.hold_lock_and_sleep, args=(mq, ready))
+        p = ctx.Process(target=workers.hold_lock_and_sleep, args=(mq, ready), daemon=True)
         p.start()
-        assert ready.wait(30)
         old = signal.signal(signal.SIGALRM, on_alarm)
         try:
+            assert ready.wait(30)
             signal.setitimer(signal.ITIMER_REAL, 0.3)
             t0 = time.time()
             with pytest.raises(Alarm):
@@ -506,7 +508,7 @@ def test_signal_interrupts_a_wait_on_a_live_stuck_holder(no_shm_leak):
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
-        os.kill(p.pid, signal.SIGKILL)
-        p.join()
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
         assert mq.pop() == (1, 1)
         mq._check()

@@ -111,11 +111,13 @@ def test_no_leak_when_child_is_sigkilled(no_shm_leak):
     ctx = mp.get_context("fork")
     with MultiQueue(100, shared=True) as mq:
         ready = ctx.Event()
-        p = ctx.Process(target=workers.attach_and_sleep, args=(mq, ready))
+        p = ctx.Process(target=workers.attach_and_sleep, args=(mq, ready), daemon=True)
         p.start()
-        ready.wait(30)
-        os.kill(p.pid, signal.SIGKILL)
-        p.join()
+        try:
+            assert ready.wait(30)
+        finally:
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
         mq.push(1, 1)
         assert mq.pop() == (1, 1)
 
