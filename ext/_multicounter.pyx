@@ -46,17 +46,13 @@ cdef inline int64_t* C(char *base, int64_t stride, int64_t i) noexcept nogil:
 
 cdef inline void mc_increment(char *base, int64_t stride, int64_t m, uint64_t *rng) noexcept nogil:
     cdef uint32_t i, j
-    cdef int64_t *ci
-    cdef int64_t *cj
     if m == 1:
         rlx_fetch_add_i64(C(base, stride, 0), 1)
         return
     rlx_rand_pair(rng, <uint32_t>m, &i, &j)
-    ci = C(base, stride, i)
-    cj = C(base, stride, j)
-    if rlx_load_relaxed_i64(cj) < rlx_load_relaxed_i64(ci):
-        ci = cj
-    rlx_fetch_add_i64(ci, 1)
+    if rlx_load_relaxed_i64(C(base, stride, j)) < rlx_load_relaxed_i64(C(base, stride, i)):
+        i = j
+    rlx_fetch_add_i64(C(base, stride, i), 1)
 
 _live = weakref.WeakSet()
 
