@@ -9,7 +9,7 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   quality        rank error and delay of pops, replayed from per-thread operation logs
   counter        MultiCounter increments vs threads/processes, and read() error
   all            every scenario above, then plot
-  plot           PNG plots from the JSON results
+  plot           PNG plots and SUMMARY.md (markdown tables) from the JSON results
 
 Examples:
   python -m bench all                       # 1..CPU count workers, 5 repetitions
@@ -218,9 +218,10 @@ def cmd_counter(args):
 
 
 def cmd_plot(args):
-    from bench import plot
+    from bench import plot, report
     for p in plot.plot_all():
         print(f"wrote {p}")
+    print(f"wrote {report.write_summary()}")
 
 
 def main(argv=None):

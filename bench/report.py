@@ -1,0 +1,76 @@
+"""Markdown tables from bench/results/*.json (written by ``python -m bench plot``
+to bench/results/SUMMARY.md, and pasted into the README's benchmark section)."""
+from __future__ import annotations
+
+import json
+
+from bench import common
+from bench.common import fmt_rate
+
+
+def _load(name):
+    p = common.results_dir() / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _rate_table(data, label):
+    rows = data["results"]
+    ws = sorted({r["workers"] for r in rows})
+    out = [f"| {label} | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in ws) + " |",
+           "|---|" + "---:|" * len(ws)]
+    for c in dict.fromkeys(r["competitor"] for r in rows):
+        cells = []
+        for w in ws:
+            r = next((r for r in rows if r["competitor"] == c and r["workers"] == w), None)
+            cells.append(f"{fmt_rate(r['median'])} ({fmt_rate(r['min'])}–{fmt_rate(r['max'])})"
+                         if r else "–")
+        out.append(f"| {c} | " + " | ".join(cells) + " |")
+    h = data["header"]
+    out.append(f"\n<sub>`{h['command']}` · {h['date']} · {h['cpu']}, {h['cpu_count']} CPUs · "
+               f"python {h['python']}, numpy {h['numpy']} · median (min–max) of {h['reps']} "
+               f"after a warm-up</sub>")
+    return "\n".join(out)
+
+
+def summary() -> str:
+    parts = []
+    d = _load("pq-threads")
+    if d:
+        parts += ["### Hold model, threads (ops/s)", _rate_table(d, "competitor")]
+    d = _load("pq-processes")
+    if d:
+        parts += ["### Hold model, processes sharing one queue (ops/s)", _rate_table(d, "competitor")]
+    d = _load("quality")
+    if d:
+        lines = ["### Relaxation quality (rank error of pops)", "",
+                 "| threads | queues | stickiness | rank error mean (all runs) | undisturbed runs | "
+                 "p99 | max | theory 5/6·n−1+1/(6n) | delay mean |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in d["results"]:
+            calm = (f"{r['undisturbed_rank_mean']:.2f} ({r['undisturbed_runs']})"
+                    if r.get("undisturbed_rank_mean") is not None else "– (0)")
+            lines.append(f"| {r['threads']} | {r['queues']} | {r['stickiness']} | "
+                         f"{r['rank_mean']:.2f} | {calm} | {r['rank_p99']:.0f} | "
+                         f"{r['rank_max']:.0f} | {r['theory_rank_mean']:.2f} | "
+                         f"{r['delay_mean']:.2f} |")
+        h = d["header"]
+        lines.append(f"\n<sub>`{h['command']}` · {h['date']} · {h['cpu']}, {h['cpu_count']} CPUs · "
+                     f"medians over {h['reps']} runs; 'undisturbed' = runs in which no thread's "
+                     f"log shows a pause over 1 ms (count in brackets)</sub>")
+        parts.append("\n".join(lines))
+    d = _load("counter")
+    if d:
+        parts += ["### Counter increments (increments/s)", _rate_table(d, "competitor")]
+        lines = ["| counters m | mean \\|read−exact\\|/m | p99 | max | error_bound()/m |",
+                 "|---:|---:|---:|---:|---:|"]
+        for e in d["read_error"]:
+            lines.append(f"| {e['n_counters']} | {e['mean']:.2f} | {e['p99']:.2f} | {e['max']:.2f} "
+                         f"| {e['bound_per_counter']:.1f} |")
+        parts.append("read() error while two threads increment:\n\n" + "\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_summary():
+    path = common.results_dir() / "SUMMARY.md"
+    path.write_text(summary())
+    return path
