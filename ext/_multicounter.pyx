@@ -16,9 +16,9 @@ lost (exact() is exact at quiescence). A stale choice only widens the gap.
 from libc.stdint cimport uint64_t, int64_t, uint32_t, int32_t, uint8_t
 from libc.math cimport log2, ceil
 from _common cimport *
+from relaxed._base cimport ShmStructure
 
 import os
-import weakref
 import numpy as np
 
 from relaxed import shm as _shm
@@ -54,21 +54,12 @@ cdef inline void mc_increment(char *base, int64_t stride, int64_t m, uint64_t *r
         i = j
     rlx_fetch_add_i64(C(base, stride, i), 1)
 
-_live = weakref.WeakSet()
-
-def _after_fork_in_child():
-    for mc in list(_live):
-        (<MultiCounter>mc)._active = 0     # threads do not survive a fork
-        (<MultiCounter>mc)._reseed()
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
 
 def _attach(name):
     return MultiCounter.attach(name)
 
 
-cdef class MultiCounter:
+cdef class MultiCounter(ShmStructure):
     """MultiCounter(n_counters=64, *, shared=False, seed=None)
 
     A relaxed counter: increments scale across threads and processes because
@@ -90,14 +81,9 @@ cdef class MultiCounter:
     cdef int64_t stride
     cdef readonly int64_t n_counters
     cdef uint64_t rng
-    cdef int64_t _active
-    cdef object _seg
-    cdef uint8_t[::1] _mv
-    cdef object __weakref__
 
     def __cinit__(self):
         self.hdr = NULL
-        self._active = 0
 
     def __init__(self, n_counters=64, *, shared=False, seed=None):
         n_counters = _check_int("n_counters", n_counters, 1,
@@ -119,8 +105,7 @@ cdef class MultiCounter:
             self.hdr.seed = <int64_t>seed
             self._setup()
         except BaseException:
-            self._mv = None
-            seg.close()
+            self.close() if self._seg is not None else seg.close()
             raise
 
     @classmethod
@@ -136,46 +121,32 @@ cdef class MultiCounter:
                 raise ValueError(f"segment {name!r} has an inconsistent MultiCounter header")
             self._setup()
         except BaseException:
-            self._mv = None
-            seg.close()
+            self.close() if self._seg is not None else seg.close()
             raise
         return self
 
     cdef _map(self, seg):
-        self._seg = seg
-        self._mv = seg.buf.cast("B")
-        self.hdr = <Header*>&self._mv[0]
+        ShmStructure._map(self, seg)
+        self.hdr = <Header*>self._base
+
+    cdef _on_close(self):
+        self.hdr = NULL
+        self.base = NULL
+
+    cdef tuple _reduce_args(self):
+        return (_attach, (self._seg.name,))
 
     cdef _setup(self):
         self.base = (<char*>self.hdr) + self.hdr.counters_offset
         self.stride = self.hdr.stride
         self.n_counters = self.hdr.n_counters
         self._reseed()
-        _live.add(self)
 
     cdef _reseed(self):
         if self.hdr == NULL:       # closed (the after-fork hook may still see it)
             return
         cdef int64_t stream = rlx_fetch_add_i64(&self.hdr.handle_counter, 1)
         self.rng = rlx_mix64(<uint64_t>self.hdr.seed ^ rlx_mix64(<uint64_t>stream))
-
-    cdef inline int _check_open(self) except -1:
-        if self.hdr == NULL:
-            raise RuntimeError("this MultiCounter is closed; create a new one or attach again")
-        return 0
-
-    @property
-    def name(self):
-        """Shared-memory name to attach to (None when ``shared=False``)."""
-        return self._seg.name if self._seg is not None else None
-
-    @property
-    def shared(self):
-        return self._seg is not None and self._seg.name is not None
-
-    @property
-    def closed(self):
-        return self.hdr == NULL
 
     def increment(self):
         """Add one to the smaller of two random counters."""
@@ -279,34 +250,6 @@ cdef class MultiCounter:
         if (c < 0).any():
             raise AssertionError(f"MultiCounter has negative counters: {c.tolist()}")
         return True
-
-    def close(self):
-        """Unmap this handle; the owner also removes the shared segment. Idempotent."""
-        if self.hdr == NULL:
-            return
-        if self._active:
-            raise RuntimeError(f"close() called while {self._active} bulk call(s) are running "
-                               "in other threads; join those threads first")
-        _live.discard(self)
-        self.hdr = NULL
-        self.base = NULL
-        self._mv = None
-        seg, self._seg = self._seg, None
-        seg.close()
-
-    def __enter__(self):
-        self._check_open()
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __reduce__(self):
-        self._check_open()
-        if self._seg.name is None:
-            raise TypeError("a MultiCounter with shared=False lives in private memory and "
-                            "cannot be sent to another process; create it with shared=True")
-        return (_attach, (self._seg.name,))
 
     def __repr__(self):
         if self.hdr == NULL:

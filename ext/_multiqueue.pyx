@@ -35,9 +35,9 @@ cimport cython
 from cpython.exc cimport PyErr_CheckSignals
 
 from _common cimport *
+from relaxed._base cimport ShmStructure
 
 import os
-import weakref
 import numpy as np
 
 from relaxed import shm as _shm
@@ -116,8 +116,6 @@ cdef int64_t HEADER_BYTES = 256
 cdef inline int64_t _round_up(int64_t x, int64_t a) nogil:
     return (x + a - 1) // a * a
 
-# pid cached per process (refreshed after fork) so the hot path makes no syscall
-cdef int32_t _PID = rlx_getpid()
 
 # ---------------------------------------------------------------------------
 # core: locks, heaps, journal
@@ -490,17 +488,6 @@ class QueueFull(OverflowError):
         self.n_pushed = n_pushed
 
 
-_live_queues = weakref.WeakSet()
-
-def _after_fork_in_child():
-    global _PID
-    _PID = rlx_getpid()
-    for mq in list(_live_queues):
-        (<MultiQueue>mq)._active = 0       # threads do not survive a fork
-        (<MultiQueue>mq)._reseed()
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
 cdef dict _KEY_KINDS = {"int64": KEY_INT64, "float64": KEY_FLOAT64}
 
 
@@ -515,7 +502,7 @@ def _attach(name, stickiness):
     return MultiQueue.attach(name, stickiness=stickiness)
 
 
-cdef class MultiQueue:
+cdef class MultiQueue(ShmStructure):
     """MultiQueue(capacity, n_queues=8, *, shared=False, seed=None, key_dtype="int64", stickiness=1)
 
     A relaxed concurrent min-priority queue of (key, value) pairs.
@@ -556,17 +543,12 @@ cdef class MultiQueue:
     cdef Core core
     cdef Handle h
     cdef Header *hdr
-    cdef object _seg
-    cdef uint8_t[::1] _mv
     cdef int key_kind
-    cdef int64_t _active
     cdef readonly int64_t capacity
     cdef readonly int64_t n_queues
-    cdef object __weakref__
 
     def __cinit__(self):
         self.hdr = NULL
-        self._active = 0
 
     def __init__(self, capacity, n_queues=8, *, shared=False, seed=None,
                  key_dtype="int64", stickiness=1):
@@ -607,8 +589,7 @@ cdef class MultiQueue:
             for q in range(n_queues):
                 G(&self.core, q).top = EMPTY_TOP
         except BaseException:
-            self._mv = None
-            seg.close()
+            self.close() if self._seg is not None else seg.close()
             raise
 
     @classmethod
@@ -628,19 +609,24 @@ cdef class MultiQueue:
                     or hd.heaps_offset < hd.guards_offset + hd.n_queues * hd.guard_stride
                     or hd.heap_stride < HEAD_OFFSET + 16 * hd.cap_per_queue
                     or hd.heaps_offset % 64 or hd.heap_stride % 64):
-                self.hdr = NULL
                 raise ValueError(f"segment {name!r} has an inconsistent MultiQueue header")
             self._setup(stickiness)
         except BaseException:
-            self._mv = None
-            seg.close()
+            self.close() if self._seg is not None else seg.close()
             raise
         return self
 
     cdef _map(self, seg):
-        self._seg = seg
-        self._mv = seg.buf.cast("B")
-        self.hdr = <Header*>&self._mv[0]
+        ShmStructure._map(self, seg)
+        self.hdr = <Header*>self._base
+
+    cdef _on_close(self):
+        self.hdr = NULL
+        self.core.guards = NULL
+        self.core.heaps = NULL
+
+    cdef tuple _reduce_args(self):
+        return (_attach, (self._seg.name, self.h.stickiness))
 
     cdef _setup(self, int64_t stickiness):
         cdef char *base = <char*>self.hdr
@@ -656,27 +642,20 @@ cdef class MultiQueue:
         self.h.stickiness = stickiness
         self.h.log = NULL
         self._reseed()
-        _live_queues.add(self)
 
     cdef _reseed(self):
         if self.hdr == NULL:       # closed (the after-fork hook may still see it)
             return
         cdef int64_t stream = rlx_fetch_add_i64(&self.hdr.handle_counter, 1)
         self.h.rng = rlx_mix64(<uint64_t>self.hdr.seed ^ rlx_mix64(<uint64_t>stream))
-        self.h.pid = _PID
+        self.h.pid = rlx_getpid()      # read here (creation, after fork), not on hot paths
         self.h.pop_left = 0
         self.h.push_left = 0
-
-    cdef inline int _check_open(self) except -1:
-        if self.hdr == NULL:
-            raise RuntimeError("this MultiQueue is closed; create a new one or attach again")
-        return 0
 
     cdef Handle _fork_handle(self):
         # a private handle for one bulk call: its own RNG stream, no shared state
         cdef Handle local = self.h
         local.rng = rlx_mix64(rlx_rand(&self.h.rng))
-        local.pid = _PID
         local.pop_left = 0
         local.push_left = 0
         local.log = NULL
@@ -684,25 +663,12 @@ cdef class MultiQueue:
 
     # -- properties ---------------------------------------------------------
     @property
-    def name(self):
-        """Shared-memory name to attach to (None when ``shared=False``)."""
-        return self._seg.name if self._seg is not None else None
-
-    @property
-    def shared(self):
-        return self._seg is not None and self._seg.name is not None
-
-    @property
     def key_dtype(self):
         return "float64" if self.key_kind == KEY_FLOAT64 else "int64"
 
     @property
     def stickiness(self):
         return self.h.stickiness
-
-    @property
-    def closed(self):
-        return self.hdr == NULL
 
     # -- single operations (GIL held: the handle is this object's) ------------
     cdef inline uint64_t _key_in(self, key) except? 0:
@@ -1011,8 +977,8 @@ cdef class MultiQueue:
         for q in range(self.core.n):
             g = G(&self.core, q)
             owner = rlx_load_relaxed_i32(&g.lock)
-            if owner != 0 and owner != _PID and not rlx_pid_alive(owner):
-                if rlx_cas_acquire_i32(&g.lock, owner, _PID):
+            if owner != 0 and owner != self.h.pid and not rlx_pid_alive(owner):
+                if rlx_cas_acquire_i32(&g.lock, owner, self.h.pid):
                     recover(&self.core, q)
                     unlock(g)
                     n += 1
@@ -1030,7 +996,7 @@ cdef class MultiQueue:
         cdef Elem *h = H(&self.core, qq)
         cdef int64_t lim = steps, s, i, p, m, c, e2
         cdef Elem x
-        lock_spin(&self.core, qq, _PID, 1 << 62)
+        lock_spin(&self.core, qq, self.h.pid, 1 << 62)
         s = g.size
         if op == 1:
             x.key = self._key_in(key)
@@ -1061,35 +1027,6 @@ cdef class MultiQueue:
                 h[i] = h[m]; g.hole = m; i = m; lim -= 1
         else:
             raise ValueError("op must be 1 (push) or 2 (pop on a queue with >= 2 items)")
-
-    def close(self):
-        """Unmap this handle; the owner also removes the shared segment. Idempotent."""
-        if self.hdr == NULL:
-            return
-        if self._active:
-            raise RuntimeError(f"close() called while {self._active} bulk call(s) are running "
-                               "in other threads; join those threads first")
-        _live_queues.discard(self)
-        self.hdr = NULL
-        self.core.guards = NULL
-        self.core.heaps = NULL
-        self._mv = None
-        seg, self._seg = self._seg, None
-        seg.close()
-
-    def __enter__(self):
-        self._check_open()
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __reduce__(self):
-        self._check_open()
-        if self._seg.name is None:
-            raise TypeError("a MultiQueue with shared=False lives in private memory and cannot "
-                            "be sent to another process; create it with shared=True")
-        return (_attach, (self._seg.name, self.h.stickiness))
 
     def __repr__(self):
         if self.hdr == NULL:
