@@ -172,3 +172,20 @@ def test_fork_after_closing_a_structure():
         p.start()
         p.join()
         assert p.exitcode == 0 and c2.exact() == 1000
+
+
+def test_stdlib_multiprocessing_spawn_receives_structures(no_shm_leak):
+    """The objects themselves go to a stdlib multiprocessing worker (pickled as a handle
+    that re-attaches by name)."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    with MultiQueue(100, n_queues=2, shared=True, seed=0) as mq, \
+            MultiCounter(4, shared=True, seed=0) as c:
+        mq.push(3, 4)
+        with ctx.Pool(2) as pool:
+            assert pool.apply(len, (mq,)) == 1
+            pool.apply(workers.increment, (c, 1000))
+            pool.apply(workers.produce, (mq, 100, 10, 0))
+        assert c.exact() == 1000
+        assert len(mq) == 11
+        assert mq.name in shm_names() and c.name in shm_names()
