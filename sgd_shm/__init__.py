@@ -1,8 +1,22 @@
 """sgd_shm: lock-free shared-memory SGD built on the ``relaxed`` structures.
 
-This package holds the training side of the kit (Hogwild SGD, estimators and the
-parameter server). Nothing is exported yet: see the issue tracker for the
-planned pieces. It exists now so that the import direction of the kit
-(``sgd_shm`` may use ``relaxed``, never the other way) is fixed from the start.
+Estimators (scikit-learn API):
+
+    HogwildClassifier   linear classifier (hinge / log_loss / modified_huber), binary and one-vs-rest
+    HogwildRegressor    linear regressor (squared error)
+
+Engine:
+
+    hogwild.Problem     training data laid out for the kernels (CSR or dense)
+    hogwild.HogwildSGD  weights + schedule; ``epoch()`` runs n_workers lock-free threads
+    DivergenceError     raised instead of returning NaN weights
+
+Example::
+
+    from sgd_shm import HogwildClassifier
+    clf = HogwildClassifier(loss="log_loss", n_workers=2, random_state=0).fit(X, y)
 """
-__all__: list[str] = []
+from sgd_shm.estimators import HogwildClassifier, HogwildRegressor
+from sgd_shm.hogwild import DivergenceError
+
+__all__ = ["HogwildClassifier", "HogwildRegressor", "DivergenceError"]

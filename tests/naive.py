@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import bisect
+
+import numpy as np
 import threading
 
 
@@ -76,3 +78,48 @@ class LockedCounter:
 
     def value(self):
         return self._n
+
+
+def serial_sgd_epoch(X, Y, order, W, b, *, loss, eta, alpha2=0.0, alpha1=0.0, u=0.0, q=None,
+                     fit_intercept=True, t_start=0, l1_all_features=False):
+    """One plain serial SGD epoch on dense X (no weight-scale trick, no Numba):
+    for each sample, compute the predictions, decay W by (1 - eta*alpha2), step
+    along the gradient, then apply the cumulative L1 penalty (Tsuruoka et al. 2009)
+    to the sample's nonzero features (to every feature with ``l1_all_features``, as
+    for dense rows). eta(t) gives the step size at global step t.
+    Returns (W, b, u); W, b and q are updated in place."""
+    import math
+    n_out = W.shape[0]
+    for k, i in enumerate(order):
+        t = t_start + k + 1
+        e = eta(t)
+        x = X[i]
+        d = []
+        for c in range(n_out):
+            p = float(x @ W[c] + b[c])
+            y = Y[i, c]
+            if loss == "log_loss":
+                d.append(-y / (math.exp(p * y) + 1.0))
+            elif loss == "hinge":
+                d.append(-y if p * y < 1.0 else 0.0)
+            else:
+                d.append(p - y)
+        W *= (1.0 - e * alpha2)
+        for c in range(n_out):
+            W[c] -= e * d[c] * x
+            if fit_intercept:
+                b[c] -= e * d[c]
+        if alpha1 > 0:
+            u += e * alpha1
+            for c in range(n_out):
+                for j in (range(len(x)) if l1_all_features else np.flatnonzero(x)):
+                    z = W[c, j]
+                    if z > 0:
+                        w_new = max(0.0, z - (u + q[c, j]))
+                    elif z < 0:
+                        w_new = min(0.0, z + (u - q[c, j]))
+                    else:
+                        continue
+                    W[c, j] = w_new
+                    q[c, j] += w_new - z
+    return W, b, u

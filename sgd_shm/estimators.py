@@ -1,0 +1,339 @@
+"""scikit-learn-style estimators trained with Hogwild SGD.
+
+``HogwildClassifier`` (binary, and multiclass one-vs-rest in a single pass: each
+sample updates all class rows at once) and ``HogwildRegressor`` follow
+``sklearn.linear_model.SGDClassifier`` / ``SGDRegressor``: the same losses,
+penalties, learning-rate schedules, defaults and stopping rule (stop when the
+epoch's loss has not improved by ``tol`` for ``n_iter_no_change`` epochs), with
+``n_workers`` threads updating the weights without locks.
+
+Example::
+
+    from sklearn.datasets import load_digits
+    from sgd_shm import HogwildClassifier
+    X, y = load_digits(return_X_y=True)
+    clf = HogwildClassifier(loss="log_loss", n_workers=2, random_state=0).fit(X / 16, y)
+    clf.score(X / 16, y), clf.predict_proba(X[:2] / 16)
+"""
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import check_random_state
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from sgd_shm import _kernels as K
+from sgd_shm.hogwild import HogwildSGD, Problem
+
+__all__ = ["HogwildClassifier", "HogwildRegressor"]
+
+_PENALTIES = ("l2", "l1", "elasticnet", None)
+_BACKENDS = ("threads",)
+
+
+def _check_param(name, value, kind, lo=None, hi=None, lo_open=False):
+    if kind is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not ok:
+        raise TypeError(f"{name} must be {'an int' if kind is int else 'a number'}, "
+                        f"got {type(value).__name__} {value!r}")
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value}")
+
+
+class _BaseHogwild(BaseEstimator):
+    _losses: tuple = ()
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
+
+    def _check_sample_weight(self, sample_weight, n):
+        if sample_weight is None:
+            return None
+        sw = np.asarray(sample_weight, dtype=np.float64)
+        if sw.shape != (n,) or not np.isfinite(sw).all() or (sw < 0).any():
+            raise ValueError(f"sample_weight must be finite, >= 0 and of shape ({n},)")
+        if sw.sum() <= 0:
+            raise ValueError("sample_weight sums to zero: there is nothing to fit; give some "
+                             "samples a positive weight")
+        return sw
+
+    def _validate_params(self):
+        if self.loss not in self._losses:
+            raise ValueError(f"loss must be one of {self._losses}, got {self.loss!r}")
+        if self.penalty not in _PENALTIES:
+            raise ValueError(f"penalty must be one of {_PENALTIES}, got {self.penalty!r}")
+        _check_param("alpha", self.alpha, float, 0.0)
+        _check_param("l1_ratio", self.l1_ratio, float, 0.0, 1.0)
+        _check_param("max_iter", self.max_iter, int, 1)
+        if self.tol is not None:
+            _check_param("tol", self.tol, float)
+        _check_param("n_iter_no_change", self.n_iter_no_change, int, 1)
+        if self.learning_rate not in K.LEARNING_RATES:
+            raise ValueError(f"learning_rate must be one of {tuple(K.LEARNING_RATES)}, "
+                             f"got {self.learning_rate!r}")
+        _check_param("eta0", self.eta0, float, 0.0)
+        if self.learning_rate != "optimal" and self.eta0 <= 0:
+            raise ValueError(f"eta0 must be > 0 with learning_rate={self.learning_rate!r}, "
+                             f"got {self.eta0}; set eta0 (e.g. 0.01) or use 'optimal'")
+        if self.learning_rate == "optimal" and self.alpha <= 0:
+            raise ValueError("alpha must be > 0 with learning_rate='optimal' (it sets the step "
+                             "size); use a positive alpha or another learning_rate")
+        _check_param("power_t", self.power_t, float)
+        _check_param("n_workers", self.n_workers, int, 1)
+        if self.backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
+
+    def _penalty_split(self):
+        if self.penalty is None:
+            return 0.0, 0.0
+        l1 = {"l2": 0.0, "l1": 1.0, "elasticnet": self.l1_ratio}[self.penalty]
+        return float(self.alpha), l1
+
+    def _new_state(self, n_features, n_outputs, sparse, rng_seed):
+        alpha, l1 = self._penalty_split()
+        if self.penalty is None and self.learning_rate == "optimal":
+            alpha_sched = float(self.alpha)     # 'optimal' still needs a scale for its steps
+        else:
+            alpha_sched = alpha
+        st = HogwildSGD(n_features, n_outputs, loss=self.loss, alpha=alpha_sched,
+                        l1_ratio=l1, learning_rate=self.learning_rate, eta0=float(self.eta0),
+                        power_t=float(self.power_t), fit_intercept=self.fit_intercept,
+                        intercept_decay=0.01 if sparse else 1.0, n_workers=self.n_workers,
+                        seed=rng_seed)
+        if self.penalty is None:
+            st.fp[K.F_ALPHA2] = 0.0
+            st.fp[K.F_ALPHA1] = 0.0
+        return st
+
+    def _run_epochs(self, prob, max_iter, stop_early):
+        clipped_before = self._state.clipped
+        try:
+            return self._epochs(prob, max_iter, stop_early)
+        finally:
+            clipped = self._state.clipped - clipped_before
+            if clipped:
+                warnings.warn(f"the loss derivative was clipped to +-{K.MAX_DLOSS:g} {clipped} "
+                              "times: the step size is far too large for this data; scale the "
+                              "features (e.g. StandardScaler) or lower eta0", RuntimeWarning)
+
+    def _epochs(self, prob, max_iter, stop_early):
+        best = np.inf
+        stall = 0
+        self.loss_curve_ = getattr(self, "loss_curve_", [])
+        for it in range(max_iter):
+            mean_loss = self._state.epoch(prob)
+            self.loss_curve_.append(mean_loss)
+            self.n_iter_ = getattr(self, "n_iter_", 0) + 1
+            if self.verbose:
+                print(f"-- epoch {self.n_iter_}: mean loss {mean_loss:.6f}, "
+                      f"t = {self._state.t:.0f}")
+            if stop_early and self.tol is not None:
+                stall = stall + 1 if mean_loss > best - self.tol else 0
+                best = min(best, mean_loss)
+                if stall >= self.n_iter_no_change:
+                    return True
+        return not stop_early or self.tol is None
+
+    def _prepare_X(self, X, reset):
+        return validate_data(self, X, accept_sparse="csr", dtype=np.float64, order="C",
+                             reset=reset)
+
+    def _decision(self, X):
+        check_is_fitted(self, "coef_")
+        X = self._prepare_X(X, reset=False)
+        d = X @ self.coef_.T if sp.issparse(X) else X @ self.coef_.T
+        return np.asarray(d) + self.intercept_
+
+    @property
+    def t_(self):
+        return self._state.t + 1.0
+
+
+class HogwildClassifier(ClassifierMixin, _BaseHogwild):
+    """Linear classifier trained by Hogwild SGD (``SGDClassifier``'s parameters).
+
+    Parameters
+    ----------
+    loss : "hinge" (linear SVM), "log_loss" (logistic regression, gives predict_proba),
+        "modified_huber" (also gives predict_proba).
+    penalty : "l2", "l1", "elasticnet" or None; alpha: its strength; l1_ratio for elasticnet.
+    max_iter, tol, n_iter_no_change : epochs, and the stopping rule on the epoch's mean loss.
+    learning_rate : "optimal" (1/(alpha·(t0+t))), "constant" (eta0), "invscaling" (eta0/t^power_t).
+    n_workers : threads updating the shared weights without locks (Hogwild).
+    backend : "threads" (Python threads running nogil Numba kernels on one array).
+    random_state : seeds the shuffling.
+    """
+    _losses = ("hinge", "log_loss", "modified_huber")
+
+    def __init__(self, loss="hinge", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
+                 fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
+                 learning_rate="optimal", eta0=0.0, power_t=0.5, n_workers=2,
+                 backend="threads", random_state=None, verbose=0):
+        self.loss = loss
+        self.penalty = penalty
+        self.alpha = alpha
+        self.l1_ratio = l1_ratio
+        self.fit_intercept = fit_intercept
+        self.max_iter = max_iter
+        self.tol = tol
+        self.n_iter_no_change = n_iter_no_change
+        self.learning_rate = learning_rate
+        self.eta0 = eta0
+        self.power_t = power_t
+        self.n_workers = n_workers
+        self.backend = backend
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _targets(self, y):
+        if len(self.classes_) == 2:
+            return np.where(y == self.classes_[1], 1.0, -1.0)[:, None]
+        return np.where(y[:, None] == self.classes_[None, :], 1.0, -1.0)
+
+    def _fit(self, X, y, sample_weight, classes, reset, max_iter, stop_early):
+        self._validate_params()
+        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C",
+                             reset=reset)
+        check_classification_targets(y)
+        if reset or not hasattr(self, "classes_"):
+            cls = np.unique(y) if classes is None else np.unique(np.asarray(classes))
+            if len(cls) < 2:
+                raise ValueError(f"HogwildClassifier needs samples of at least 2 classes; y "
+                                 f"has 1 class ({cls.tolist()})")
+            self.classes_ = cls
+        if not np.isin(y, self.classes_).all():
+            raise ValueError(f"y holds labels not in classes_ {self.classes_.tolist()}")
+        sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
+        prob = Problem.from_xy(X, self._targets(y), sample_weight)
+        n_out = 1 if len(self.classes_) == 2 else len(self.classes_)
+        if reset or not hasattr(self, "_state"):
+            seed = check_random_state(self.random_state).randint(2**31 - 1)
+            self._state = self._new_state(X.shape[1], n_out, sp.issparse(X), int(seed))
+            self.loss_curve_ = []
+            self.n_iter_ = 0
+        converged = self._run_epochs(prob, max_iter, stop_early)
+        if stop_early and not converged:
+            warnings.warn(f"Maximum number of iterations ({self.max_iter}) reached before "
+                          "convergence; consider increasing max_iter", ConvergenceWarning)
+        self.coef_ = self._state.W.copy()
+        self.intercept_ = self._state.b.copy()
+        return self
+
+    def fit(self, X, y, sample_weight=None):
+        """Train from scratch for up to max_iter epochs (stopping rule: tol)."""
+        return self._fit(X, y, sample_weight, None, True, self.max_iter, True)
+
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """One epoch over (X, y), continuing from the current weights. ``classes`` is
+        required on the first call."""
+        first = not hasattr(self, "classes_")
+        if first and classes is None:
+            raise ValueError("classes must be passed on the first call to partial_fit")
+        return self._fit(X, y, sample_weight, classes, first, 1, False)
+
+    def decision_function(self, X):
+        d = self._decision(X)
+        return d.ravel() if d.shape[1] == 1 else d
+
+    def predict(self, X):
+        d = self.decision_function(X)
+        if d.ndim == 1:
+            return self.classes_[(d > 0).astype(int)]
+        return self.classes_[d.argmax(axis=1)]
+
+    def _has_proba(self):
+        return self.loss in ("log_loss", "modified_huber")
+
+    @available_if(_has_proba)
+    def predict_proba(self, X):
+        """Class probabilities (loss='log_loss' or 'modified_huber'; one-vs-rest
+        probabilities are normalised to sum to one)."""
+        d = self._decision(X)
+        if self.loss == "log_loss":
+            p = 1.0 / (1.0 + np.exp(-np.clip(d, -500, 500)))
+        else:
+            p = (np.clip(d, -1.0, 1.0) + 1.0) / 2.0
+        if p.shape[1] == 1:
+            return np.hstack([1.0 - p, p])
+        s = p.sum(axis=1, keepdims=True)
+        uniform = s[:, 0] == 0
+        p[uniform] = 1.0
+        s[uniform] = p.shape[1]
+        return p / s
+
+    @available_if(_has_proba)
+    def predict_log_proba(self, X):
+        return np.log(self.predict_proba(X))
+
+
+class HogwildRegressor(RegressorMixin, _BaseHogwild):
+    """Linear regressor trained by Hogwild SGD (``SGDRegressor``'s parameters and
+    defaults: squared error, invscaling learning rate with eta0 = 0.01)."""
+    _losses = ("squared_error",)
+
+    def __init__(self, loss="squared_error", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
+                 fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
+                 learning_rate="invscaling", eta0=0.01, power_t=0.25, n_workers=2,
+                 backend="threads", random_state=None, verbose=0):
+        self.loss = loss
+        self.penalty = penalty
+        self.alpha = alpha
+        self.l1_ratio = l1_ratio
+        self.fit_intercept = fit_intercept
+        self.max_iter = max_iter
+        self.tol = tol
+        self.n_iter_no_change = n_iter_no_change
+        self.learning_rate = learning_rate
+        self.eta0 = eta0
+        self.power_t = power_t
+        self.n_workers = n_workers
+        self.backend = backend
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _fit(self, X, y, sample_weight, reset, max_iter, stop_early):
+        self._validate_params()
+        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C",
+                             y_numeric=True, reset=reset)
+        sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
+        prob = Problem.from_xy(X, np.asarray(y, dtype=np.float64).reshape(-1, 1), sample_weight)
+        if reset or not hasattr(self, "_state"):
+            seed = check_random_state(self.random_state).randint(2**31 - 1)
+            self._state = self._new_state(X.shape[1], 1, sp.issparse(X), int(seed))
+            self.loss_curve_ = []
+            self.n_iter_ = 0
+        converged = self._run_epochs(prob, max_iter, stop_early)
+        if stop_early and not converged:
+            warnings.warn(f"Maximum number of iterations ({self.max_iter}) reached before "
+                          "convergence; consider increasing max_iter", ConvergenceWarning)
+        self.coef_ = self._state.W[0].copy()
+        self.intercept_ = self._state.b.copy()
+        return self
+
+    def fit(self, X, y, sample_weight=None):
+        return self._fit(X, y, sample_weight, True, self.max_iter, True)
+
+    def partial_fit(self, X, y, sample_weight=None):
+        return self._fit(X, y, sample_weight, not hasattr(self, "_state"), 1, False)
+
+    def _decision(self, X):
+        check_is_fitted(self, "coef_")
+        X = self._prepare_X(X, reset=False)
+        return np.asarray(X @ self.coef_).ravel() + self.intercept_[0]
+
+    def predict(self, X):
+        return self._decision(X)

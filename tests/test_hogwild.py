@@ -1,0 +1,181 @@
+"""Hogwild SGD: the kernel against a serial oracle, accuracy against scikit-learn,
+scikit-learn's estimator checks, and bad input."""
+import math
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import load_breast_cancer, load_digits
+from sklearn.linear_model import SGDClassifier
+from sklearn.model_selection import train_test_split
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import check_estimator
+
+from naive import serial_sgd_epoch
+from sgd_shm import DivergenceError, HogwildClassifier, HogwildRegressor
+from sgd_shm import _kernels as K
+from sgd_shm.hogwild import HogwildSGD, Problem
+
+
+# -- the kernel against a plain serial epoch ------------------------------------------
+@pytest.mark.parametrize("loss", ["log_loss", "hinge", "squared_error"])
+@pytest.mark.parametrize("penalty", ["l2", "l1", "elasticnet"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_one_worker_equals_serial_sgd(loss, penalty, sparse):
+    rng = np.random.default_rng(0)
+    n, d, k = 60, 7, 3
+    X = rng.normal(size=(n, d)) * (rng.random((n, d)) < 0.5)
+    Y = np.sign(rng.normal(size=(n, k))) if loss != "squared_error" else rng.normal(size=(n, k))
+    alpha, l1 = 0.01, {"l2": 0.0, "l1": 1.0, "elasticnet": 0.3}[penalty]
+    sgd = HogwildSGD(d, k, loss=loss, alpha=alpha, l1_ratio=l1, learning_rate="invscaling",
+                     eta0=0.05, power_t=0.5, n_workers=1, seed=7)
+    prob = Problem.from_xy(sp.csr_matrix(X) if sparse else X, Y)
+    if sparse:
+        sgd.fp[K.F_ICPT_DECAY] = 1.0            # the oracle has no intercept decay
+    W, b, q = np.zeros((k, d)), np.zeros(k), np.zeros((k, d))
+    u = 0.0
+    order_rng = np.random.default_rng(7)
+    for epoch in range(3):
+        order = order_rng.permutation(n)
+        sgd.epoch(prob)
+        W, b, u = serial_sgd_epoch(X, Y, order, W, b, loss=loss, eta=lambda t: 0.05 / math.sqrt(t),
+                                   alpha2=alpha * (1 - l1), alpha1=alpha * l1, u=u, q=q,
+                                   t_start=epoch * n, l1_all_features=not sparse)
+        np.testing.assert_allclose(sgd.W, W, rtol=1e-9, atol=1e-12,
+                                   err_msg=f"weights differ from the serial oracle after epoch {epoch}")
+        np.testing.assert_allclose(sgd.b, b, rtol=1e-9, atol=1e-12)
+
+
+def test_two_workers_reach_the_one_worker_loss_on_sparse_data():
+    rng = np.random.default_rng(1)
+    n, d = 20_000, 2_000
+    X = sp.random(n, d, density=0.01, random_state=1, format="csr")
+    w_true = rng.normal(size=d)
+    y = np.where(X @ w_true + 0.1 * rng.normal(size=n) > 0, 1.0, -1.0)
+    losses = {}
+    for nw in (1, 2):
+        sgd = HogwildSGD(d, 1, loss="log_loss", alpha=1e-5, n_workers=nw, seed=0)
+        prob = Problem.from_xy(X, y[:, None])
+        for _ in range(5):
+            losses[nw] = sgd.epoch(prob)
+        assert np.isfinite(sgd.W).all()
+    assert losses[2] < 1.1 * losses[1] + 0.01, f"2 workers: loss {losses[2]:.4f} vs 1: {losses[1]:.4f}"
+
+
+# -- accuracy against scikit-learn ---------------------------------------------------------
+@pytest.mark.parametrize("loader", [load_breast_cancer, load_digits])
+@pytest.mark.parametrize("loss", ["hinge", "log_loss"])
+def test_accuracy_within_one_point_of_sgdclassifier(loader, loss):
+    X, y = loader(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, random_state=0, stratify=y)
+    ours, theirs = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for seed in range(5):
+            theirs.append(SGDClassifier(loss=loss, random_state=seed).fit(Xtr, ytr).score(Xte, yte))
+            ours.append(HogwildClassifier(loss=loss, n_workers=2, random_state=seed)
+                        .fit(Xtr, ytr).score(Xte, yte))
+    gap = 100 * (np.mean(theirs) - np.mean(ours))
+    assert gap <= 1.0, (f"HogwildClassifier(2 workers) {100 * np.mean(ours):.2f}% vs SGDClassifier "
+                        f"{100 * np.mean(theirs):.2f}%: more than 1 point behind")
+
+
+# -- scikit-learn's estimator checks ---------------------------------------------------------
+#: checks expected to fail, with the reason (scikit-learn marks the same ones for its SGD)
+EXPECTED_FAILURES = {
+    "check_sample_weight_equivalence_on_dense_data":
+        "SGD visits samples in a random order: a sample weight of 2 is not the same as the "
+        "sample repeated twice",
+    "check_sample_weight_equivalence_on_sparse_data":
+        "SGD visits samples in a random order: a sample weight of 2 is not the same as the "
+        "sample repeated twice",
+}
+
+
+@pytest.mark.parametrize("est", [HogwildClassifier(random_state=0),
+                                 HogwildClassifier(loss="log_loss", random_state=0),
+                                 HogwildRegressor(random_state=0)],
+                         ids=["classifier-hinge", "classifier-log", "regressor"])
+def test_sklearn_estimator_checks(est):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_estimator(est, expected_failed_checks=EXPECTED_FAILURES)
+
+
+# -- behaviour and bad input ---------------------------------------------------------------
+def test_predict_proba_multiclass_and_binary():
+    X, y = load_digits(return_X_y=True)
+    clf = HogwildClassifier(loss="log_loss", random_state=0, max_iter=20, tol=None).fit(X / 16, y)
+    p = clf.predict_proba(X[:10] / 16)
+    assert p.shape == (10, 10) and np.allclose(p.sum(axis=1), 1)
+    assert (clf.classes_[p.argmax(axis=1)] == clf.predict(X[:10] / 16)).all()
+    assert not hasattr(HogwildClassifier(loss="hinge"), "predict_proba")
+    Xb, yb = load_breast_cancer(return_X_y=True)
+    clf = HogwildClassifier(loss="modified_huber", random_state=0).fit(
+        StandardScaler().fit_transform(Xb), yb)
+    assert clf.predict_proba(StandardScaler().fit_transform(Xb)[:3]).shape == (3, 2)
+
+
+def test_partial_fit_continues_and_needs_classes():
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    clf = HogwildClassifier(loss="log_loss", random_state=0)
+    with pytest.raises(ValueError, match="classes must be passed"):
+        clf.partial_fit(X, y)
+    for _ in range(5):
+        clf.partial_fit(X, y, classes=[0, 1])
+    assert clf.n_iter_ == 5 and clf.score(X, y) > 0.9
+    reg = HogwildRegressor(random_state=0)
+    reg.partial_fit(X, X[:, 0] * 2.0)
+    reg.partial_fit(X, X[:, 0] * 2.0)
+    assert reg.n_iter_ == 2
+
+
+def test_divergence_raises_instead_of_nan_weights():
+    X, y = load_breast_cancer(return_X_y=True)
+    reg = HogwildRegressor(learning_rate="constant", eta0=1e300, random_state=0)
+    with pytest.raises(DivergenceError, match="diverged"):
+        reg.fit(X, y.astype(float))
+    assert not hasattr(reg, "coef_"), "no weights may be published after a divergence"
+
+
+def test_huge_steps_warn_about_clipping():
+    rng = np.random.RandomState(0)
+    X = rng.normal(loc=100, size=(100, 2))
+    y = rng.normal(size=100)
+    with pytest.warns(RuntimeWarning, match="clipped"):
+        HogwildRegressor(random_state=0, max_iter=3, tol=None).fit(X, y)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(loss="squared_error"), ValueError, "loss must be one of"),
+    (dict(penalty="l3"), ValueError, "penalty must be one of"),
+    (dict(alpha=-1.0), ValueError, "alpha must be >= 0"),
+    (dict(n_workers=0), ValueError, "n_workers must be >= 1"),
+    (dict(n_workers=1.5), TypeError, "n_workers must be an int"),
+    (dict(learning_rate="fast"), ValueError, "learning_rate must be one of"),
+    (dict(learning_rate="constant"), ValueError, "eta0 must be > 0"),
+    (dict(backend="gpu"), ValueError, "backend must be one of"),
+    (dict(max_iter=0), ValueError, "max_iter must be >= 1"),
+])
+def test_bad_parameters(kwargs, exc, match):
+    X, y = load_breast_cancer(return_X_y=True)
+    with pytest.raises(exc, match=match):
+        HogwildClassifier(**kwargs).fit(X, y)
+
+
+def test_bad_data():
+    X, y = load_breast_cancer(return_X_y=True)
+    Xn = X.copy()
+    Xn[3, 4] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        HogwildClassifier().fit(Xn, y)
+    with pytest.raises(ValueError, match="1 class"):
+        HogwildClassifier().fit(X, np.zeros(len(y)))
+    with pytest.raises(ValueError, match="sample_weight sums to zero"):
+        HogwildClassifier().fit(X, y, sample_weight=np.zeros(len(y)))
+    clf = HogwildClassifier(random_state=0).fit(StandardScaler().fit_transform(X), y)
+    with pytest.raises(ValueError, match="features"):
+        clf.predict(X[:, :5])
