@@ -34,6 +34,8 @@ import math
 import numba as nb
 import numpy as np
 
+from sgd_shm._prefetch import DISTANCE, prefetch
+
 # loss codes
 LOG, HINGE, SQUARED, MODIFIED_HUBER = 0, 1, 2, 3
 LOSSES = {"log_loss": LOG, "hinge": HINGE, "squared_error": SQUARED,
@@ -51,6 +53,8 @@ N_IPARAMS = 3
 # out slots
 O_LOSS, O_STEPS, O_DIVERGED, O_SCALE, O_U, O_CLIPS = range(6)
 N_OUT = 6
+#: samples between publications of a worker's intercept steps (see _run)
+INTERCEPT_FLUSH = 32
 #: the loss derivative is clipped to +-MAX_DLOSS (as scikit-learn does); clips are counted
 MAX_DLOSS = 1e12
 
@@ -121,6 +125,7 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
     t0 = fp[F_T0]
     t_start = fp[F_T_START]
     nw = fp[F_NW]
+    nw_int = int(nw)
     icpt_decay = fp[F_ICPT_DECAY]
     u = fp[F_U0]
     alpha = a2 + a1
@@ -128,7 +133,28 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
     s = 1.0
     loss_sum = 0.0
     g = np.empty(K)
+    # the intercept is one word every sample writes: each worker adds its steps to a
+    # private delta (used in its own predictions) and publishes it every FLUSH
+    # samples, so the line is not bounced between cores on every step
+    db = np.zeros(K)
+    since_flush = 0
+    d_feat = W.shape[1]
     for k in range(lo, hi):
+        if k + DISTANCE < hi:                  # ask for a row ahead: reads are shuffled
+            j = order[k + DISTANCE]
+            if dense:
+                p0 = j * d_feat
+                p1 = p0 + d_feat
+            else:
+                p0 = indptr[j]
+                p1 = indptr[j + 1]
+            while p0 < p1:
+                if dense:
+                    prefetch(X, p0)
+                else:
+                    prefetch(data, p0)
+                    prefetch(indices, p0)
+                p0 += 8
         i = order[k]
         if dense:
             cols = cols_all
@@ -146,9 +172,11 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
             p = 0.0
             for m in range(cols.shape[0]):
                 p += W[c, cols[m]] * vals[m]
-            p = p * s + b[c]
+            p = p * s + b[c] + db[c]
             if not math.isfinite(p):
                 out[O_DIVERGED] = 1.0
+                for cc in range(K):
+                    b[cc] += db[cc]
                 out[O_LOSS] = loss_sum
                 out[O_STEPS] = k - lo
                 out[O_SCALE] = s
@@ -169,7 +197,10 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
                 out[O_STEPS] = k - lo
                 out[O_SCALE] = s
                 return
-            s *= f ** nw
+            fn = f
+            for _ in range(nw_int - 1):      # f ** n_workers without pow()
+                fn *= f
+            s *= fn
             if s < 1e-200:
                 out[O_DIVERGED] = 2.0
                 out[O_STEPS] = k - lo
@@ -184,7 +215,13 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
                     for m in range(cols.shape[0]):
                         W[c, cols[m]] += step * vals[m]
                     if fit_icpt:
-                        b[c] += gc * icpt_decay
+                        db[c] += gc * icpt_decay
+            since_flush += 1
+            if since_flush >= INTERCEPT_FLUSH:
+                for c in range(K):
+                    b[c] += db[c]
+                    db[c] = 0.0
+                since_flush = 0
         if a1 > 0.0:
             u += eta * a1 * nw
             for c in range(K):
@@ -199,6 +236,8 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
                         continue
                     W[c, j] = w_new / s
                     q[c, j] += w_new - z
+    for c in range(K):
+        b[c] += db[c]
     out[O_LOSS] = loss_sum
     out[O_STEPS] = hi - lo
     out[O_SCALE] = s

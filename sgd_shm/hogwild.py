@@ -30,6 +30,7 @@ from sgd_shm import _kernels as K
 __all__ = ["Problem", "HogwildSGD", "DivergenceError"]
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
+_EMPTY_I32 = np.empty(0, dtype=np.int32)
 _EMPTY_F = np.empty(0, dtype=np.float64)
 
 
@@ -46,10 +47,10 @@ class Problem:
     Y: np.ndarray
     sw: np.ndarray
     X: np.ndarray            # (n, d) dense, or (0, d) when sparse
-    indptr: np.ndarray       # (n + 1,) when sparse, else empty
-    indices: np.ndarray
+    indptr: np.ndarray       # (n + 1,) int64 when sparse, else empty
+    indices: np.ndarray      # int32 column indices
     data: np.ndarray
-    cols_all: np.ndarray     # arange(d) for dense rows
+    cols_all: np.ndarray     # arange(d) (int32) for dense rows
 
     @property
     def sparse(self) -> bool:
@@ -66,11 +67,13 @@ class Problem:
         if sp.issparse(X):
             X = sp.csr_matrix(X, dtype=np.float64)
             X.sum_duplicates()
+            # int32 column indices: rows are read in shuffled order, so bytes per
+            # nonzero matter more than anything else in the epoch
             return cls(n, d, Y, sw, np.empty((0, d)), X.indptr.astype(np.int64),
-                       X.indices.astype(np.int64), np.ascontiguousarray(X.data), _EMPTY_I)
+                       X.indices.astype(np.int32), np.ascontiguousarray(X.data), _EMPTY_I32)
         X = np.ascontiguousarray(X, dtype=np.float64)
-        return cls(n, d, Y, sw, X, _EMPTY_I, _EMPTY_I, _EMPTY_F,
-                   np.arange(d, dtype=np.int64))
+        return cls(n, d, Y, sw, X, _EMPTY_I, _EMPTY_I32, _EMPTY_F,
+                   np.arange(d, dtype=np.int32))
 
 
 class HogwildSGD:
