@@ -163,8 +163,14 @@ class Segment:
         return not self._fin.alive
 
     def close(self) -> None:
-        """Unmap; the owner (in the process that created it) also unlinks the name."""
-        self.buf.release()
+        """Unmap; the owner (in the process that created it) also unlinks the name.
+
+        The name is always removed; if numpy views of ``buf`` are still alive the
+        mapping itself stays until they are gone (or the process exits)."""
+        try:
+            self.buf.release()
+        except BufferError:
+            pass
         self._fin()
 
     def __repr__(self) -> str:

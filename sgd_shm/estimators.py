@@ -35,7 +35,7 @@ from sgd_shm.hogwild import HogwildSGD, Problem
 __all__ = ["HogwildClassifier", "HogwildRegressor"]
 
 _PENALTIES = ("l2", "l1", "elasticnet", None)
-_BACKENDS = ("threads",)
+_BACKENDS = ("threads", "processes")
 
 
 def _check_param(name, value, kind, lo=None, hi=None, lo_open=False):
@@ -113,7 +113,7 @@ class _BaseHogwild(BaseEstimator):
                         l1_ratio=l1, learning_rate=self.learning_rate, eta0=float(self.eta0),
                         power_t=float(self.power_t), fit_intercept=self.fit_intercept,
                         intercept_decay=0.01 if sparse else 1.0, n_workers=self.n_workers,
-                        seed=rng_seed)
+                        backend=self.backend, seed=rng_seed)
         if self.penalty is None:
             st.fp[K.F_ALPHA2] = 0.0
             st.fp[K.F_ALPHA1] = 0.0
@@ -122,7 +122,8 @@ class _BaseHogwild(BaseEstimator):
     def _run_epochs(self, prob, max_iter, stop_early):
         clipped_before = self._state.clipped
         try:
-            return self._epochs(prob, max_iter, stop_early)
+            with self._state.session(prob):      # processes: workers + shared memory
+                return self._epochs(prob, max_iter, stop_early)
         finally:
             clipped = self._state.clipped - clipped_before
             if clipped:
@@ -174,7 +175,9 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     max_iter, tol, n_iter_no_change : epochs, and the stopping rule on the epoch's mean loss.
     learning_rate : "optimal" (1/(alpha·(t0+t))), "constant" (eta0), "invscaling" (eta0/t^power_t).
     n_workers : threads updating the shared weights without locks (Hogwild).
-    backend : "threads" (Python threads running nogil Numba kernels on one array).
+    backend : "threads" (Python threads running nogil Numba kernels on one array) or
+        "processes" (``multiprocess`` workers on weights in shared memory, released
+        after every fit, also when a worker fails).
     random_state : seeds the shuffling.
     """
     _losses = ("hinge", "log_loss", "modified_huber")

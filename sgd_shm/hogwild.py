@@ -19,6 +19,7 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -81,7 +82,7 @@ class HogwildSGD:
 
     def __init__(self, n_features, n_outputs, *, loss="log_loss", alpha=1e-4, l1_ratio=0.0,
                  learning_rate="optimal", eta0=0.0, power_t=0.5, fit_intercept=True,
-                 intercept_decay=1.0, n_workers=1, seed=None):
+                 intercept_decay=1.0, n_workers=1, backend="threads", seed=None):
         if loss not in K.LOSSES:
             raise ValueError(f"loss must be one of {sorted(K.LOSSES)}, got {loss!r}")
         if learning_rate not in K.LEARNING_RATES:
@@ -91,6 +92,10 @@ class HogwildSGD:
         self.b = np.zeros(n_outputs)
         self.q = np.zeros((n_outputs, n_features)) if alpha * l1_ratio > 0 else np.zeros((0, 0))
         self.n_workers = int(n_workers)
+        if backend not in ("threads", "processes"):
+            raise ValueError(f"backend must be 'threads' or 'processes', got {backend!r}")
+        self.backend = backend
+        self._pool = None
         self.rng = np.random.default_rng(seed)
         self.ip = np.zeros(K.N_IPARAMS, dtype=np.int64)
         self.ip[K.I_LOSS] = K.LOSSES[loss]
@@ -112,6 +117,22 @@ class HogwildSGD:
         """Samples seen so far (the global step count)."""
         return float(self.fp[K.F_T_START])
 
+    @contextlib.contextmanager
+    def session(self, prob: Problem):
+        """Context for a run of epochs on ``prob``: with the processes backend it starts
+        the worker processes and the shared segment, and always releases both."""
+        if self.backend != "processes" or self._pool is not None:
+            yield self
+            return
+        from sgd_shm._procs import ProcessPool
+        self._pool = ProcessPool(self, prob, max(1, min(self.n_workers, prob.n_samples)))
+        self._pool_prob = prob
+        try:
+            yield self
+        finally:
+            pool, self._pool, self._pool_prob = self._pool, None, None
+            pool.close()
+
     def epoch(self, prob: Problem) -> float:
         """One pass over the data by all workers; returns the mean (weighted) loss
         of the samples as they were visited."""
@@ -127,7 +148,15 @@ class HogwildSGD:
             K._run(self.W, self.b, self.q, prob.cols_all, prob.indptr, prob.indices, prob.data,
                    prob.X, prob.Y, prob.sw, order, bounds[w], bounds[w + 1], fp, self.ip,
                    outs[w])
-        if nw == 1:
+        if self._pool is not None:
+            if prob is not self._pool_prob:
+                raise ValueError("epoch() got other data than its session(); open a new session")
+            self._pool.run_epoch(order, np.linspace(0, n, len(self._pool.procs) + 1)
+                                 .astype(np.int64), fp, outs)
+        elif self.backend == "processes":
+            with self.session(prob):
+                return self.epoch(prob)
+        elif nw == 1:
             work(0)
         else:
             threads = [threading.Thread(target=work, args=(w,)) for w in range(nw)]

@@ -179,3 +179,48 @@ def test_bad_data():
     clf = HogwildClassifier(random_state=0).fit(StandardScaler().fit_transform(X), y)
     with pytest.raises(ValueError, match="features"):
         clf.predict(X[:, :5])
+
+
+# -- the processes backend ---------------------------------------------------------------
+def test_processes_backend_matches_threads_accuracy_and_leaks_nothing(no_shm_leak):
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = HogwildClassifier(loss="log_loss", n_workers=2, backend="processes",
+                              random_state=0).fit(X, y)
+        b = HogwildClassifier(loss="log_loss", n_workers=2, backend="threads",
+                              random_state=0).fit(X, y)
+    assert abs(a.score(X, y) - b.score(X, y)) < 0.02 and a.score(X, y) > 0.95
+    a.partial_fit(X, y)                      # a new session, released again
+    Xs, ys = load_digits(return_X_y=True)
+    m = HogwildClassifier(n_workers=2, backend="processes", random_state=0, max_iter=5,
+                          tol=None).fit(sp.csr_matrix(Xs / 16), ys)
+    assert m.score(sp.csr_matrix(Xs / 16), ys) > 0.85
+
+
+def test_processes_backend_worker_error_is_reported_and_released(monkeypatch, no_shm_leak):
+    from sgd_shm import _procs
+
+    def boom(*args):
+        raise RuntimeError("injected failure in a worker")
+    monkeypatch.setattr(_procs, "worker_epoch", boom)       # forked workers inherit it
+    X, y = load_breast_cancer(return_X_y=True)
+    clf = HogwildClassifier(n_workers=2, backend="processes", random_state=0)
+    with pytest.raises(_procs.WorkerError, match="injected failure"):
+        clf.fit(StandardScaler().fit_transform(X), y)
+
+
+def test_processes_backend_worker_killed_is_reported_and_released(monkeypatch, no_shm_leak):
+    import os
+    import signal
+
+    from sgd_shm import _procs
+
+    def die(*args):
+        os.kill(os.getpid(), signal.SIGKILL)
+    monkeypatch.setattr(_procs, "worker_epoch", die)
+    X, y = load_breast_cancer(return_X_y=True)
+    clf = HogwildClassifier(n_workers=2, backend="processes", random_state=0)
+    with pytest.raises(_procs.WorkerError, match="died"):
+        clf.fit(StandardScaler().fit_transform(X), y)

@@ -1,0 +1,142 @@
+"""The ``processes`` backend of Hogwild: worker processes on shared-memory weights.
+
+For one training call, a :class:`ProcessPool` puts the weights, intercepts, L1
+memory and the epoch's shuffled order in one shared segment
+(:class:`relaxed.shm.Segment`), forks ``n_workers`` ``multiprocess`` workers
+that inherit the (read-only) data, and on every epoch tells each worker its
+slice. The workers run the same Numba kernel as the threads backend, on the
+shared arrays, without locks. ``close()`` (always called, from a ``finally``)
+copies the weights back to private memory, stops the workers and unlinks the
+segment, so nothing is left in /dev/shm after training, an exception in a
+worker, or a worker killed by a signal.
+"""
+from __future__ import annotations
+
+import traceback
+
+import multiprocess as mp
+import numpy as np
+
+from relaxed.shm import Segment
+from sgd_shm import _kernels as K
+
+_ALIGN = 64
+
+
+def _layout(shapes):
+    offsets, pos = [], 0
+    for shape, dtype in shapes:
+        offsets.append(pos)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        pos += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN + _ALIGN    # a line of padding
+    return offsets, max(pos, 64)
+
+
+def worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out):
+    """One worker's slice of an epoch (a module function so tests can replace it)."""
+    K._run(W, b, q, prob.cols_all, prob.indptr, prob.indices, prob.data, prob.X, prob.Y,
+           prob.sw, order, lo, hi, fp, ip, out)
+
+
+def _worker_main(conn, W, b, q, order, prob, ip):
+    try:
+        while True:
+            msg = conn.recv()
+            if msg[0] == "stop":
+                return
+            _, lo, hi, fp = msg
+            out = np.zeros(K.N_OUT)
+            worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out)
+            conn.send(("ok", out))
+    except (EOFError, KeyboardInterrupt):
+        return
+    except BaseException:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except Exception:
+            pass
+
+
+class WorkerError(RuntimeError):
+    """A Hogwild worker process raised or died."""
+
+
+class ProcessPool:
+    def __init__(self, sgd, prob, n_workers):
+        k, d = sgd.W.shape
+        shapes = [((k, d), np.float64), ((k,), np.float64), (sgd.q.shape, np.float64),
+                  ((prob.n_samples,), np.int64)]
+        offsets, size = _layout(shapes)
+        self.seg = Segment.create(size, shared=True)
+        self.sgd = sgd
+        self.procs, self.conns = [], []
+        try:
+            views = [np.ndarray(shape, dtype=dt, buffer=self.seg.buf, offset=off)
+                     for (shape, dt), off in zip(shapes, offsets)]
+            self.W, self.b, self.q, self.order = views
+            self.W[...] = sgd.W
+            self.b[...] = sgd.b
+            self.q[...] = sgd.q
+            self._private = (sgd.W, sgd.b, sgd.q)
+            sgd.W, sgd.b, sgd.q = self.W, self.b, self.q
+            ctx = mp.get_context("fork")
+            for _ in range(n_workers):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_worker_main,
+                                args=(child, self.W, self.b, self.q, self.order, prob, sgd.ip),
+                                daemon=True)
+                p.start()
+                child.close()
+                self.procs.append(p)
+                self.conns.append(parent)
+        except BaseException:
+            self.close()
+            raise
+
+    def run_epoch(self, order, bounds, fp, outs):
+        self.order[...] = order
+        for w, conn in enumerate(self.conns):
+            conn.send(("epoch", int(bounds[w]), int(bounds[w + 1]), fp))
+        errors = []
+        for w, (conn, p) in enumerate(zip(self.conns, self.procs)):
+            while not conn.poll(0.2):
+                if not p.is_alive():
+                    errors.append(f"worker {w} (pid {p.pid}) died with exit code {p.exitcode}")
+                    break
+            else:
+                try:
+                    status, payload = conn.recv()
+                except EOFError:                       # it died before answering
+                    p.join(timeout=2)
+                    errors.append(f"worker {w} (pid {p.pid}) died with exit code {p.exitcode}")
+                    continue
+                if status == "ok":
+                    outs[w] = payload
+                else:
+                    errors.append(f"worker {w} raised:\n{payload}")
+        if errors:
+            raise WorkerError("Hogwild worker failure; training stopped and shared memory "
+                              "released.\n" + "\n".join(errors))
+
+    def close(self):
+        for conn in self.conns:
+            try:
+                conn.send(("stop",))
+            except Exception:
+                pass
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for conn in self.conns:
+            conn.close()
+        if hasattr(self, "_private"):
+            W, b, q = self._private
+            W[...] = self.W
+            b[...] = self.b
+            q[...] = self.q
+            self.sgd.W, self.sgd.b, self.sgd.q = W, b, q
+            del self._private
+        self.W = self.b = self.q = self.order = None
+        self.seg.close()
