@@ -8,6 +8,8 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
                  Manager-served queue.PriorityQueue
   quality        rank error and delay of pops, replayed from per-thread operation logs
   counter        MultiCounter increments vs threads/processes, and read() error
+  hogwild        Hogwild SGD epoch time and time to a target loss vs workers, beside
+                 scikit-learn's SGDClassifier and a locked baseline
   all            every scenario above, then plot
   plot           PNG plots and SUMMARY.md (markdown tables) from the JSON results
 
@@ -217,6 +219,27 @@ def cmd_counter(args):
     print(f"\nwrote {path}")
 
 
+def cmd_hogwild(args):
+    from bench import hogwild
+    hdr = common.header(args)
+    common.print_header(hdr)
+    rows, extra = hogwild.run(args, _workers(args))
+    p = extra["problem"]
+    print(f"\nHogwild, log loss, {p['n_samples']:,} x {p['n_features']:,} "
+          f"({p['nnz'] / 1e6:.1f}M nonzeros), {args.epochs} epochs, median of {args.reps}; "
+          f"target loss {extra['target_train_loss']:.4f} (1.01 x sklearn's final)")
+    print(f"{'competitor':20s} {'workers':>7s} {'epoch s':>8s} {'vs sklearn':>10s} "
+          f"{'final loss':>10s} {'time to target s':>16s}")
+    sk = next(r for r in rows if r["competitor"] == "sklearn")
+    for r in rows:
+        ttt = f"{r['time_to_target_s']:.3f}" if r["time_to_target_s"] is not None else "not reached"
+        print(f"{r['competitor']:20s} {r['workers']:7d} {r['epoch_s_median']:8.3f} "
+              f"{sk['epoch_s_median'] / r['epoch_s_median']:9.2f}x {r['final_train_loss']:10.4f} "
+              f"{ttt:>16s}")
+    path = common.write_json("hogwild", hdr, rows, extra)
+    print(f"\nwrote {path}")
+
+
 def cmd_plot(args):
     from bench import plot, report
     for p in plot.plot_all():
@@ -228,7 +251,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
-                                         "all", "plot"])
+                                         "hogwild", "all", "plot"])
     ap.add_argument("--workers", default=None,
                     help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
@@ -243,9 +266,15 @@ def main(argv=None):
     ap.add_argument("--quality-iters", type=int, default=200_000,
                     help="logged pop/push pairs per thread in 'quality' (default 200k)")
     ap.add_argument("--only", default=None, help="comma-separated competitor names")
+    ap.add_argument("--epochs", type=int, default=5, help="epochs per Hogwild run (default 5)")
+    ap.add_argument("--sgd-samples", type=int, default=200_000,
+                    help="rows of the RCV1-like problem (default 200000)")
+    ap.add_argument("--sgd-features", type=int, default=50_000,
+                    help="columns of the RCV1-like problem (default 50000)")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
-    for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters"):
+    for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
+                 "epochs", "sgd_samples", "sgd_features"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.workers:
@@ -264,6 +293,8 @@ def main(argv=None):
         cmd_quality(args)
     if args.scenario in ("counter", "all"):
         cmd_counter(args)
+    if args.scenario in ("hogwild", "all"):
+        cmd_hogwild(args)
     if args.scenario in ("plot", "all"):
         cmd_plot(args)
     print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -44,6 +45,42 @@ def _throughput(data, title, out, ylabel="ops/s (median, min–max bars)"):
     return path
 
 
+def _hogwild(d):
+    rows = d["results"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.3))
+    sk = next(r for r in rows if r["competitor"] == "sklearn")
+    for comp in ("hogwild-threads", "hogwild-processes", "locked"):
+        rs = sorted((r for r in rows if r["competitor"] == comp), key=lambda r: r["workers"])
+        ax1.plot([r["workers"] for r in rs], [r["epoch_s_median"] for r in rs], marker="o",
+                 label=comp)
+    ax1.axhline(sk["epoch_s_median"], color="k", ls="--", label="sklearn SGDClassifier")
+    ax1.set_xlabel("workers")
+    ax1.set_ylabel("seconds per epoch (median)")
+    ax1.set_xticks(sorted({r["workers"] for r in rows}))
+    ax1.set_ylim(bottom=0)
+    ax1.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    for r in rows:
+        cv = r["curves"][0]
+        ax2.plot(np.cumsum(cv["epoch_s"]), cv["train_loss"], marker=".",
+                 label=f"{r['competitor']} ({r['workers']})")
+    if d.get("target_train_loss"):
+        ax2.axhline(d["target_train_loss"], color="gray", ls=":", label="target")
+    ax2.set_xlabel("training seconds")
+    ax2.set_ylabel("training log loss")
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=7)
+    p = d["problem"]
+    h = d["header"]
+    fig.suptitle(f"Hogwild, {p['n_samples']:,} x {p['n_features']:,} RCV1-like, log loss; "
+                 f"{h['cpu']} ({h['cpu_count']} CPUs)", fontsize=9)
+    fig.tight_layout()
+    path = common.results_dir() / "hogwild.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all():
     out = []
     d = _load("pq-threads")
@@ -55,6 +92,9 @@ def plot_all():
     d = _load("counter")
     if d:
         out.append(_throughput(d, "Counter increments", "counter.png", "increments/s"))
+    d = _load("hogwild")
+    if d:
+        out.append(_hogwild(d))
     d = _load("quality")
     if d:
         fig, ax = plt.subplots(figsize=(7, 4.5))

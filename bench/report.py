@@ -58,6 +58,26 @@ def summary() -> str:
                      f"medians over {h['reps']} runs; 'undisturbed' = runs in which no thread's "
                      f"log shows a pause over 1 ms (count in brackets)</sub>")
         parts.append("\n".join(lines))
+    d = _load("hogwild")
+    if d:
+        sk = next(r for r in d["results"] if r["competitor"] == "sklearn")
+        p = d["problem"]
+        lines = [f"### Hogwild SGD, {p['n_samples']:,} × {p['n_features']:,} RCV1-like "
+                 f"({p['nnz'] / 1e6:.1f}M nonzeros), log loss", "",
+                 "| competitor | workers | s / epoch | speed vs sklearn | train loss after "
+                 f"{d['results'][0]['epochs']} epochs | time to target (s) |",
+                 "|---|---:|---:|---:|---:|---:|"]
+        for r in d["results"]:
+            ttt = f"{r['time_to_target_s']:.3f}" if r["time_to_target_s"] is not None else "–"
+            lines.append(f"| {r['competitor']} | {r['workers']} | {r['epoch_s_median']:.3f} | "
+                         f"{sk['epoch_s_median'] / r['epoch_s_median']:.2f}× | "
+                         f"{r['final_train_loss']:.4f} | {ttt} |")
+        h = d["header"]
+        lines.append(f"\n<sub>`{h['command']}` · {h['date']} · {h['cpu']}, {h['cpu_count']} CPUs · "
+                     f"median of {h['reps']} runs after a warm-up; epoch time = median of epochs "
+                     f"2..E; target = 1.01 × sklearn's final training loss "
+                     f"({d['target_train_loss']:.4f})</sub>")
+        parts.append("\n".join(lines))
     d = _load("counter")
     if d:
         parts += ["### Counter increments (increments/s)", _rate_table(d, "competitor")]

@@ -10,19 +10,21 @@ decay popular features twice, see shared/FACTS.md):
 
 * L2 through a weight scale, w = s·v (Bottou's trick, as in scikit-learn's
   ``_sgd_fast``): a step multiplies s by (1 − η·α₂) and touches only the
-  sample's nonzeros in v. Each worker derives its own s from its own step count:
-  one of its steps stands for ``n_workers`` global steps, so s ← s·(1 − η·α₂)^n.
-  No shared word is written for it; the driver folds the exact global product
-  into v between epochs.
+  sample's nonzeros in v. s is a function of the *global* step count t, read
+  from a per-epoch table; each worker estimates t from the progress the workers
+  publish every 32 samples (see ``_run``), so all agree on s, also when one
+  starts late or runs slower (a scale from a worker's own step count does not:
+  a late starter reads the shared weights with the wrong scale). No shared word
+  is written per step for it; the driver folds s into v between epochs.
 * L1 through cumulative penalties (Tsuruoka, Tsujii, Ananiadou 2009): u is the
-  total penalty any weight could have received (per-worker estimate as above),
-  q[c, j] the penalty weight j actually received; weights are clipped at zero.
-  q is shared and updated without locks: an intended Hogwild race (a lost
+  total penalty any weight could have received by global step t (from the same
+  table), q[c, j] the penalty weight j actually received; weights are clipped at
+  zero. q is shared and updated without locks: an intended Hogwild race (a lost
   update of q only mis-sizes one later clip).
 
 Learning rates: constant η₀; inverse scaling η₀ / t^power_t; "optimal"
 1 / (α·(t₀ + t)) with Bottou's t₀ heuristic (see ``optimal_t0``). t is the
-global sample count, estimated by each worker as t_start + n_workers·k.
+global sample count (estimated as above).
 
 Kernels raise nothing: a non-finite prediction sets ``out[2] = 1`` and returns;
 the Python driver raises.
@@ -34,7 +36,7 @@ import math
 import numba as nb
 import numpy as np
 
-from sgd_shm._prefetch import DISTANCE, prefetch
+from sgd_shm._intrinsics import DISTANCE, cas_acquire, prefetch, store_release
 
 # loss codes
 LOG, HINGE, SQUARED, MODIFIED_HUBER = 0, 1, 2, 3
@@ -46,10 +48,11 @@ LEARNING_RATES = {"constant": CONSTANT, "optimal": OPTIMAL, "invscaling": INVSCA
 
 # float parameter slots
 F_ETA0, F_ALPHA2, F_ALPHA1, F_POWER_T, F_T0, F_T_START, F_NW, F_ICPT_DECAY, F_U0 = range(9)
+# (F_U0: the L1 total u at the start of the epoch)
 N_FPARAMS = 9
 # int parameter slots
-I_LOSS, I_LR, I_FIT_ICPT = range(3)
-N_IPARAMS = 3
+I_LOSS, I_LR, I_FIT_ICPT, I_LOCKED = range(4)
+N_IPARAMS = 4
 # out slots
 O_LOSS, O_STEPS, O_DIVERGED, O_SCALE, O_U, O_CLIPS = range(6)
 N_OUT = 6
@@ -112,33 +115,48 @@ def _eta(lr, eta0, alpha, power_t, t0, t):
 
 
 @nb.njit(cache=True, nogil=True)
-def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, ip, out):
-    """Shared body of the sparse (X has 0 rows) and dense (indptr is empty) kernels."""
+def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, ip, out, lock,
+         progress, wid, scale_tab, eta_tab, cum_eta):
+    """One worker's part [lo, hi) of an epoch. Shared body of the sparse (X has 0 rows)
+    and dense (indptr is empty) cases.
+
+    Global time: the worker publishes how many samples it has done in its own slot
+    ``progress[16 * wid]`` every INTERCEPT_FLUSH samples and sums all slots then, so
+    its estimate of the global step count tg (and from it the step size
+    eta_tab[tg], the L2 scale s = scale_tab[tg] and the L1 total) agrees with the
+    other workers' within about INTERCEPT_FLUSH · n_workers steps, whatever their
+    start times or speeds. The tables are the driver's, for this epoch.
+
+    With ip[I_LOCKED] set, every sample's read-modify-write runs under a spinlock in
+    lock[0] (the "locked SGD" baseline of the benchmarks); otherwise no lock is taken."""
     K = W.shape[0]
     loss = ip[I_LOSS]
     lr = ip[I_LR]
     fit_icpt = ip[I_FIT_ICPT]
+    locked = ip[I_LOCKED] != 0
     eta0 = fp[F_ETA0]
     a2 = fp[F_ALPHA2]
     a1 = fp[F_ALPHA1]
     power_t = fp[F_POWER_T]
     t0 = fp[F_T0]
     t_start = fp[F_T_START]
-    nw = fp[F_NW]
-    nw_int = int(nw)
+    nw = int(fp[F_NW])
     icpt_decay = fp[F_ICPT_DECAY]
-    u = fp[F_U0]
+    u0 = fp[F_U0]
     alpha = a2 + a1
+    n_tab = scale_tab.shape[0] - 1          # global steps in this epoch
     dense = indptr.shape[0] == 0
-    s = 1.0
     loss_sum = 0.0
     g = np.empty(K)
     # the intercept is one word every sample writes: each worker adds its steps to a
     # private delta (used in its own predictions) and publishes it every FLUSH
     # samples, so the line is not bounced between cores on every step
     db = np.zeros(K)
-    since_flush = 0
+    since = 0                                # own samples since the last publication
+    base = 0                                 # global samples done at the last publication
+    done_own = 0
     d_feat = W.shape[1]
+    s = 1.0
     for k in range(lo, hi):
         if k + DISTANCE < hi:                  # ask for a row ahead: reads are shuffled
             j = order[k + DISTANCE]
@@ -164,23 +182,29 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
             e = indptr[i + 1]
             cols = indices[a:e]
             vals = data[a:e]
-        t = t_start + (k - lo) * nw + 1.0
-        eta = _eta(lr, eta0, alpha, power_t, t0, t)
+        tg = base + since * nw                 # global samples before this one
+        if tg > n_tab - 1:
+            tg = n_tab - 1
+        eta = eta_tab[tg]
+        s = scale_tab[tg]                      # scale before this step ...
+        s_after = scale_tab[tg + 1]            # ... and after its L2 decay
+        if not (s_after >= 1e-200):
+            out[O_DIVERGED] = 2.0
+            break
         wi = sw[i]
+        if locked:
+            while not cas_acquire(lock, 0, 1):
+                pass
         any_step = False
+        bad = False
         for c in range(K):
             p = 0.0
             for m in range(cols.shape[0]):
                 p += W[c, cols[m]] * vals[m]
             p = p * s + b[c] + db[c]
             if not math.isfinite(p):
-                out[O_DIVERGED] = 1.0
-                for cc in range(K):
-                    b[cc] += db[cc]
-                out[O_LOSS] = loss_sum
-                out[O_STEPS] = k - lo
-                out[O_SCALE] = s
-                return
+                bad = True
+                break
             yc = Y[i, c]
             loss_sum += wi * _loss(loss, p, yc)
             d = _dloss(loss, p, yc)
@@ -190,24 +214,13 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
             g[c] = -eta * d * wi
             if g[c] != 0.0:
                 any_step = True
-        if a2 > 0.0:
-            f = 1.0 - eta * a2
-            if f <= 0.0:
-                out[O_DIVERGED] = 2.0
-                out[O_STEPS] = k - lo
-                out[O_SCALE] = s
-                return
-            fn = f
-            for _ in range(nw_int - 1):      # f ** n_workers without pow()
-                fn *= f
-            s *= fn
-            if s < 1e-200:
-                out[O_DIVERGED] = 2.0
-                out[O_STEPS] = k - lo
-                out[O_SCALE] = s
-                return
+        if bad:
+            if locked:
+                store_release(lock, 0)
+            out[O_DIVERGED] = 1.0
+            break
         if any_step:
-            inv_s = 1.0 / s
+            inv_s = 1.0 / s_after
             for c in range(K):
                 gc = g[c]
                 if gc != 0.0:
@@ -216,45 +229,46 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
                         W[c, cols[m]] += step * vals[m]
                     if fit_icpt:
                         db[c] += gc * icpt_decay
-            since_flush += 1
-            if since_flush >= INTERCEPT_FLUSH:
-                for c in range(K):
-                    b[c] += db[c]
-                    db[c] = 0.0
-                since_flush = 0
         if a1 > 0.0:
-            u += eta * a1 * nw
+            u = u0 + a1 * cum_eta[tg + 1]
             for c in range(K):
                 for m in range(cols.shape[0]):
                     j = cols[m]
-                    z = W[c, j] * s
+                    z = W[c, j] * s_after
                     if z > 0.0:
                         w_new = max(0.0, z - (u + q[c, j]))
                     elif z < 0.0:
                         w_new = min(0.0, z + (u - q[c, j]))
                     else:
                         continue
-                    W[c, j] = w_new / s
+                    W[c, j] = w_new / s_after
                     q[c, j] += w_new - z
+        if locked:
+            store_release(lock, 0)
+        done_own += 1
+        since += 1
+        if since >= INTERCEPT_FLUSH:
+            for c in range(K):
+                b[c] += db[c]
+                db[c] = 0.0
+            progress[16 * wid] = done_own          # only this worker writes its slot
+            total = 0
+            for w in range(nw):
+                total += progress[16 * w]
+            base = total
+            since = 0
     for c in range(K):
         b[c] += db[c]
+    progress[16 * wid] = done_own
     out[O_LOSS] = loss_sum
-    out[O_STEPS] = hi - lo
+    out[O_STEPS] = done_own
     out[O_SCALE] = s
-    out[O_U] = u
 
 
-def optimal_t0(alpha: float, loss: int) -> float:
-    """Bottou's heuristic for the 'optimal' schedule: pick t0 so that the first
-    step size is about the one that suits a weight of typical size 1/sqrt(alpha)."""
-    typw = math.sqrt(1.0 / math.sqrt(alpha))
-    d = abs(float(_dloss(loss, -typw, 1.0)))
-    eta_init = typw / max(1.0, d)
-    return 1.0 / (eta_init * alpha)
-
-
-def global_scale_and_u(fp, ip, n_steps):
-    """Exact weight scale and L1 total after ``n_steps`` global steps from fp's t_start."""
+def epoch_tables(fp, ip, n_steps):
+    """Tables for one epoch of n global steps from fp's t_start: the L2 scale after
+    0..n steps (product of (1 − η·α₂)), the step size of step 1..n (index 0..n-1),
+    and the cumulative step sizes 0..n (for the L1 total)."""
     t = fp[F_T_START] + np.arange(1, n_steps + 1, dtype=np.float64)
     lr = int(ip[I_LR])
     alpha = fp[F_ALPHA2] + fp[F_ALPHA1]
@@ -264,6 +278,21 @@ def global_scale_and_u(fp, ip, n_steps):
         eta = 1.0 / (alpha * (fp[F_T0] + t - 1.0))
     else:
         eta = fp[F_ETA0] / t ** fp[F_POWER_T]
-    scale = float(np.exp(np.sum(np.log1p(-eta * fp[F_ALPHA2])))) if fp[F_ALPHA2] > 0 else 1.0
-    u = fp[F_U0] + float(np.sum(eta)) * fp[F_ALPHA1]
-    return scale, u
+    scale = np.ones(n_steps + 1)
+    if fp[F_ALPHA2] > 0:
+        f = 1.0 - eta * fp[F_ALPHA2]
+        with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
+            logs = np.where(f > 0, np.log(np.where(f > 0, f, 1.0)), -np.inf)
+            scale[1:] = np.exp(np.cumsum(logs))
+    cum_eta = np.zeros(n_steps + 1)
+    np.cumsum(eta, out=cum_eta[1:])
+    return scale, np.ascontiguousarray(eta), cum_eta
+
+
+def optimal_t0(alpha: float, loss: int) -> float:
+    """Bottou's heuristic for the 'optimal' schedule: pick t0 so that the first
+    step size is about the one that suits a weight of typical size 1/sqrt(alpha)."""
+    typw = math.sqrt(1.0 / math.sqrt(alpha))
+    d = abs(float(_dloss(loss, -typw, 1.0)))
+    eta_init = typw / max(1.0, d)
+    return 1.0 / (eta_init * alpha)

@@ -21,6 +21,7 @@ from relaxed.shm import Segment
 from sgd_shm import _kernels as K
 
 _ALIGN = 64
+_NO_LOCK = np.zeros(16, dtype=np.int64)     # the processes backend never locks
 
 
 def _layout(shapes):
@@ -32,13 +33,15 @@ def _layout(shapes):
     return offsets, max(pos, 64)
 
 
-def worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out):
+def worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab, eta_tab,
+                 cum_eta):
     """One worker's slice of an epoch (a module function so tests can replace it)."""
     K._run(W, b, q, prob.cols_all, prob.indptr, prob.indices, prob.data, prob.X, prob.Y,
-           prob.sw, order, lo, hi, fp, ip, out)
+           prob.sw, order, lo, hi, fp, ip, out, _NO_LOCK, progress, wid, scale_tab, eta_tab,
+           cum_eta)
 
 
-def _worker_main(conn, W, b, q, order, prob, ip):
+def _worker_main(conn, wid, W, b, q, order, progress, scale_tab, eta_tab, cum_eta, prob, ip):
     try:
         while True:
             msg = conn.recv()
@@ -46,7 +49,8 @@ def _worker_main(conn, W, b, q, order, prob, ip):
                 return
             _, lo, hi, fp = msg
             out = np.zeros(K.N_OUT)
-            worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out)
+            worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab,
+                         eta_tab, cum_eta)
             conn.send(("ok", out))
     except (EOFError, KeyboardInterrupt):
         return
@@ -64,8 +68,10 @@ class WorkerError(RuntimeError):
 class ProcessPool:
     def __init__(self, sgd, prob, n_workers):
         k, d = sgd.W.shape
+        n = prob.n_samples
         shapes = [((k, d), np.float64), ((k,), np.float64), (sgd.q.shape, np.float64),
-                  ((prob.n_samples,), np.int64)]
+                  ((n,), np.int64), ((16 * n_workers,), np.int64), ((n + 1,), np.float64),
+                  ((n,), np.float64), ((n + 1,), np.float64)]
         offsets, size = _layout(shapes)
         self.seg = Segment.create(size, shared=True)
         self.sgd = sgd
@@ -73,7 +79,8 @@ class ProcessPool:
         try:
             views = [np.ndarray(shape, dtype=dt, buffer=self.seg.buf, offset=off)
                      for (shape, dt), off in zip(shapes, offsets)]
-            self.W, self.b, self.q, self.order = views
+            (self.W, self.b, self.q, self.order, self.progress, self.scale_tab, self.eta_tab,
+             self.cum_eta) = views
             self.W[...] = sgd.W
             self.b[...] = sgd.b
             self.q[...] = sgd.q
@@ -83,7 +90,9 @@ class ProcessPool:
             for _ in range(n_workers):
                 parent, child = ctx.Pipe()
                 p = ctx.Process(target=_worker_main,
-                                args=(child, self.W, self.b, self.q, self.order, prob, sgd.ip),
+                                args=(child, len(self.procs), self.W, self.b, self.q, self.order,
+                                      self.progress, self.scale_tab, self.eta_tab, self.cum_eta,
+                                      prob, sgd.ip),
                                 daemon=True)
                 p.start()
                 child.close()
@@ -93,8 +102,12 @@ class ProcessPool:
             self.close()
             raise
 
-    def run_epoch(self, order, bounds, fp, outs):
+    def run_epoch(self, order, bounds, fp, outs, scale_tab, eta_tab, cum_eta):
         self.order[...] = order
+        self.scale_tab[...] = scale_tab
+        self.eta_tab[...] = eta_tab
+        self.cum_eta[...] = cum_eta
+        self.progress[...] = 0
         for w, conn in enumerate(self.conns):
             conn.send(("epoch", int(bounds[w]), int(bounds[w + 1]), fp))
         errors = []
@@ -139,4 +152,5 @@ class ProcessPool:
             self.sgd.W, self.sgd.b, self.sgd.q = W, b, q
             del self._private
         self.W = self.b = self.q = self.order = None
+        self.progress = self.scale_tab = self.eta_tab = self.cum_eta = None
         self.seg.close()

@@ -82,7 +82,8 @@ class HogwildSGD:
 
     def __init__(self, n_features, n_outputs, *, loss="log_loss", alpha=1e-4, l1_ratio=0.0,
                  learning_rate="optimal", eta0=0.0, power_t=0.5, fit_intercept=True,
-                 intercept_decay=1.0, n_workers=1, backend="threads", seed=None):
+                 intercept_decay=1.0, n_workers=1, backend="threads", locked=False,
+                 seed=None):
         if loss not in K.LOSSES:
             raise ValueError(f"loss must be one of {sorted(K.LOSSES)}, got {loss!r}")
         if learning_rate not in K.LEARNING_RATES:
@@ -101,6 +102,9 @@ class HogwildSGD:
         self.ip[K.I_LOSS] = K.LOSSES[loss]
         self.ip[K.I_LR] = K.LEARNING_RATES[learning_rate]
         self.ip[K.I_FIT_ICPT] = int(bool(fit_intercept))
+        # locked=True: a spinlock around every sample's step (a baseline, not Hogwild)
+        self.ip[K.I_LOCKED] = int(bool(locked))
+        self.lock = np.zeros(16, dtype=np.int64)
         self.fp = np.zeros(K.N_FPARAMS)
         self.fp[K.F_ETA0] = eta0
         self.fp[K.F_ALPHA2] = alpha * (1.0 - l1_ratio)
@@ -143,16 +147,18 @@ class HogwildSGD:
         outs = np.zeros((nw, K.N_OUT))
         fp = self.fp.copy()
         fp[K.F_NW] = nw
+        scale_tab, eta_tab, cum_eta = K.epoch_tables(self.fp, self.ip, n)
+        progress = np.zeros(16 * nw, dtype=np.int64)
 
         def work(w):
             K._run(self.W, self.b, self.q, prob.cols_all, prob.indptr, prob.indices, prob.data,
                    prob.X, prob.Y, prob.sw, order, bounds[w], bounds[w + 1], fp, self.ip,
-                   outs[w])
+                   outs[w], self.lock, progress, w, scale_tab, eta_tab, cum_eta)
         if self._pool is not None:
             if prob is not self._pool_prob:
                 raise ValueError("epoch() got other data than its session(); open a new session")
             self._pool.run_epoch(order, np.linspace(0, n, len(self._pool.procs) + 1)
-                                 .astype(np.int64), fp, outs)
+                                 .astype(np.int64), fp, outs, scale_tab, eta_tab, cum_eta)
         elif self.backend == "processes":
             with self.session(prob):
                 return self.epoch(prob)
@@ -170,10 +176,10 @@ class HogwildSGD:
                 f"after {self.t + outs[:, K.O_STEPS].sum():.0f} samples; lower eta0 or alpha, "
                 "scale the features (e.g. StandardScaler), or use learning_rate='optimal'")
         self.clipped += int(outs[:, K.O_CLIPS].sum())
-        scale, u = K.global_scale_and_u(self.fp, self.ip, n)
+        scale = float(scale_tab[n])
         if scale != 1.0:
             self.W *= scale
-        self.fp[K.F_U0] = u
+        self.fp[K.F_U0] += self.fp[K.F_ALPHA1] * cum_eta[n]
         self.fp[K.F_T_START] += n
         if not (np.isfinite(self.W).all() and np.isfinite(self.b).all()):
             raise DivergenceError("SGD diverged: the weights are no longer finite; lower eta0")

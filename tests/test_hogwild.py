@@ -224,3 +224,21 @@ def test_processes_backend_worker_killed_is_reported_and_released(monkeypatch, n
     clf = HogwildClassifier(n_workers=2, backend="processes", random_state=0)
     with pytest.raises(_procs.WorkerError, match="died"):
         clf.fit(StandardScaler().fit_transform(X), y)
+
+
+def test_locked_baseline_equals_hogwild_on_one_worker_and_releases_its_lock():
+    rng = np.random.default_rng(2)
+    X = sp.random(3000, 300, density=0.05, random_state=2, format="csr")
+    y = np.sign(rng.normal(size=3000))
+    prob = Problem.from_xy(X, y[:, None])
+    runs = {}
+    for locked in (False, True):
+        s = HogwildSGD(300, 1, loss="log_loss", n_workers=1, locked=locked, seed=5)
+        runs[locked] = [s.epoch(prob) for _ in range(3)], s.W.copy()
+        assert s.lock[0] == 0
+    assert runs[False][0] == runs[True][0]
+    np.testing.assert_array_equal(runs[False][1], runs[True][1])
+    s = HogwildSGD(300, 1, loss="log_loss", n_workers=2, locked=True, seed=5)
+    for _ in range(3):
+        s.epoch(prob)
+    assert s.lock[0] == 0 and np.isfinite(s.W).all()

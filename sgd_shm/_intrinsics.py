@@ -1,4 +1,5 @@
-"""A software prefetch for Numba kernels (LLVM's ``llvm.prefetch``).
+"""Numba intrinsics: a software prefetch (LLVM's ``llvm.prefetch``) and the two atomics
+of a spinlock (compare-and-swap with acquire, store with release).
 
 SGD visits rows in a shuffled order, so every row starts with a cache miss and
 the epoch is bound by memory latency (shared/FACTS.md: a dot-product pass takes
@@ -32,5 +33,34 @@ def prefetch(typingctx, arr, offset):
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
         builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
                           ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def cas_acquire(typingctx, arr, expected, desired):
+    """Atomic compare-and-swap of arr[0] (int64): True if it held ``expected`` and now
+    holds ``desired`` (acquire ordering on success)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+    sig = types.boolean(arr, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        res = builder.cmpxchg(ary.data, args[1], args[2], "acquire", "monotonic")
+        return builder.extract_value(res, 1)
+    return sig, codegen
+
+
+@intrinsic
+def store_release(typingctx, arr, value):
+    """Atomic store of ``value`` into arr[0] (int64) with release ordering."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+    sig = types.void(arr, types.int64)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        builder.store_atomic(args[1], ary.data, "release", 8)
         return context.get_dummy_value()
     return sig, codegen

@@ -1,0 +1,113 @@
+"""Hogwild SGD: epoch time and time to a target loss vs workers.
+
+Problem: ``sgd_shm.data.make_rcv1_like`` (default 200k × 50k, about 14M nonzeros),
+logistic loss, L2 with alpha = 1e-4, 'optimal' learning rate (scikit-learn's defaults
+for SGDClassifier with loss='log_loss').
+
+Competitors, same loss, penalty, schedule and number of epochs:
+``sklearn`` (SGDClassifier, one epoch per ``partial_fit``: it has no threads for a
+binary problem), ``hogwild-threads`` and ``hogwild-processes`` (this kit, 1..T workers),
+and ``locked`` (the same kernel with a spinlock around every sample's step: the
+classic alternative to Hogwild). After each epoch the full training log loss is
+computed outside the timed region.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+
+from bench.common import Series
+
+
+def _train_loss(X, y, coef, icpt):
+    z = y * (X @ coef + icpt)
+    return float(np.mean(np.logaddexp(0.0, -z)))
+
+
+def _run_kit(prob, X, y, epochs, workers, backend, locked, seed):
+    from sgd_shm.hogwild import HogwildSGD
+    sgd = HogwildSGD(X.shape[1], 1, loss="log_loss", alpha=1e-4, learning_rate="optimal",
+                     intercept_decay=0.01, n_workers=workers, backend=backend, locked=locked,
+                     seed=seed)
+    times, losses = [], []
+    with sgd.session(prob):
+        for _ in range(epochs):
+            t0 = time.perf_counter()
+            sgd.epoch(prob)
+            times.append(time.perf_counter() - t0)
+            losses.append(_train_loss(X, y, sgd.W[0], sgd.b[0]))
+    return times, losses
+
+
+def _run_sklearn(X, y, epochs, seed):
+    from sklearn.linear_model import SGDClassifier
+    clf = SGDClassifier(loss="log_loss", alpha=1e-4, learning_rate="optimal", random_state=seed)
+    times, losses = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(epochs):
+            t0 = time.perf_counter()
+            clf.partial_fit(X, y, classes=[-1.0, 1.0])
+            times.append(time.perf_counter() - t0)
+            losses.append(_train_loss(X, y, clf.coef_[0], clf.intercept_[0]))
+    return times, losses
+
+
+def run(args, workers_list):
+    from tqdm import tqdm
+
+    from sgd_shm.data import make_rcv1_like
+    from sgd_shm.hogwild import Problem
+    t0 = time.perf_counter()
+    X, y = make_rcv1_like(args.sgd_samples, args.sgd_features, random_state=args.seed)
+    gen_s = time.perf_counter() - t0
+    prob = Problem.from_xy(X, y[:, None])
+    E = args.epochs
+    comps = [("sklearn", 1, None, False)]
+    for T in workers_list:
+        comps += [("hogwild-threads", T, "threads", False),
+                  ("hogwild-processes", T, "processes", False),
+                  ("locked", T, "threads", True)]
+    series = {c: Series(c[0], {"workers": c[1], "epochs": E}) for c in comps}
+    curves = {c: [] for c in comps}
+    bar = tqdm(total=(args.reps + 1) * len(comps), desc="hogwild", leave=False)
+    for rep in range(args.reps + 1):                 # rep 0: warm-up (JIT, page faults)
+        for c in comps:
+            name, T, backend, locked = c
+            if name == "sklearn":
+                times, losses = _run_sklearn(X, y, E, args.seed + rep)
+            else:
+                times, losses = _run_kit(prob, X, y, E, T, backend, locked, args.seed + rep)
+            if rep:
+                # epoch rate: samples per second over epochs 2..E (epoch 1 pays first touches)
+                med = float(np.median(times[1:] if E > 1 else times))
+                series[c].rates.append(X.shape[0] / med)
+                curves[c].append({"epoch_s": times, "train_loss": losses})
+            bar.update()
+    bar.close()
+    rows = []
+    target = None
+    base = curves[("sklearn", 1, None, False)]
+    if base:
+        target = 1.01 * float(np.median([cv["train_loss"][-1] for cv in base]))
+    for c in comps:
+        s = series[c].summary()
+        eps = [float(np.median(cv["epoch_s"][1:] if E > 1 else cv["epoch_s"])) for cv in curves[c]]
+        s["epoch_s_median"] = float(np.median(eps))
+        s["final_train_loss"] = float(np.median([cv["train_loss"][-1] for cv in curves[c]]))
+        ttt = []
+        for cv in curves[c]:
+            cum = np.cumsum(cv["epoch_s"])
+            hit = np.flatnonzero(np.asarray(cv["train_loss"]) <= target)
+            ttt.append(float(cum[hit[0]]) if hit.size else None)
+        ok = [v for v in ttt if v is not None]
+        s["time_to_target_s"] = float(np.median(ok)) if len(ok) == len(ttt) else None
+        s["curves"] = curves[c]
+        rows.append(s)
+    extra = {"problem": {"n_samples": X.shape[0], "n_features": X.shape[1], "nnz": int(X.nnz),
+                         "generate_s": gen_s, "loss": "log_loss", "alpha": 1e-4,
+                         "learning_rate": "optimal"},
+             "target_train_loss": target}
+    return rows, extra
