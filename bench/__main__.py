@@ -236,6 +236,10 @@ def cmd_hogwild(args):
         print(f"{r['competitor']:20s} {r['workers']:7d} {r['epoch_s_median']:8.3f} "
               f"{sk['epoch_s_median'] / r['epoch_s_median']:9.2f}x {r['final_train_loss']:10.4f} "
               f"{ttt:>16s}")
+    print("\nstaleness (updates by other workers between a read and its write):")
+    for k, v in extra["staleness"].items():
+        print(f"  {k:14s} mean tau {v['mean_tau']:.2f}, tau = 0 for {100 * v['frac_tau0']:.1f}% "
+              f"of {v['updates']:,} updates, largest bin {v['max_tau_bin']}")
     path = common.write_json("hogwild", hdr, rows, extra)
     print(f"\nwrote {path}")
 

@@ -106,7 +106,24 @@ def run(args, workers_list):
         s["time_to_target_s"] = float(np.median(ok)) if len(ok) == len(ttt) else None
         s["curves"] = curves[c]
         rows.append(s)
-    extra = {"problem": {"n_samples": X.shape[0], "n_features": X.shape[1], "nnz": int(X.nnz),
+    # staleness histograms (instrumented runs, not timed): updates by others between a
+    # worker's read and its write
+    stale = {}
+    from sgd_shm.hogwild import HogwildSGD
+    for T in workers_list:
+        for backend in ("threads", "processes"):
+            sgd = HogwildSGD(X.shape[1], 1, loss="log_loss", alpha=1e-4, intercept_decay=0.01,
+                             n_workers=T, backend=backend, instrument=True, seed=args.seed)
+            with sgd.session(prob):
+                for _ in range(2):
+                    sgd.epoch(prob)
+            h = sgd.staleness
+            stale[f"{backend}-{T}"] = {
+                "hist": h.tolist(), "updates": int(h.sum()),
+                "mean_tau": float((np.arange(len(h)) * h).sum() / max(h.sum(), 1)),
+                "frac_tau0": float(h[0] / max(h.sum(), 1)),
+                "max_tau_bin": int(np.flatnonzero(h).max()) if h.any() else 0}
+    extra = {"staleness": stale, "problem": {"n_samples": X.shape[0], "n_features": X.shape[1], "nnz": int(X.nnz),
                          "generate_s": gen_s, "loss": "log_loss", "alpha": 1e-4,
                          "learning_rate": "optimal"},
              "target_train_loss": target}

@@ -47,7 +47,7 @@ def _throughput(data, title, out, ylabel="ops/s (median, min–max bars)"):
 
 def _hogwild(d):
     rows = d["results"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.3))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.3))
     sk = next(r for r in rows if r["competitor"] == "sklearn")
     for comp in ("hogwild-threads", "hogwild-processes", "locked"):
         rs = sorted((r for r in rows if r["competitor"] == comp), key=lambda r: r["workers"])
@@ -70,6 +70,16 @@ def _hogwild(d):
     ax2.set_ylabel("training log loss")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=7)
+    for key, v in d.get("staleness", {}).items():
+        hist = np.asarray(v["hist"], dtype=float)
+        if hist.sum() and not key.endswith("-1"):
+            ax3.step(np.arange(len(hist)), hist / hist.sum(), where="mid",
+                     label=f"{key} (mean {v['mean_tau']:.2f})")
+    ax3.set_yscale("log")
+    ax3.set_xlabel("staleness tau (updates by others between read and write)")
+    ax3.set_ylabel("fraction of updates")
+    ax3.grid(alpha=0.3)
+    ax3.legend(fontsize=7)
     p = d["problem"]
     h = d["header"]
     fig.suptitle(f"Hogwild, {p['n_samples']:,} x {p['n_features']:,} RCV1-like, log loss; "

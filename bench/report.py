@@ -77,6 +77,15 @@ def summary() -> str:
                      f"median of {h['reps']} runs after a warm-up; epoch time = median of epochs "
                      f"2..E; target = 1.01 × sklearn's final training loss "
                      f"({d['target_train_loss']:.4f})</sub>")
+        st = d.get("staleness", {})
+        if st:
+            lines.append("\nStaleness (updates applied by other workers between a worker's read "
+                         "and its write; instrumented runs, 2 epochs):\n")
+            lines.append("| backend-workers | mean tau | share with tau = 0 | largest tau seen |")
+            lines.append("|---|---:|---:|---:|")
+            for k, v in st.items():
+                lines.append(f"| {k} | {v['mean_tau']:.2f} | {100 * v['frac_tau0']:.1f}% | "
+                             f"{v['max_tau_bin']}{'+' if v['max_tau_bin'] == len(v['hist']) - 1 else ''} |")
         parts.append("\n".join(lines))
     d = _load("counter")
     if d:

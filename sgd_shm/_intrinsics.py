@@ -64,3 +64,29 @@ def store_release(typingctx, arr, value):
         builder.store_atomic(args[1], ary.data, "release", 8)
         return context.get_dummy_value()
     return sig, codegen
+
+
+@intrinsic
+def fetch_add(typingctx, arr, value):
+    """Atomic arr[0] += value (int64, relaxed ordering); returns the old value."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+    sig = types.int64(arr, types.int64)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.atomic_rmw("add", ary.data, args[1], "monotonic")
+    return sig, codegen
+
+
+@intrinsic
+def load_relaxed(typingctx, arr):
+    """Atomic (relaxed) load of arr[0] (int64)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+    sig = types.int64(arr)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.load_atomic(ary.data, "monotonic", 8)
+    return sig, codegen

@@ -36,7 +36,8 @@ import math
 import numba as nb
 import numpy as np
 
-from sgd_shm._intrinsics import DISTANCE, cas_acquire, prefetch, store_release
+from sgd_shm._intrinsics import (DISTANCE, cas_acquire, fetch_add, load_relaxed, prefetch,
+                                 store_release)
 
 # loss codes
 LOG, HINGE, SQUARED, MODIFIED_HUBER = 0, 1, 2, 3
@@ -51,8 +52,8 @@ F_ETA0, F_ALPHA2, F_ALPHA1, F_POWER_T, F_T0, F_T_START, F_NW, F_ICPT_DECAY, F_U0
 # (F_U0: the L1 total u at the start of the epoch)
 N_FPARAMS = 9
 # int parameter slots
-I_LOSS, I_LR, I_FIT_ICPT, I_LOCKED = range(4)
-N_IPARAMS = 4
+I_LOSS, I_LR, I_FIT_ICPT, I_LOCKED, I_INSTRUMENT = range(5)
+N_IPARAMS = 5
 # out slots
 O_LOSS, O_STEPS, O_DIVERGED, O_SCALE, O_U, O_CLIPS = range(6)
 N_OUT = 6
@@ -116,7 +117,7 @@ def _eta(lr, eta0, alpha, power_t, t0, t):
 
 @nb.njit(cache=True, nogil=True)
 def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, ip, out, lock,
-         progress, wid, scale_tab, eta_tab, cum_eta):
+         progress, wid, scale_tab, eta_tab, cum_eta, clock, stale_hist):
     """One worker's part [lo, hi) of an epoch. Shared body of the sparse (X has 0 rows)
     and dense (indptr is empty) cases.
 
@@ -128,12 +129,20 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
     start times or speeds. The tables are the driver's, for this epoch.
 
     With ip[I_LOCKED] set, every sample's read-modify-write runs under a spinlock in
-    lock[0] (the "locked SGD" baseline of the benchmarks); otherwise no lock is taken."""
+    lock[0] (the "locked SGD" baseline of the benchmarks); otherwise no lock is taken.
+
+    With ip[I_INSTRUMENT] set, staleness is measured: clock[0] is a shared update
+    counter, read before a sample's prediction and fetch-and-incremented at its write;
+    the difference minus one is how many updates other workers applied in between
+    (the delay tau of the asynchronous SGD analyses), counted in stale_hist (last
+    bin: that many or more). It costs one contended atomic per update."""
     K = W.shape[0]
     loss = ip[I_LOSS]
     lr = ip[I_LR]
     fit_icpt = ip[I_FIT_ICPT]
     locked = ip[I_LOCKED] != 0
+    instrument = ip[I_INSTRUMENT] != 0
+    n_bins = stale_hist.shape[0]
     eta0 = fp[F_ETA0]
     a2 = fp[F_ALPHA2]
     a1 = fp[F_ALPHA1]
@@ -195,6 +204,8 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
         if locked:
             while not cas_acquire(lock, 0, 1):
                 pass
+        if instrument:
+            c_read = load_relaxed(clock)
         any_step = False
         bad = False
         for c in range(K):
@@ -219,6 +230,9 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
                 store_release(lock, 0)
             out[O_DIVERGED] = 1.0
             break
+        if instrument:
+            tau = fetch_add(clock, 1) - c_read
+            stale_hist[tau if tau < n_bins else n_bins - 1] += 1
         if any_step:
             inv_s = 1.0 / s_after
             for c in range(K):

@@ -34,14 +34,15 @@ def _layout(shapes):
 
 
 def worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab, eta_tab,
-                 cum_eta):
+                 cum_eta, clock, hist):
     """One worker's slice of an epoch (a module function so tests can replace it)."""
     K._run(W, b, q, prob.cols_all, prob.indptr, prob.indices, prob.data, prob.X, prob.Y,
            prob.sw, order, lo, hi, fp, ip, out, _NO_LOCK, progress, wid, scale_tab, eta_tab,
-           cum_eta)
+           cum_eta, clock, hist)
 
 
-def _worker_main(conn, wid, W, b, q, order, progress, scale_tab, eta_tab, cum_eta, prob, ip):
+def _worker_main(conn, wid, W, b, q, order, progress, scale_tab, eta_tab, cum_eta, clock, hists,
+                 prob, ip):
     try:
         while True:
             msg = conn.recv()
@@ -50,7 +51,7 @@ def _worker_main(conn, wid, W, b, q, order, progress, scale_tab, eta_tab, cum_et
             _, lo, hi, fp = msg
             out = np.zeros(K.N_OUT)
             worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab,
-                         eta_tab, cum_eta)
+                         eta_tab, cum_eta, clock, hists[wid, :hists.shape[1] - 16])
             conn.send(("ok", out))
     except (EOFError, KeyboardInterrupt):
         return
@@ -71,7 +72,8 @@ class ProcessPool:
         n = prob.n_samples
         shapes = [((k, d), np.float64), ((k,), np.float64), (sgd.q.shape, np.float64),
                   ((n,), np.int64), ((16 * n_workers,), np.int64), ((n + 1,), np.float64),
-                  ((n,), np.float64), ((n + 1,), np.float64)]
+                  ((n,), np.float64), ((n + 1,), np.float64), ((16,), np.int64),
+                  ((n_workers, sgd.staleness.shape[0] + 16), np.int64)]
         offsets, size = _layout(shapes)
         self.seg = Segment.create(size, shared=True)
         self.sgd = sgd
@@ -80,7 +82,7 @@ class ProcessPool:
             views = [np.ndarray(shape, dtype=dt, buffer=self.seg.buf, offset=off)
                      for (shape, dt), off in zip(shapes, offsets)]
             (self.W, self.b, self.q, self.order, self.progress, self.scale_tab, self.eta_tab,
-             self.cum_eta) = views
+             self.cum_eta, self.clock, self.hists) = views
             self.W[...] = sgd.W
             self.b[...] = sgd.b
             self.q[...] = sgd.q
@@ -92,7 +94,7 @@ class ProcessPool:
                 p = ctx.Process(target=_worker_main,
                                 args=(child, len(self.procs), self.W, self.b, self.q, self.order,
                                       self.progress, self.scale_tab, self.eta_tab, self.cum_eta,
-                                      prob, sgd.ip),
+                                      self.clock, self.hists, prob, sgd.ip),
                                 daemon=True)
                 p.start()
                 child.close()
@@ -102,12 +104,13 @@ class ProcessPool:
             self.close()
             raise
 
-    def run_epoch(self, order, bounds, fp, outs, scale_tab, eta_tab, cum_eta):
+    def run_epoch(self, order, bounds, fp, outs, scale_tab, eta_tab, cum_eta, hists):
         self.order[...] = order
         self.scale_tab[...] = scale_tab
         self.eta_tab[...] = eta_tab
         self.cum_eta[...] = cum_eta
         self.progress[...] = 0
+        self.hists[...] = 0
         for w, conn in enumerate(self.conns):
             conn.send(("epoch", int(bounds[w]), int(bounds[w + 1]), fp))
         errors = []
@@ -127,6 +130,7 @@ class ProcessPool:
                     outs[w] = payload
                 else:
                     errors.append(f"worker {w} raised:\n{payload}")
+        hists[...] = self.hists[:, :hists.shape[1]]
         if errors:
             raise WorkerError("Hogwild worker failure; training stopped and shared memory "
                               "released.\n" + "\n".join(errors))
@@ -153,4 +157,5 @@ class ProcessPool:
             del self._private
         self.W = self.b = self.q = self.order = None
         self.progress = self.scale_tab = self.eta_tab = self.cum_eta = None
+        self.clock = self.hists = None
         self.seg.close()

@@ -113,7 +113,7 @@ class _BaseHogwild(BaseEstimator):
                         l1_ratio=l1, learning_rate=self.learning_rate, eta0=float(self.eta0),
                         power_t=float(self.power_t), fit_intercept=self.fit_intercept,
                         intercept_decay=0.01 if sparse else 1.0, n_workers=self.n_workers,
-                        backend=self.backend, seed=rng_seed)
+                        backend=self.backend, instrument=self.instrument, seed=rng_seed)
         if self.penalty is None:
             st.fp[K.F_ALPHA2] = 0.0
             st.fp[K.F_ALPHA1] = 0.0
@@ -178,6 +178,10 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     backend : "threads" (Python threads running nogil Numba kernels on one array) or
         "processes" (``multiprocess`` workers on weights in shared memory, released
         after every fit, also when a worker fails).
+    instrument : record per-update staleness (updates applied by other workers between
+        a worker's read of the weights and its write, the delay tau) in ``staleness_``,
+        a histogram (index = tau; the last bin counts tau >= 63). Costs one contended
+        atomic per update.
     random_state : seeds the shuffling.
     """
     _losses = ("hinge", "log_loss", "modified_huber")
@@ -185,7 +189,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     def __init__(self, loss="hinge", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
                  learning_rate="optimal", eta0=0.0, power_t=0.5, n_workers=2,
-                 backend="threads", random_state=None, verbose=0):
+                 backend="threads", instrument=False, random_state=None, verbose=0):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -199,6 +203,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         self.power_t = power_t
         self.n_workers = n_workers
         self.backend = backend
+        self.instrument = instrument
         self.random_state = random_state
         self.verbose = verbose
 
@@ -234,6 +239,8 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
                           "convergence; consider increasing max_iter", ConvergenceWarning)
         self.coef_ = self._state.W.copy()
         self.intercept_ = self._state.b.copy()
+        if self.instrument:
+            self.staleness_ = self._state.staleness.copy()
         return self
 
     def fit(self, X, y, sample_weight=None):
@@ -291,7 +298,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
     def __init__(self, loss="squared_error", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
                  learning_rate="invscaling", eta0=0.01, power_t=0.25, n_workers=2,
-                 backend="threads", random_state=None, verbose=0):
+                 backend="threads", instrument=False, random_state=None, verbose=0):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -305,6 +312,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         self.power_t = power_t
         self.n_workers = n_workers
         self.backend = backend
+        self.instrument = instrument
         self.random_state = random_state
         self.verbose = verbose
 
@@ -325,6 +333,8 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
                           "convergence; consider increasing max_iter", ConvergenceWarning)
         self.coef_ = self._state.W[0].copy()
         self.intercept_ = self._state.b.copy()
+        if self.instrument:
+            self.staleness_ = self._state.staleness.copy()
         return self
 
     def fit(self, X, y, sample_weight=None):

@@ -83,7 +83,7 @@ class HogwildSGD:
     def __init__(self, n_features, n_outputs, *, loss="log_loss", alpha=1e-4, l1_ratio=0.0,
                  learning_rate="optimal", eta0=0.0, power_t=0.5, fit_intercept=True,
                  intercept_decay=1.0, n_workers=1, backend="threads", locked=False,
-                 seed=None):
+                 instrument=False, stale_bins=64, seed=None):
         if loss not in K.LOSSES:
             raise ValueError(f"loss must be one of {sorted(K.LOSSES)}, got {loss!r}")
         if learning_rate not in K.LEARNING_RATES:
@@ -105,6 +105,10 @@ class HogwildSGD:
         # locked=True: a spinlock around every sample's step (a baseline, not Hogwild)
         self.ip[K.I_LOCKED] = int(bool(locked))
         self.lock = np.zeros(16, dtype=np.int64)
+        # instrument=True: per-update staleness histogram (see _kernels._run)
+        self.ip[K.I_INSTRUMENT] = int(bool(instrument))
+        self.clock = np.zeros(16, dtype=np.int64)
+        self.staleness = np.zeros(int(stale_bins), dtype=np.int64)
         self.fp = np.zeros(K.N_FPARAMS)
         self.fp[K.F_ETA0] = eta0
         self.fp[K.F_ALPHA2] = alpha * (1.0 - l1_ratio)
@@ -149,16 +153,19 @@ class HogwildSGD:
         fp[K.F_NW] = nw
         scale_tab, eta_tab, cum_eta = K.epoch_tables(self.fp, self.ip, n)
         progress = np.zeros(16 * nw, dtype=np.int64)
+        hists = np.zeros((nw, self.staleness.shape[0] + 16), dtype=np.int64)  # padded rows
 
         def work(w):
             K._run(self.W, self.b, self.q, prob.cols_all, prob.indptr, prob.indices, prob.data,
                    prob.X, prob.Y, prob.sw, order, bounds[w], bounds[w + 1], fp, self.ip,
-                   outs[w], self.lock, progress, w, scale_tab, eta_tab, cum_eta)
+                   outs[w], self.lock, progress, w, scale_tab, eta_tab, cum_eta, self.clock,
+                   hists[w, :self.staleness.shape[0]])
         if self._pool is not None:
             if prob is not self._pool_prob:
                 raise ValueError("epoch() got other data than its session(); open a new session")
             self._pool.run_epoch(order, np.linspace(0, n, len(self._pool.procs) + 1)
-                                 .astype(np.int64), fp, outs, scale_tab, eta_tab, cum_eta)
+                                 .astype(np.int64), fp, outs, scale_tab, eta_tab, cum_eta,
+                                 hists[:, :self.staleness.shape[0]])
         elif self.backend == "processes":
             with self.session(prob):
                 return self.epoch(prob)
@@ -176,6 +183,7 @@ class HogwildSGD:
                 f"after {self.t + outs[:, K.O_STEPS].sum():.0f} samples; lower eta0 or alpha, "
                 "scale the features (e.g. StandardScaler), or use learning_rate='optimal'")
         self.clipped += int(outs[:, K.O_CLIPS].sum())
+        self.staleness += hists[:, :self.staleness.shape[0]].sum(axis=0)
         scale = float(scale_tab[n])
         if scale != 1.0:
             self.W *= scale

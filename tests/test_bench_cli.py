@@ -12,16 +12,23 @@ def test_bench_all_tiny(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bench", "all", "--workers", "1,2", "--reps", "1",
                         "--prefill", "2000", "--iters", "2000", "--py-iters", "500",
                         "--manager-iters", "20", "--quality-iters", "1000",
+                        "--sgd-samples", "3000", "--sgd-features", "500", "--epochs", "2",
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
-    for name in ("pq-threads", "pq-processes", "quality", "counter"):
+    for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
     q = json.loads((tmp_path / "quality.json").read_text())["results"]
     assert all(row["rank_max"] == 0 for row in q if row["queues"] == 1)
-    for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png"):
+    hw = json.loads((tmp_path / "hogwild.json").read_text())
+    assert {r["competitor"] for r in hw["results"]} == {"sklearn", "hogwild-threads",
+                                                        "hogwild-processes", "locked"}
+    assert hw["staleness"]["threads-1"]["frac_tau0"] == 1.0
+    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 5
+    for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
+                "hogwild.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 

@@ -242,3 +242,31 @@ def test_locked_baseline_equals_hogwild_on_one_worker_and_releases_its_lock():
     for _ in range(3):
         s.epoch(prob)
     assert s.lock[0] == 0 and np.isfinite(s.W).all()
+
+
+# -- staleness instrumentation ---------------------------------------------------------------
+def test_staleness_histogram_counts_every_update_and_is_zero_when_serial():
+    X = sp.random(60_000, 1000, density=0.01, random_state=3, format="csr")
+    y = np.sign(np.random.default_rng(3).normal(size=60_000))
+    prob = Problem.from_xy(X, y[:, None])
+    for kwargs in (dict(n_workers=1), dict(n_workers=2, locked=True)):
+        s = HogwildSGD(1000, 1, loss="log_loss", instrument=True, seed=0, **kwargs)
+        s.epoch(prob)
+        s.epoch(prob)
+        assert s.staleness.sum() == 2 * 60_000
+        # one worker, or a lock held from read to write: nothing can come in between
+        assert s.staleness[0] == 2 * 60_000, f"{kwargs}: tau > 0 seen {s.staleness[:5]}"
+    s = HogwildSGD(1000, 1, loss="log_loss", instrument=True, n_workers=2, seed=0)
+    s.epoch(prob)
+    s.epoch(prob)
+    assert s.staleness.sum() == 2 * 60_000 and s.clock[0] == 2 * 60_000
+
+
+def test_estimator_exposes_staleness(no_shm_leak):
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    for backend in ("threads", "processes"):
+        clf = HogwildClassifier(n_workers=2, instrument=True, backend=backend, max_iter=3,
+                                tol=None, random_state=0).fit(X, y)
+        assert clf.staleness_.sum() == 3 * len(y)
+    assert not hasattr(HogwildClassifier(max_iter=2, tol=None).fit(X, y), "staleness_")
