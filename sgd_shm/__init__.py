@@ -4,6 +4,7 @@ Estimators (scikit-learn API):
 
     HogwildClassifier   linear classifier (hinge / log_loss / modified_huber), binary and one-vs-rest
     HogwildRegressor    linear regressor (squared error)
+    MatrixFactorization biased matrix factorization of a ratings matrix (Netflix-style)
 
 Engine:
 
@@ -18,5 +19,6 @@ Example::
 """
 from sgd_shm.estimators import HogwildClassifier, HogwildRegressor
 from sgd_shm.hogwild import DivergenceError
+from sgd_shm.mf import MatrixFactorization
 
-__all__ = ["HogwildClassifier", "HogwildRegressor", "DivergenceError"]
+__all__ = ["HogwildClassifier", "HogwildRegressor", "MatrixFactorization", "DivergenceError"]

@@ -2,6 +2,7 @@
 
 * :func:`load_svmlight` reads LIBSVM/svmlight text files into CSR (scikit-learn's
   parser, with the checks this kit needs).
+* :func:`make_ratings` draws a Netflix-shaped ratings problem for matrix factorization.
 * :func:`make_rcv1_like` draws a large sparse binary problem shaped like RCV1
   (Lewis et al. 2004): Zipf-like feature popularity, about 0.15% density,
   nonnegative tf-idf-like values, rows of unit L2 norm, labels from a hidden
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["make_rcv1_like", "load_svmlight"]
+__all__ = ["make_rcv1_like", "make_ratings", "load_svmlight"]
 
 
 def _check_pos_int(name, v):
@@ -92,3 +93,44 @@ def load_svmlight(path, n_features=None, *, dtype=np.float64):
     if not np.isfinite(X.data).all() or not np.isfinite(y).all():
         raise ValueError(f"{str(path)!r} contains NaN or infinite values")
     return sp.csr_matrix(X), y
+
+
+def make_ratings(n_users=10_000, n_items=2_000, n_ratings=500_000, *, rank=10, noise=0.5,
+                 zipf=0.8, random_state=None):
+    """A Netflix-shaped ratings problem: (user, item) pairs with Zipf-like popularity of
+    users and items, ratings from a hidden rank-``rank`` biased model plus Gaussian
+    noise, clipped to [1, 5]. Pairs are unique.
+
+    Returns
+    -------
+    X : int64 array of shape (m, 2), columns (user id, item id), m <= n_ratings
+    y : float64 ratings
+    """
+    for name, v in (("n_users", n_users), ("n_items", n_items), ("n_ratings", n_ratings),
+                    ("rank", rank)):
+        _check_pos_int(name, v)
+    if noise < 0:
+        raise ValueError(f"noise must be >= 0, got {noise}")
+    rng = np.random.default_rng(random_state)
+
+    def popular(n, size):
+        w = 1.0 / (np.arange(n) + 5.0) ** zipf
+        cdf = np.cumsum(w)
+        cdf /= cdf[-1]
+        return rng.permutation(n)[np.minimum(np.searchsorted(cdf, rng.random(size)), n - 1)]
+    draw = int(n_ratings * 1.2) + 16
+    u = popular(n_users, draw).astype(np.int64)
+    i = popular(n_items, draw).astype(np.int64)
+    key = u * n_items + i
+    # unique pairs by sort + adjacent difference (np.unique is slow on big int64 arrays)
+    order = np.argsort(key, kind="stable")
+    keep = np.ones(order.size, dtype=bool)
+    keep[1:] = np.diff(key[order]) != 0
+    sel = np.sort(order[keep])[:n_ratings]
+    u, i = u[sel], i[sel]
+    P = rng.normal(0, 1 / np.sqrt(rank), (n_users, rank))
+    Q = rng.normal(0, 1 / np.sqrt(rank), (n_items, rank))
+    bu = rng.normal(0, 0.3, n_users)
+    bi = rng.normal(0, 0.5, n_items)
+    y = 3.6 + bu[u] + bi[i] + np.einsum("ij,ij->i", P[u], Q[i]) + rng.normal(0, noise, u.size)
+    return np.column_stack([u, i]), np.clip(y, 1.0, 5.0)

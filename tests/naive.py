@@ -123,3 +123,17 @@ def serial_sgd_epoch(X, Y, order, W, b, *, loss, eta, alpha2=0.0, alpha1=0.0, u=
                     W[c, j] = w_new
                     q[c, j] += w_new - z
     return W, b, u
+
+
+def serial_mf_epoch(users, items, ratings, order, P, Q, bu, bi, *, lr, reg, reg_bias, mu):
+    """One serial SGD epoch of biased matrix factorization (Koren et al. 2009), plain
+    Python: error against mu + bu + bi + P[u]·Q[i], then the usual regularised steps."""
+    for n in order:
+        u, i = users[n], items[n]
+        e = ratings[n] - (mu + bu[u] + bi[i] + float(P[u] @ Q[i]))
+        bu[u] += lr * (e - reg_bias * bu[u])
+        bi[i] += lr * (e - reg_bias * bi[i])
+        pu, qi = P[u].copy(), Q[i].copy()
+        P[u] = pu + lr * (e * qi - reg * pu)
+        Q[i] = qi + lr * (e * pu - reg * qi)
+    return P, Q, bu, bi

@@ -1,0 +1,57 @@
+"""Numba kernel for matrix factorization by Hogwild SGD (private; see sgd_shm.mf).
+
+The biased model of Funk (2006) and Koren, Bell, Volinsky ("Matrix factorization
+techniques for recommender systems", 2009): r̂(u, i) = mu + b_u + b_i + p_u · q_i,
+trained on the observed ratings by SGD with L2 on the rows it touches. Workers
+walk their part of a shuffled index array and update user and item rows without
+locks, as in the Netflix experiments of Hogwild! (Niu et al. 2011): two ratings
+rarely share a user or an item, so collisions are rare (intended race: a lost
+update of a row only loses one step).
+"""
+import math
+
+import numba as nb
+import numpy as np
+
+from sgd_shm._intrinsics import DISTANCE, prefetch
+
+# out slots
+MO_LOSS, MO_STEPS, MO_DIVERGED = range(3)
+MN_OUT = 3
+
+
+@nb.njit(cache=True, nogil=True)
+def mf_run(P, Q, bu, bi, users, items, ratings, order, lo, hi, lr, reg, reg_bias, mu,
+           fit_bias, out):
+    k = P.shape[1]
+    sq = 0.0
+    for t in range(lo, hi):
+        if t + DISTANCE < hi:
+            m = order[t + DISTANCE]
+            prefetch(P, users[m] * k)
+            prefetch(Q, items[m] * k)
+        n = order[t]
+        u = users[n]
+        i = items[n]
+        pred = mu
+        if fit_bias:
+            pred += bu[u] + bi[i]
+        for f in range(k):
+            pred += P[u, f] * Q[i, f]
+        if not math.isfinite(pred):
+            out[MO_DIVERGED] = 1.0
+            out[MO_LOSS] = sq
+            out[MO_STEPS] = t - lo
+            return
+        e = ratings[n] - pred
+        sq += e * e
+        if fit_bias:
+            bu[u] += lr * (e - reg_bias * bu[u])
+            bi[i] += lr * (e - reg_bias * bi[i])
+        for f in range(k):
+            pu = P[u, f]
+            qi = Q[i, f]
+            P[u, f] = pu + lr * (e * qi - reg * pu)
+            Q[i, f] = qi + lr * (e * pu - reg * qi)
+    out[MO_LOSS] = sq
+    out[MO_STEPS] = hi - lo

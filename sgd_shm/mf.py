@@ -1,0 +1,194 @@
+"""Matrix factorization (Netflix-style ratings) trained by Hogwild SGD.
+
+``MatrixFactorization`` learns r̂(u, i) = mu + b_u + b_i + p_u · q_i from observed
+ratings (Funk 2006; Koren, Bell, Volinsky 2009) with ``n_workers`` threads updating
+the factor matrices without locks (Hogwild!, Niu et al. 2011). It follows the
+scikit-learn estimator API with X holding (user id, item id) pairs.
+
+Example::
+
+    from sgd_shm import MatrixFactorization
+    from sgd_shm.data import make_ratings
+    X, y = make_ratings(10_000, 2_000, 500_000, random_state=0)
+    mf = MatrixFactorization(n_factors=20, n_workers=2, random_state=0).fit(X, y)
+    mf.predict(X[:5]), mf.rmse(X, y)
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
+
+from sgd_shm import _mf
+from sgd_shm.estimators import _check_param
+from sgd_shm.hogwild import DivergenceError
+
+__all__ = ["MatrixFactorization"]
+
+
+def _check_pairs(X, name="X"):
+    X = np.asarray(X)
+    if X.ndim != 2 or X.shape[1] != 2:
+        raise ValueError(f"{name} must have shape (n_ratings, 2) holding (user id, item id) "
+                         f"pairs, got shape {X.shape}")
+    if X.dtype.kind == "f":
+        if not np.isfinite(X).all() or (X != np.round(X)).any():
+            raise ValueError(f"{name} must hold integer ids; found non-integer values")
+    elif X.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer ids, got dtype {X.dtype}")
+    X = X.astype(np.int64)
+    if X.size and X.min() < 0:
+        raise ValueError(f"{name} holds negative ids ({X.min()}); ids must be >= 0")
+    return X
+
+
+class MatrixFactorization(RegressorMixin, BaseEstimator):
+    """Biased matrix factorization of a ratings matrix by Hogwild SGD.
+
+    Parameters
+    ----------
+    n_factors : rank of the factorization.
+    learning_rate : SGD step size (constant; times ``decay`` after every epoch).
+    reg, reg_bias : L2 strength on the factors and on the biases (on the rows a step touches).
+    fit_bias : learn user and item biases (else only mu + p_u · q_i).
+    max_iter : epochs.
+    decay : factor applied to the learning rate after each epoch (1.0 keeps it constant).
+    init_std : standard deviation of the initial factors.
+    n_workers : threads updating the factors without locks.
+    backend : "threads" (the only backend of this model so far).
+    random_state : seeds the initialisation and the shuffling.
+    """
+
+    def __init__(self, n_factors=20, *, learning_rate=0.01, reg=0.02, reg_bias=0.02,
+                 fit_bias=True, max_iter=20, decay=0.95, init_std=0.1, n_workers=2,
+                 backend="threads", random_state=None, verbose=0):
+        self.n_factors = n_factors
+        self.learning_rate = learning_rate
+        self.reg = reg
+        self.reg_bias = reg_bias
+        self.fit_bias = fit_bias
+        self.max_iter = max_iter
+        self.decay = decay
+        self.init_std = init_std
+        self.n_workers = n_workers
+        self.backend = backend
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def _validate_params(self):
+        _check_param("n_factors", self.n_factors, int, 1)
+        _check_param("learning_rate", self.learning_rate, float, 0.0, lo_open=True)
+        _check_param("reg", self.reg, float, 0.0)
+        _check_param("reg_bias", self.reg_bias, float, 0.0)
+        _check_param("max_iter", self.max_iter, int, 1)
+        _check_param("decay", self.decay, float, 0.0, 1.0, lo_open=True)
+        _check_param("init_std", self.init_std, float, 0.0)
+        _check_param("n_workers", self.n_workers, int, 1)
+        if self.backend != "threads":
+            raise ValueError(f"backend must be 'threads' for MatrixFactorization (the processes "
+                             f"backend covers the linear models only so far), got {self.backend!r}")
+
+    def _data(self, X, y):
+        X = _check_pairs(X)
+        y = np.asarray(y, dtype=np.float64)
+        if y.shape != (X.shape[0],):
+            raise ValueError(f"y must have shape ({X.shape[0]},), got {y.shape}")
+        if not np.isfinite(y).all():
+            raise ValueError("y holds NaN or infinite ratings")
+        if X.shape[0] == 0:
+            raise ValueError("no ratings to fit (X is empty)")
+        return X, y
+
+    def fit(self, X, y):
+        """Fit on ratings y of the (user, item) pairs in X for max_iter epochs."""
+        self._validate_params()
+        X, y = self._data(X, y)
+        rng = check_random_state(self.random_state)
+        self.n_users_ = int(X[:, 0].max()) + 1
+        self.n_items_ = int(X[:, 1].max()) + 1
+        k = self.n_factors
+        self.user_factors_ = rng.normal(0, self.init_std, (self.n_users_, k))
+        self.item_factors_ = rng.normal(0, self.init_std, (self.n_items_, k))
+        self.user_bias_ = np.zeros(self.n_users_)
+        self.item_bias_ = np.zeros(self.n_items_)
+        self.global_mean_ = float(y.mean())
+        self.loss_curve_ = []
+        self.n_iter_ = 0
+        self._rng = np.random.default_rng(rng.randint(2**31 - 1))
+        self._lr = float(self.learning_rate)
+        for _ in range(self.max_iter):
+            self._epoch(X, y)
+        return self
+
+    def partial_fit(self, X, y):
+        """One more epoch over (X, y); the first call initialises like fit with max_iter=1."""
+        if not hasattr(self, "user_factors_"):
+            saved = self.max_iter
+            self.max_iter = 1
+            try:
+                return self.fit(X, y)
+            finally:
+                self.max_iter = saved
+        self._validate_params()
+        X, y = self._data(X, y)
+        if X[:, 0].max() >= self.n_users_ or X[:, 1].max() >= self.n_items_:
+            raise ValueError(f"partial_fit got ids beyond the fitted model ({self.n_users_} "
+                             f"users, {self.n_items_} items); fit again on data with every id")
+        self._epoch(X, y)
+        return self
+
+    def _epoch(self, X, y):
+        n = X.shape[0]
+        nw = max(1, min(int(self.n_workers), n))
+        order = self._rng.permutation(n).astype(np.int64)
+        bounds = np.linspace(0, n, nw + 1).astype(np.int64)
+        outs = np.zeros((nw, _mf.MN_OUT + 13))        # padded rows
+        users = np.ascontiguousarray(X[:, 0])
+        items = np.ascontiguousarray(X[:, 1])
+
+        def work(w):
+            _mf.mf_run(self.user_factors_, self.item_factors_, self.user_bias_, self.item_bias_,
+                       users, items, y, order, bounds[w], bounds[w + 1], self._lr,
+                       float(self.reg), float(self.reg_bias), self.global_mean_,
+                       bool(self.fit_bias), outs[w])
+        if nw == 1:
+            work(0)
+        else:
+            ts = [threading.Thread(target=work, args=(w,)) for w in range(nw)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+        if outs[:, _mf.MO_DIVERGED].any() or not np.isfinite(self.user_factors_).all():
+            raise DivergenceError("matrix factorization diverged (a prediction became inf/NaN); "
+                                  "lower learning_rate or raise reg")
+        rmse = float(np.sqrt(outs[:, _mf.MO_LOSS].sum() / n))
+        self.loss_curve_.append(rmse)
+        self.n_iter_ += 1
+        self._lr *= float(self.decay)
+        if self.verbose:
+            print(f"-- epoch {self.n_iter_}: training RMSE {rmse:.4f} (as visited)")
+
+    def predict(self, X):
+        """Predicted ratings of the (user, item) pairs in X; users or items not seen in
+        fit get the global mean plus whatever biases are known (cold start)."""
+        check_is_fitted(self, "user_factors_")
+        X = _check_pairs(X)
+        u, i = X[:, 0], X[:, 1]
+        ku, ki = u < self.n_users_, i < self.n_items_
+        pred = np.full(X.shape[0], self.global_mean_)
+        if self.fit_bias:
+            pred[ku] += self.user_bias_[u[ku]]
+            pred[ki] += self.item_bias_[i[ki]]
+        both = ku & ki
+        pred[both] += np.einsum("ij,ij->i", self.user_factors_[u[both]],
+                                self.item_factors_[i[both]])
+        return pred
+
+    def rmse(self, X, y):
+        """Root mean squared error of predict(X) against y."""
+        y = np.asarray(y, dtype=np.float64)
+        return float(np.sqrt(np.mean((self.predict(X) - y) ** 2)))

@@ -1,0 +1,76 @@
+"""Matrix factorization: the kernel against a serial oracle, accuracy, bad input."""
+import numpy as np
+import pytest
+
+from naive import serial_mf_epoch
+from sgd_shm import MatrixFactorization
+from sgd_shm.data import make_ratings
+
+
+def test_one_worker_epoch_equals_serial_oracle():
+    X, y = make_ratings(50, 40, 800, rank=3, random_state=1)
+    mf = MatrixFactorization(n_factors=4, n_workers=1, max_iter=1, decay=1.0, random_state=2)
+    mf.fit(X, y)                                   # initialises; we replay epoch 2 by hand
+    P, Q = mf.user_factors_.copy(), mf.item_factors_.copy()
+    bu, bi = mf.user_bias_.copy(), mf.item_bias_.copy()
+    rng_state = mf._rng.bit_generator.state
+    order = np.random.default_rng()
+    order.bit_generator.state = rng_state
+    order = order.permutation(len(y))
+    mf.partial_fit(X, y)
+    serial_mf_epoch(X[:, 0], X[:, 1], y, order, P, Q, bu, bi, lr=0.01, reg=0.02, reg_bias=0.02,
+                    mu=mf.global_mean_)
+    np.testing.assert_allclose(mf.user_factors_, P, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(mf.item_factors_, Q, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(mf.user_bias_, bu, rtol=1e-10, atol=1e-12)
+
+
+def test_learns_low_rank_ratings_with_two_workers():
+    X, y = make_ratings(3000, 800, 150_000, rank=5, noise=0.3, random_state=0)
+    idx = np.random.default_rng(0).permutation(len(y))
+    tr, te = idx[:120_000], idx[120_000:]
+    base = np.sqrt(np.mean((y[te] - y[tr].mean()) ** 2))
+    r = {}
+    for nw in (1, 2):
+        mf = MatrixFactorization(n_factors=5, n_workers=nw, max_iter=15, random_state=0)
+        r[nw] = mf.fit(X[tr], y[tr]).rmse(X[te], y[te])
+        assert mf.loss_curve_[-1] < mf.loss_curve_[0]
+    assert r[1] < 0.8 * base, f"test RMSE {r[1]:.3f} vs predicting the mean {base:.3f}"
+    assert r[2] < 1.03 * r[1], f"2 workers RMSE {r[2]:.4f} vs 1 worker {r[1]:.4f}"
+    assert 0.0 < mf.score(X[te], y[te]) <= 1.0
+
+
+def test_cold_start_and_partial_fit():
+    X, y = make_ratings(30, 20, 300, random_state=3)
+    mf = MatrixFactorization(n_factors=2, max_iter=3, random_state=0).fit(X, y)
+    p = mf.predict(np.array([[10_000, 0], [0, 10_000], [10_000, 10_000]]))
+    assert np.isfinite(p).all()
+    assert p[2] == pytest.approx(mf.global_mean_)
+    mf.partial_fit(X, y)
+    assert mf.n_iter_ == 4
+    with pytest.raises(ValueError, match="beyond the fitted model"):
+        mf.partial_fit(np.array([[10_000, 0]]), np.array([3.0]))
+
+
+@pytest.mark.parametrize("X, y, exc, match", [
+    (np.array([[0, -1]]), np.array([3.0]), ValueError, "negative ids"),
+    (np.array([[0.5, 1]]), np.array([3.0]), ValueError, "integer ids"),
+    (np.array([[0, 1, 2]]), np.array([3.0]), ValueError, "shape"),
+    (np.array([["a", "b"]]), np.array([3.0]), TypeError, "integer ids"),
+    (np.array([[0, 1]]), np.array([np.nan]), ValueError, "NaN"),
+    (np.array([[0, 1]]), np.array([1.0, 2.0]), ValueError, "y must have shape"),
+])
+def test_bad_input(X, y, exc, match):
+    with pytest.raises(exc, match=match):
+        MatrixFactorization().fit(X, y)
+
+
+def test_bad_parameters_and_divergence():
+    X, y = make_ratings(30, 20, 300, random_state=3)
+    with pytest.raises(ValueError, match="backend must be 'threads'"):
+        MatrixFactorization(backend="processes").fit(X, y)
+    with pytest.raises(ValueError, match="learning_rate must be > 0"):
+        MatrixFactorization(learning_rate=0.0).fit(X, y)
+    from sgd_shm import DivergenceError
+    with pytest.raises(DivergenceError, match="diverged"):
+        MatrixFactorization(learning_rate=1e6, decay=1.0, max_iter=5, random_state=0).fit(X, y)
