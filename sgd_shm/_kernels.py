@@ -48,9 +48,11 @@ CONSTANT, OPTIMAL, INVSCALING = 0, 1, 2
 LEARNING_RATES = {"constant": CONSTANT, "optimal": OPTIMAL, "invscaling": INVSCALING}
 
 # float parameter slots
-F_ETA0, F_ALPHA2, F_ALPHA1, F_POWER_T, F_T0, F_T_START, F_NW, F_ICPT_DECAY, F_U0 = range(9)
-# (F_U0: the L1 total u at the start of the epoch)
-N_FPARAMS = 9
+F_ETA0, F_ALPHA2, F_ALPHA1, F_POWER_T, F_T0, F_T_START, F_NW, F_ICPT_DECAY, F_U0, F_ALPHA_LR = \
+    range(10)
+# (F_U0: the L1 total u at the start of the segment; F_ALPHA_LR: alpha of the 'optimal'
+#  schedule, which also holds with penalty=None)
+N_FPARAMS = 10
 # int parameter slots
 I_LOSS, I_LR, I_FIT_ICPT, I_LOCKED, I_INSTRUMENT = range(5)
 N_IPARAMS = 5
@@ -258,6 +260,9 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
                     W[c, j] = w_new / s_after
                     q[c, j] += w_new - z
         if locked:
+            for c in range(K):                # serialised: publish the intercept too
+                b[c] += db[c]
+                db[c] = 0.0
             store_release(lock, 0)
         done_own += 1
         since += 1
@@ -279,34 +284,62 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
     out[O_SCALE] = s
 
 
-def epoch_tables(fp, ip, n_steps):
-    """Tables for one epoch of n global steps from fp's t_start: the L2 scale after
-    0..n steps (product of (1 − η·α₂)), the step size of step 1..n (index 0..n-1),
-    and the cumulative step sizes 0..n (for the L1 total)."""
+def epoch_steps(fp, ip, n_steps):
+    """Step sizes of the epoch's global steps 1..n (from fp's t_start) and the log of
+    their L2 factors max(0, 1 − η·α₂) (−inf where the factor is zero)."""
     t = fp[F_T_START] + np.arange(1, n_steps + 1, dtype=np.float64)
     lr = int(ip[I_LR])
-    alpha = fp[F_ALPHA2] + fp[F_ALPHA1]
     if lr == CONSTANT:
         eta = np.full(n_steps, fp[F_ETA0])
     elif lr == OPTIMAL:
-        eta = 1.0 / (alpha * (fp[F_T0] + t - 1.0))
+        eta = 1.0 / (fp[F_ALPHA_LR] * (fp[F_T0] + t - 1.0))
     else:
         eta = fp[F_ETA0] / t ** fp[F_POWER_T]
-    scale = np.ones(n_steps + 1)
+    logf = np.zeros(n_steps)
     if fp[F_ALPHA2] > 0:
         f = 1.0 - eta * fp[F_ALPHA2]
-        with np.errstate(divide="ignore", invalid="ignore", under="ignore"):
-            logs = np.where(f > 0, np.log(np.where(f > 0, f, 1.0)), -np.inf)
-            scale[1:] = np.exp(np.cumsum(logs))
-    cum_eta = np.zeros(n_steps + 1)
-    np.cumsum(eta, out=cum_eta[1:])
-    return scale, np.ascontiguousarray(eta), cum_eta
+        with np.errstate(divide="ignore"):
+            logf = np.log(np.maximum(f, 0.0))
+    return np.ascontiguousarray(eta), logf
+
+
+#: the driver folds the weight scale into the weights before it falls below this
+MIN_SCALE = 1e-9
+
+
+def next_segment(logf, g0):
+    """End (exclusive) of the segment of global steps starting at g0, and whether its
+    first step's L2 factor is zero (then the weights are zeroed before it)."""
+    n = logf.shape[0]
+    zero_first = bool(np.isneginf(logf[g0]))
+    rest = logf[g0:].copy()
+    if zero_first:
+        rest[0] = 0.0
+    rel = np.cumsum(rest)
+    bad = np.flatnonzero((rel < np.log(MIN_SCALE)) | np.isneginf(rest))
+    end = g0 + (int(bad[0]) if bad.size else n - g0)
+    return max(end, g0 + 1), zero_first
+
+
+def segment_tables(eta, logf, g0, g1, zero_first):
+    """Scale after 0..L steps of the segment (relative to its start), the step sizes of
+    its L steps, and their cumulative sum (L1 total)."""
+    lf = logf[g0:g1].copy()
+    if zero_first:
+        lf[0] = 0.0                          # the zeroing was done by the driver
+    scale = np.ones(g1 - g0 + 1)
+    scale[1:] = np.exp(np.cumsum(lf))
+    cum = np.zeros(g1 - g0 + 1)
+    np.cumsum(eta[g0:g1], out=cum[1:])
+    return scale, np.ascontiguousarray(eta[g0:g1]), cum
 
 
 def optimal_t0(alpha: float, loss: int) -> float:
     """Bottou's heuristic for the 'optimal' schedule: pick t0 so that the first
     step size is about the one that suits a weight of typical size 1/sqrt(alpha)."""
     typw = math.sqrt(1.0 / math.sqrt(alpha))
-    d = abs(float(_dloss(loss, -typw, 1.0)))
+    # as scikit-learn: the derivative at (prediction -typw, label 1) is negative for
+    # every loss here, so the divisor is 1 and the first step is typw
+    d = float(_dloss(loss, -typw, 1.0))
     eta_init = typw / max(1.0, d)
     return 1.0 / (eta_init * alpha)

@@ -48,10 +48,11 @@ def _worker_main(conn, wid, W, b, q, order, progress, scale_tab, eta_tab, cum_et
             msg = conn.recv()
             if msg[0] == "stop":
                 return
-            _, lo, hi, fp = msg
+            _, lo, hi, fp, L = msg               # L: global steps in this segment
             out = np.zeros(K.N_OUT)
-            worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab,
-                         eta_tab, cum_eta, clock, hists[wid, :hists.shape[1] - 16])
+            worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out, progress, wid,
+                         scale_tab[:L + 1], eta_tab[:L], cum_eta[:L + 1], clock,
+                         hists[wid, :hists.shape[1] - 16])
             conn.send(("ok", out))
     except (EOFError, KeyboardInterrupt):
         return
@@ -104,15 +105,17 @@ class ProcessPool:
             self.close()
             raise
 
-    def run_epoch(self, order, bounds, fp, outs, scale_tab, eta_tab, cum_eta, hists):
+    def run_epoch(self, order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists):
+        """Run one segment: worker w does positions [lo[w], hi[w]) of ``order``."""
+        L = eta_tab.shape[0]
         self.order[...] = order
-        self.scale_tab[...] = scale_tab
-        self.eta_tab[...] = eta_tab
-        self.cum_eta[...] = cum_eta
+        self.scale_tab[:L + 1] = scale_tab
+        self.eta_tab[:L] = eta_tab
+        self.cum_eta[:L + 1] = cum_eta
         self.progress[...] = 0
         self.hists[...] = 0
         for w, conn in enumerate(self.conns):
-            conn.send(("epoch", int(bounds[w]), int(bounds[w + 1]), fp))
+            conn.send(("epoch", int(lo[w]), int(hi[w]), fp, L))
         errors = []
         for w, (conn, p) in enumerate(zip(self.conns, self.procs)):
             while not conn.poll(0.2):
@@ -130,7 +133,7 @@ class ProcessPool:
                     outs[w] = payload
                 else:
                     errors.append(f"worker {w} raised:\n{payload}")
-        hists[...] = self.hists[:, :hists.shape[1]]
+        hists += self.hists[:, :hists.shape[1]]
         if errors:
             raise WorkerError("Hogwild worker failure; training stopped and shared memory "
                               "released.\n" + "\n".join(errors))

@@ -30,7 +30,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm import _kernels as K
-from sgd_shm.hogwild import HogwildSGD, Problem
+from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem
 
 __all__ = ["HogwildClassifier", "HogwildRegressor"]
 
@@ -104,20 +104,35 @@ class _BaseHogwild(BaseEstimator):
         return float(self.alpha), l1
 
     def _new_state(self, n_features, n_outputs, sparse, rng_seed):
-        alpha, l1 = self._penalty_split()
-        if self.penalty is None and self.learning_rate == "optimal":
-            alpha_sched = float(self.alpha)     # 'optimal' still needs a scale for its steps
-        else:
-            alpha_sched = alpha
-        st = HogwildSGD(n_features, n_outputs, loss=self.loss, alpha=alpha_sched,
-                        l1_ratio=l1, learning_rate=self.learning_rate, eta0=float(self.eta0),
-                        power_t=float(self.power_t), fit_intercept=self.fit_intercept,
-                        intercept_decay=0.01 if sparse else 1.0, n_workers=self.n_workers,
-                        backend=self.backend, instrument=self.instrument, seed=rng_seed)
-        if self.penalty is None:
-            st.fp[K.F_ALPHA2] = 0.0
-            st.fp[K.F_ALPHA1] = 0.0
-        return st
+        _, l1 = self._penalty_split()
+        # penalty=None: no penalty, but 'optimal' still takes its step sizes from alpha
+        return HogwildSGD(n_features, n_outputs, loss=self.loss, alpha=float(self.alpha),
+                          l1_ratio=l1, learning_rate=self.learning_rate, eta0=float(self.eta0),
+                          power_t=float(self.power_t), fit_intercept=self.fit_intercept,
+                          intercept_decay=0.01 if sparse else 1.0, n_workers=self.n_workers,
+                          backend=self.backend, instrument=self.instrument,
+                          penalty_scale=0.0 if self.penalty is None else 1.0, seed=rng_seed)
+
+    def _objective(self, mean_loss):
+        """Mean loss plus the penalty of the current weights (the stopping rule's
+        objective, as in scikit-learn >= 1.7)."""
+        st = self._state
+        a2, a1 = st.fp[K.F_ALPHA2], st.fp[K.F_ALPHA1]
+        pen = 0.0
+        if a2 > 0:
+            pen += 0.5 * a2 * float(np.sum(st.W * st.W))
+        if a1 > 0:
+            pen += a1 * float(np.abs(st.W).sum())
+        return mean_loss + pen
+
+    _FITTED = ("coef_", "intercept_", "staleness_", "classes_", "loss_curve_", "n_iter_",
+               "_state", "n_features_in_")
+
+    def _forget(self):
+        """Back to unfitted: after a failed or diverged fit no half-trained state stays."""
+        for name in self._FITTED:
+            if name in self.__dict__:
+                delattr(self, name)
 
     def _run_epochs(self, prob, max_iter, stop_early):
         clipped_before = self._state.clipped
@@ -143,8 +158,9 @@ class _BaseHogwild(BaseEstimator):
                 print(f"-- epoch {self.n_iter_}: mean loss {mean_loss:.6f}, "
                       f"t = {self._state.t:.0f}")
             if stop_early and self.tol is not None:
-                stall = stall + 1 if mean_loss > best - self.tol else 0
-                best = min(best, mean_loss)
+                obj = self._objective(mean_loss)
+                stall = stall + 1 if obj > best - self.tol else 0
+                best = min(best, obj)
                 if stall >= self.n_iter_no_change:
                     return True
         return not stop_early or self.tol is None
@@ -213,10 +229,23 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         return np.where(y[:, None] == self.classes_[None, :], 1.0, -1.0)
 
     def _fit(self, X, y, sample_weight, classes, reset, max_iter, stop_early):
+        if reset:
+            self._forget()
+        try:
+            return self._fit_inner(X, y, sample_weight, classes, reset, max_iter, stop_early)
+        except DivergenceError:
+            self._forget()
+            raise
+
+    def _fit_inner(self, X, y, sample_weight, classes, reset, max_iter, stop_early):
         self._validate_params()
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C",
                              reset=reset)
         check_classification_targets(y)
+        if (not reset and classes is not None and hasattr(self, "classes_")
+                and not np.array_equal(np.unique(np.asarray(classes)), self.classes_)):
+            raise ValueError(f"classes={list(classes)!r} differs from the classes of the first "
+                             f"partial_fit call {self.classes_.tolist()!r}; call fit to start over")
         if reset or not hasattr(self, "classes_"):
             cls = np.unique(y) if classes is None else np.unique(np.asarray(classes))
             if len(cls) < 2:
@@ -317,6 +346,15 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         self.verbose = verbose
 
     def _fit(self, X, y, sample_weight, reset, max_iter, stop_early):
+        if reset:
+            self._forget()
+        try:
+            return self._fit_inner(X, y, sample_weight, reset, max_iter, stop_early)
+        except DivergenceError:
+            self._forget()
+            raise
+
+    def _fit_inner(self, X, y, sample_weight, reset, max_iter, stop_early):
         self._validate_params()
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C",
                              y_numeric=True, reset=reset)

@@ -49,7 +49,7 @@ class Problem:
     sw: np.ndarray
     X: np.ndarray            # (n, d) dense, or (0, d) when sparse
     indptr: np.ndarray       # (n + 1,) int64 when sparse, else empty
-    indices: np.ndarray      # int32 column indices
+    indices: np.ndarray      # (nnz,) int32 column indices
     data: np.ndarray
     cols_all: np.ndarray     # arange(d) (int32) for dense rows
 
@@ -67,12 +67,19 @@ class Problem:
               else np.ascontiguousarray(sample_weight, dtype=np.float64))
         if sp.issparse(X):
             X = sp.csr_matrix(X, dtype=np.float64)
-            X.sum_duplicates()
+            if not X.has_canonical_format:
+                X = X.copy()                 # never modify the caller's matrix
+                X.sum_duplicates()
             # int32 column indices: rows are read in shuffled order, so bytes per
             # nonzero matter more than anything else in the epoch
+            data = np.ascontiguousarray(X.data)
+            if not data.flags.writeable:      # the kernels take writeable arrays only
+                data = data.copy()
             return cls(n, d, Y, sw, np.empty((0, d)), X.indptr.astype(np.int64),
-                       X.indices.astype(np.int32), np.ascontiguousarray(X.data), _EMPTY_I32)
+                       X.indices.astype(np.int32), data, _EMPTY_I32)
         X = np.ascontiguousarray(X, dtype=np.float64)
+        if not X.flags.writeable:
+            X = X.copy()
         return cls(n, d, Y, sw, X, _EMPTY_I, _EMPTY_I32, _EMPTY_F,
                    np.arange(d, dtype=np.int32))
 
@@ -83,7 +90,7 @@ class HogwildSGD:
     def __init__(self, n_features, n_outputs, *, loss="log_loss", alpha=1e-4, l1_ratio=0.0,
                  learning_rate="optimal", eta0=0.0, power_t=0.5, fit_intercept=True,
                  intercept_decay=1.0, n_workers=1, backend="threads", locked=False,
-                 instrument=False, stale_bins=64, seed=None):
+                 instrument=False, stale_bins=64, penalty_scale=1.0, seed=None):
         if loss not in K.LOSSES:
             raise ValueError(f"loss must be one of {sorted(K.LOSSES)}, got {loss!r}")
         if learning_rate not in K.LEARNING_RATES:
@@ -91,7 +98,8 @@ class HogwildSGD:
                              f"got {learning_rate!r}")
         self.W = np.zeros((n_outputs, n_features))
         self.b = np.zeros(n_outputs)
-        self.q = np.zeros((n_outputs, n_features)) if alpha * l1_ratio > 0 else np.zeros((0, 0))
+        self.q = (np.zeros((n_outputs, n_features)) if alpha * l1_ratio * penalty_scale > 0
+                  else np.zeros((0, 0)))
         self.n_workers = int(n_workers)
         if backend not in ("threads", "processes"):
             raise ValueError(f"backend must be 'threads' or 'processes', got {backend!r}")
@@ -111,8 +119,10 @@ class HogwildSGD:
         self.staleness = np.zeros(int(stale_bins), dtype=np.int64)
         self.fp = np.zeros(K.N_FPARAMS)
         self.fp[K.F_ETA0] = eta0
-        self.fp[K.F_ALPHA2] = alpha * (1.0 - l1_ratio)
-        self.fp[K.F_ALPHA1] = alpha * l1_ratio
+        # penalty_scale=0 keeps alpha for the 'optimal' schedule but applies no penalty
+        self.fp[K.F_ALPHA2] = alpha * (1.0 - l1_ratio) * penalty_scale
+        self.fp[K.F_ALPHA1] = alpha * l1_ratio * penalty_scale
+        self.fp[K.F_ALPHA_LR] = alpha
         self.fp[K.F_POWER_T] = power_t
         self.fp[K.F_T0] = K.optimal_t0(alpha, K.LOSSES[loss]) if learning_rate == "optimal" else 0.0
         self.fp[K.F_ICPT_DECAY] = intercept_decay
@@ -143,33 +153,76 @@ class HogwildSGD:
 
     def epoch(self, prob: Problem) -> float:
         """One pass over the data by all workers; returns the mean (weighted) loss
-        of the samples as they were visited."""
+        of the samples as they were visited.
+
+        The pass runs in segments of global time: a segment ends before the L2 weight
+        scale would fall below 1e-9 (or to zero, when eta·alpha >= 1), and the driver
+        folds the scale into the weights between segments (scikit-learn rescales at the
+        same threshold). Almost always there is one segment."""
+        if self.backend == "processes" and self._pool is None:
+            with self.session(prob):
+                return self.epoch(prob)
+        if self._pool is not None and prob is not self._pool_prob:
+            raise ValueError("epoch() got other data than its session(); open a new session")
         n = prob.n_samples
         nw = max(1, min(self.n_workers, n))
         order = self.rng.permutation(n).astype(np.int64)
         bounds = np.linspace(0, n, nw + 1).astype(np.int64)
+        lens = np.diff(bounds)
         outs = np.zeros((nw, K.N_OUT))
+        nbins = self.staleness.shape[0]
+        hists = np.zeros((nw, nbins + 16), dtype=np.int64)      # padded rows
         fp = self.fp.copy()
         fp[K.F_NW] = nw
-        scale_tab, eta_tab, cum_eta = K.epoch_tables(self.fp, self.ip, n)
+        eta, logf = K.epoch_steps(self.fp, self.ip, n)
+        g0 = 0
+        while g0 < n:
+            g1, zero_first = K.next_segment(logf, g0)
+            if zero_first:                   # eta·alpha >= 1: this step zeroes the weights
+                self.W[...] = 0.0
+            scale_tab, eta_tab, cum_eta = K.segment_tables(eta, logf, g0, g1, zero_first)
+            lo = bounds[:-1] + lens * g0 // n
+            hi = bounds[:-1] + lens * g1 // n
+            seg_outs = np.zeros((nw, K.N_OUT))
+            fp[K.F_U0] = self.fp[K.F_U0]
+            self._run_segment(prob, order, lo, hi, fp, seg_outs, scale_tab, eta_tab, cum_eta,
+                              hists[:, :nbins], g1 - g0)
+            outs += seg_outs
+            if seg_outs[:, K.O_DIVERGED].any():
+                raise DivergenceError(
+                    "SGD diverged (a prediction became inf/NaN) after "
+                    f"{self.t + outs[:, K.O_STEPS].sum():.0f} samples; lower eta0 or alpha, "
+                    "scale the features (e.g. StandardScaler), or use learning_rate='optimal'")
+            scale = float(scale_tab[-1])
+            if scale != 1.0:
+                self.W *= scale
+            self.fp[K.F_U0] += self.fp[K.F_ALPHA1] * cum_eta[-1]
+            g0 = g1
+        self.clipped += int(outs[:, K.O_CLIPS].sum())
+        self.staleness += hists[:, :nbins].sum(axis=0)
+        self.fp[K.F_T_START] += n
+        if not (np.isfinite(self.W).all() and np.isfinite(self.b).all()):
+            raise DivergenceError("SGD diverged: the weights are no longer finite; lower eta0")
+        return float(outs[:, K.O_LOSS].sum() / max(prob.sw.sum(), 1e-300))
+
+    def _run_segment(self, prob, order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists,
+                     n_steps):
+        nw = len(lo)
+        if self._pool is not None:
+            self._pool.run_epoch(order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists)
+            return
         progress = np.zeros(16 * nw, dtype=np.int64)
-        hists = np.zeros((nw, self.staleness.shape[0] + 16), dtype=np.int64)  # padded rows
+        errors = [None] * nw
 
         def work(w):
-            K._run(self.W, self.b, self.q, prob.cols_all, prob.indptr, prob.indices, prob.data,
-                   prob.X, prob.Y, prob.sw, order, bounds[w], bounds[w + 1], fp, self.ip,
-                   outs[w], self.lock, progress, w, scale_tab, eta_tab, cum_eta, self.clock,
-                   hists[w, :self.staleness.shape[0]])
-        if self._pool is not None:
-            if prob is not self._pool_prob:
-                raise ValueError("epoch() got other data than its session(); open a new session")
-            self._pool.run_epoch(order, np.linspace(0, n, len(self._pool.procs) + 1)
-                                 .astype(np.int64), fp, outs, scale_tab, eta_tab, cum_eta,
-                                 hists[:, :self.staleness.shape[0]])
-        elif self.backend == "processes":
-            with self.session(prob):
-                return self.epoch(prob)
-        elif nw == 1:
+            try:
+                K._run(self.W, self.b, self.q, prob.cols_all, prob.indptr, prob.indices,
+                       prob.data, prob.X, prob.Y, prob.sw, order, lo[w], hi[w], fp, self.ip,
+                       outs[w], self.lock, progress, w, scale_tab, eta_tab, cum_eta,
+                       self.clock, hists[w])
+            except BaseException as e:     # re-raised in the caller's thread below
+                errors[w] = e
+        if nw == 1:
             work(0)
         else:
             threads = [threading.Thread(target=work, args=(w,)) for w in range(nw)]
@@ -177,18 +230,6 @@ class HogwildSGD:
                 th.start()
             for th in threads:
                 th.join()
-        if outs[:, K.O_DIVERGED].any():
-            raise DivergenceError(
-                "SGD diverged (a prediction became inf/NaN, or the L2 weight scale collapsed) "
-                f"after {self.t + outs[:, K.O_STEPS].sum():.0f} samples; lower eta0 or alpha, "
-                "scale the features (e.g. StandardScaler), or use learning_rate='optimal'")
-        self.clipped += int(outs[:, K.O_CLIPS].sum())
-        self.staleness += hists[:, :self.staleness.shape[0]].sum(axis=0)
-        scale = float(scale_tab[n])
-        if scale != 1.0:
-            self.W *= scale
-        self.fp[K.F_U0] += self.fp[K.F_ALPHA1] * cum_eta[n]
-        self.fp[K.F_T_START] += n
-        if not (np.isfinite(self.W).all() and np.isfinite(self.b).all()):
-            raise DivergenceError("SGD diverged: the weights are no longer finite; lower eta0")
-        return float(outs[:, K.O_LOSS].sum() / max(prob.sw.sum(), 1e-300))
+        for e in errors:
+            if e is not None:
+                raise e
