@@ -57,8 +57,8 @@ N_FPARAMS = 10
 I_LOSS, I_LR, I_FIT_ICPT, I_LOCKED, I_INSTRUMENT = range(5)
 N_IPARAMS = 5
 # out slots
-O_LOSS, O_STEPS, O_DIVERGED, O_SCALE, O_U, O_CLIPS = range(6)
-N_OUT = 6
+O_LOSS, O_STEPS, O_DIVERGED, O_SCALE, O_CLIPS = range(5)
+N_OUT = 5
 #: samples between publications of a worker's intercept steps (see _run)
 INTERCEPT_FLUSH = 32
 #: the loss derivative is clipped to +-MAX_DLOSS (as scikit-learn does); clips are counted
@@ -108,15 +108,6 @@ def _loss(loss, p, y):
     return 0.5 * (p - y) * (p - y)
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
-def _eta(lr, eta0, alpha, power_t, t0, t):
-    if lr == CONSTANT:
-        return eta0
-    if lr == OPTIMAL:
-        return 1.0 / (alpha * (t0 + t - 1.0))
-    return eta0 / t ** power_t
-
-
 @nb.njit(cache=True, nogil=True)
 def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, ip, out, lock,
          progress, wid, scale_tab, eta_tab, cum_eta, clock, stale_hist):
@@ -140,21 +131,15 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
     bin: that many or more). It costs one contended atomic per update."""
     K = W.shape[0]
     loss = ip[I_LOSS]
-    lr = ip[I_LR]
     fit_icpt = ip[I_FIT_ICPT]
     locked = ip[I_LOCKED] != 0
     instrument = ip[I_INSTRUMENT] != 0
     n_bins = stale_hist.shape[0]
-    eta0 = fp[F_ETA0]
     a2 = fp[F_ALPHA2]
     a1 = fp[F_ALPHA1]
-    power_t = fp[F_POWER_T]
-    t0 = fp[F_T0]
-    t_start = fp[F_T_START]
     nw = int(fp[F_NW])
     icpt_decay = fp[F_ICPT_DECAY]
     u0 = fp[F_U0]
-    alpha = a2 + a1
     n_tab = scale_tab.shape[0] - 1          # global steps in this epoch
     dense = indptr.shape[0] == 0
     loss_sum = 0.0
