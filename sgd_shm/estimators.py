@@ -134,6 +134,17 @@ class _BaseHogwild(BaseEstimator):
             if name in self.__dict__:
                 delattr(self, name)
 
+    def _fit(self, reset, *args):
+        """fit/partial_fit: start from scratch when ``reset``; a divergence leaves the
+        estimator unfitted rather than half-trained."""
+        if reset:
+            self._forget()
+        try:
+            return self._fit_inner(reset, *args)
+        except DivergenceError:
+            self._forget()
+            raise
+
     def _run_epochs(self, prob, max_iter, stop_early):
         clipped_before = self._state.clipped
         try:
@@ -228,16 +239,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
             return np.where(y == self.classes_[1], 1.0, -1.0)[:, None]
         return np.where(y[:, None] == self.classes_[None, :], 1.0, -1.0)
 
-    def _fit(self, X, y, sample_weight, classes, reset, max_iter, stop_early):
-        if reset:
-            self._forget()
-        try:
-            return self._fit_inner(X, y, sample_weight, classes, reset, max_iter, stop_early)
-        except DivergenceError:
-            self._forget()
-            raise
-
-    def _fit_inner(self, X, y, sample_weight, classes, reset, max_iter, stop_early):
+    def _fit_inner(self, reset, X, y, sample_weight, classes, max_iter, stop_early):
         self._validate_params()
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C",
                              reset=reset)
@@ -274,7 +276,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
 
     def fit(self, X, y, sample_weight=None):
         """Train from scratch for up to max_iter epochs (stopping rule: tol)."""
-        return self._fit(X, y, sample_weight, None, True, self.max_iter, True)
+        return self._fit(True, X, y, sample_weight, None, self.max_iter, True)
 
     def partial_fit(self, X, y, classes=None, sample_weight=None):
         """One epoch over (X, y), continuing from the current weights. ``classes`` is
@@ -282,7 +284,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         first = not hasattr(self, "classes_")
         if first and classes is None:
             raise ValueError("classes must be passed on the first call to partial_fit")
-        return self._fit(X, y, sample_weight, classes, first, 1, False)
+        return self._fit(first, X, y, sample_weight, classes, 1, False)
 
     def decision_function(self, X):
         d = self._decision(X)
@@ -345,16 +347,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         self.random_state = random_state
         self.verbose = verbose
 
-    def _fit(self, X, y, sample_weight, reset, max_iter, stop_early):
-        if reset:
-            self._forget()
-        try:
-            return self._fit_inner(X, y, sample_weight, reset, max_iter, stop_early)
-        except DivergenceError:
-            self._forget()
-            raise
-
-    def _fit_inner(self, X, y, sample_weight, reset, max_iter, stop_early):
+    def _fit_inner(self, reset, X, y, sample_weight, max_iter, stop_early):
         self._validate_params()
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C",
                              y_numeric=True, reset=reset)
@@ -376,10 +369,10 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         return self
 
     def fit(self, X, y, sample_weight=None):
-        return self._fit(X, y, sample_weight, True, self.max_iter, True)
+        return self._fit(True, X, y, sample_weight, self.max_iter, True)
 
     def partial_fit(self, X, y, sample_weight=None):
-        return self._fit(X, y, sample_weight, not hasattr(self, "_state"), 1, False)
+        return self._fit(not hasattr(self, "_state"), X, y, sample_weight, 1, False)
 
     def _decision(self, X):
         check_is_fitted(self, "coef_")
