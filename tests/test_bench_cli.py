@@ -39,3 +39,17 @@ def test_bench_rejects_bad_settings():
     r = subprocess.run([sys.executable, "-m", "bench", "pq-threads", "--reps", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--reps must be >= 1" in r.stderr
+
+
+def test_main_jobs_run():
+    r = subprocess.run([sys.executable, "-m", "sgd_shm", "--samples", "3000", "--features", "500",
+                        "--epochs", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Hogwild, 2 processes" in r.stdout and "tau" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "relaxed", "--items", "2000"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "exactly once: True" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "sgd_shm", "--epochs", "0"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--epochs must be >= 1" in r.stderr

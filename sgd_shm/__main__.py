@@ -1,0 +1,80 @@
+"""The kit's main job: ``python -m sgd_shm``.
+
+Lock-free shared-memory SGD on an embedded default problem: an RCV1-like sparse
+binary classification problem is generated (seeded), then logistic regression is
+trained by Hogwild SGD with 1 and 2 workers (threads and processes) and by
+scikit-learn's SGDClassifier with the same loss, penalty and schedule, and the
+epoch times, accuracies and the staleness of the lock-free updates are printed.
+(Until the parameter server lands, this is the main job.)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sgd_shm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=100_000, help="rows (default 100000)")
+    ap.add_argument("--features", type=int, default=20_000, help="columns (default 20000)")
+    ap.add_argument("--epochs", type=int, default=5, help="epochs (default 5)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    for name in ("samples", "features", "epochs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+
+    from sklearn.linear_model import SGDClassifier
+    from sklearn.model_selection import train_test_split
+
+    from sgd_shm import HogwildClassifier
+    from sgd_shm.data import make_rcv1_like
+
+    print(f"sgd_shm: Hogwild SGD (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+          f"seed {args.seed})")
+    t0 = time.perf_counter()
+    X, y = make_rcv1_like(args.samples, args.features, random_state=args.seed)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.2, random_state=args.seed)
+    print(f"problem: RCV1-like, {X.shape[0]:,} x {X.shape[1]:,}, {X.nnz / 1e6:.1f}M nonzeros "
+          f"(generated in {time.perf_counter() - t0:.1f} s); logistic loss, L2 alpha=1e-4, "
+          f"'optimal' schedule, {args.epochs} epochs\n")
+    runs = [("scikit-learn SGDClassifier", None),
+            ("Hogwild, 1 worker", dict(n_workers=1, backend="threads")),
+            ("Hogwild, 2 threads", dict(n_workers=2, backend="threads")),
+            ("Hogwild, 2 processes", dict(n_workers=2, backend="processes"))]
+    # compile the kernels once so that the timings below are of training only
+    HogwildClassifier(loss="log_loss", max_iter=1, tol=None).fit(Xtr[:1000], ytr[:1000])
+    print(f"{'trainer':28s} {'s / epoch':>9s} {'test accuracy':>13s} {'staleness':>24s}")
+    for name, kw in runs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if kw is None:
+                clf = SGDClassifier(loss="log_loss", alpha=1e-4, max_iter=args.epochs, tol=None,
+                                    random_state=args.seed)
+            else:
+                clf = HogwildClassifier(loss="log_loss", alpha=1e-4, max_iter=args.epochs,
+                                        tol=None, instrument=kw["n_workers"] > 1,
+                                        random_state=args.seed, **kw)
+            t = time.perf_counter()
+            clf.fit(Xtr, ytr)
+            per_epoch = (time.perf_counter() - t) / args.epochs
+        acc = clf.score(Xte, yte)
+        stale = ""
+        if getattr(clf, "staleness_", None) is not None:
+            h = clf.staleness_
+            stale = (f"mean tau {(np.arange(len(h)) * h).sum() / h.sum():.2f}, "
+                     f"{100 * h[0] / h.sum():.0f}% tau=0")
+        print(f"{name:28s} {per_epoch:9.3f} {acc:13.4f} {stale:>24s}")
+    print("\n(tau: updates by other workers between a worker's read of the weights and its "
+          "write; speed-ups need as many free cores as workers)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
