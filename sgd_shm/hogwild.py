@@ -28,7 +28,7 @@ import scipy.sparse as sp
 
 from sgd_shm import _kernels as K
 
-__all__ = ["Problem", "HogwildSGD", "DivergenceError"]
+__all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers"]
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
@@ -37,6 +37,29 @@ _EMPTY_F = np.empty(0, dtype=np.float64)
 
 class DivergenceError(FloatingPointError, ValueError):
     """SGD produced a non-finite prediction or a collapsing weight scale."""
+
+
+def run_workers(work, n_workers):
+    """Run ``work(w)`` for w = 0..n_workers-1 on threads (inline for one worker; the
+    kernels release the GIL) and re-raise the first worker's exception here."""
+    if n_workers == 1:
+        work(0)
+        return
+    errors = [None] * n_workers
+
+    def guarded(w):
+        try:
+            work(w)
+        except BaseException as e:        # re-raised in the caller's thread below
+            errors[w] = e
+    threads = [threading.Thread(target=guarded, args=(w,)) for w in range(n_workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for e in errors:
+        if e is not None:
+            raise e
 
 
 @dataclass
@@ -212,24 +235,9 @@ class HogwildSGD:
             self._pool.run_epoch(order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists)
             return
         progress = np.zeros(16 * nw, dtype=np.int64)
-        errors = [None] * nw
 
         def work(w):
-            try:
-                K._run(self.W, self.b, self.q, prob.cols_all, prob.indptr, prob.indices,
-                       prob.data, prob.X, prob.Y, prob.sw, order, lo[w], hi[w], fp, self.ip,
-                       outs[w], self.lock, progress, w, scale_tab, eta_tab, cum_eta,
-                       self.clock, hists[w])
-            except BaseException as e:     # re-raised in the caller's thread below
-                errors[w] = e
-        if nw == 1:
-            work(0)
-        else:
-            threads = [threading.Thread(target=work, args=(w,)) for w in range(nw)]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-        for e in errors:
-            if e is not None:
-                raise e
+            K._run(self.W, self.b, self.q, prob.cols_all, prob.indptr, prob.indices, prob.data,
+                   prob.X, prob.Y, prob.sw, order, lo[w], hi[w], fp, self.ip, outs[w],
+                   self.lock, progress, w, scale_tab, eta_tab, cum_eta, self.clock, hists[w])
+        run_workers(work, nw)

@@ -15,8 +15,6 @@ Example::
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
@@ -24,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from sgd_shm import _mf
 from sgd_shm.estimators import _check_param
-from sgd_shm.hogwild import DivergenceError
+from sgd_shm.hogwild import DivergenceError, run_workers
 
 __all__ = ["MatrixFactorization"]
 
@@ -154,14 +152,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
                        users, items, y, order, bounds[w], bounds[w + 1], self._lr,
                        float(self.reg), float(self.reg_bias), self.global_mean_,
                        bool(self.fit_bias), outs[w])
-        if nw == 1:
-            work(0)
-        else:
-            ts = [threading.Thread(target=work, args=(w,)) for w in range(nw)]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
+        run_workers(work, nw)
         if outs[:, _mf.MO_DIVERGED].any() or not np.isfinite(self.user_factors_).all():
             raise DivergenceError("matrix factorization diverged (a prediction became inf/NaN); "
                                   "lower learning_rate or raise reg")

@@ -409,3 +409,16 @@ def test_processes_outside_a_session_draw_one_permutation_per_epoch(no_shm_leak)
         sgd.epoch(prob)
         states.append(sgd.rng.bit_generator.state["state"]["state"])
     assert states[0] == states[1]
+
+
+def test_run_workers_reraises_a_workers_exception():
+    from sgd_shm.hogwild import run_workers
+    done = []
+
+    def work(w):
+        if w == 1:
+            raise KeyError("worker 1 failed")
+        done.append(w)
+    with pytest.raises(KeyError, match="worker 1 failed"):
+        run_workers(work, 3)
+    assert sorted(done) == [0, 2]              # the others ran to the end
