@@ -135,8 +135,7 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
     locked = ip[I_LOCKED] != 0
     instrument = ip[I_INSTRUMENT] != 0
     n_bins = stale_hist.shape[0]
-    a2 = fp[F_ALPHA2]
-    a1 = fp[F_ALPHA1]
+    a1 = fp[F_ALPHA1]          # (L2 is all in the scale table)
     nw = int(fp[F_NW])
     icpt_decay = fp[F_ICPT_DECAY]
     u0 = fp[F_U0]

@@ -11,7 +11,6 @@ update of a row only loses one step).
 import math
 
 import numba as nb
-import numpy as np
 
 from sgd_shm._intrinsics import DISTANCE, prefetch
 

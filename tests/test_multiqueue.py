@@ -1,6 +1,5 @@
 """MultiQueue: a ladder from smoke tests to many-producer many-consumer conservation,
 each against an oracle from naive.py."""
-import math
 import os
 import pickle
 import signal

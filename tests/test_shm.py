@@ -8,7 +8,6 @@ import textwrap
 import time
 
 import multiprocess as mp
-import numpy as np
 import pytest
 from multiprocessing import shared_memory
 
