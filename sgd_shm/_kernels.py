@@ -48,11 +48,11 @@ CONSTANT, OPTIMAL, INVSCALING = 0, 1, 2
 LEARNING_RATES = {"constant": CONSTANT, "optimal": OPTIMAL, "invscaling": INVSCALING}
 
 # float parameter slots
-F_ETA0, F_ALPHA2, F_ALPHA1, F_POWER_T, F_T0, F_T_START, F_NW, F_ICPT_DECAY, F_U0, F_ALPHA_LR = \
-    range(10)
+(F_ETA0, F_ALPHA2, F_ALPHA1, F_POWER_T, F_T0, F_T_START, F_NW, F_ICPT_DECAY, F_U0, F_ALPHA_LR,
+ F_MOMENTUM) = range(11)
 # (F_U0: the L1 total u at the start of the segment; F_ALPHA_LR: alpha of the 'optimal'
 #  schedule, which also holds with penalty=None)
-N_FPARAMS = 10
+N_FPARAMS = 11
 # int parameter slots
 I_LOSS, I_LR, I_FIT_ICPT, I_LOCKED, I_INSTRUMENT = range(5)
 N_IPARAMS = 5
@@ -109,8 +109,8 @@ def _loss(loss, p, y):
 
 
 @nb.njit(cache=True, nogil=True)
-def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, ip, out, lock,
-         progress, wid, scale_tab, eta_tab, cum_eta, clock, stale_hist):
+def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, ip, out,
+         lock, progress, wid, scale_tab, eta_tab, cum_eta, clock, stale_hist):
     """One worker's part [lo, hi) of an epoch. Shared body of the sparse (X has 0 rows)
     and dense (indptr is empty) cases.
 
@@ -128,7 +128,13 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
     counter, read before a sample's prediction and fetch-and-incremented at its write;
     the difference minus one is how many updates other workers applied in between
     (the delay tau of the asynchronous SGD analyses), counted in stale_hist (last
-    bin: that many or more). It costs one contended atomic per update."""
+    bin: that many or more). It costs one contended atomic per update.
+
+    With fp[F_MOMENTUM] = mu > 0, heavy-ball momentum on the coordinates a sample
+    touches: V ← mu·V + g·x and w ← (1 − η·α₂)·w + V (V in weight units, shared by the
+    workers without locks: asynchronous momentum). Dense rows touch every coordinate,
+    so there it is the exact heavy-ball method; on sparse rows a coordinate's velocity
+    waits, undecayed, until a sample touches it again."""
     K = W.shape[0]
     loss = ip[I_LOSS]
     fit_icpt = ip[I_FIT_ICPT]
@@ -136,6 +142,7 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
     instrument = ip[I_INSTRUMENT] != 0
     n_bins = stale_hist.shape[0]
     a1 = fp[F_ALPHA1]          # (L2 is all in the scale table)
+    mom = fp[F_MOMENTUM]
     nw = int(fp[F_NW])
     icpt_decay = fp[F_ICPT_DECAY]
     u0 = fp[F_U0]
@@ -219,7 +226,18 @@ def _run(W, b, q, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, fp, 
         if instrument:
             tau = fetch_add(clock, 1) - c_read
             stale_hist[tau if tau < n_bins else n_bins - 1] += 1
-        if any_step:
+        if mom > 0.0:                          # heavy ball: the velocity moves w even
+            inv_s = 1.0 / s_after              # when this sample's gradient is zero
+            for c in range(K):
+                gc = g[c]
+                for m in range(cols.shape[0]):
+                    j = cols[m]
+                    vel = mom * V[c, j] + gc * vals[m]
+                    V[c, j] = vel
+                    W[c, j] += vel * inv_s
+                if fit_icpt and gc != 0.0:
+                    db[c] += gc * icpt_decay
+        elif any_step:
             inv_s = 1.0 / s_after
             for c in range(K):
                 gc = g[c]

@@ -33,15 +33,15 @@ def _layout(shapes):
     return offsets, max(pos, 64)
 
 
-def worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab, eta_tab,
+def worker_epoch(W, b, q, V, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab, eta_tab,
                  cum_eta, clock, hist):
     """One worker's slice of an epoch (a module function so tests can replace it)."""
-    K._run(W, b, q, prob.cols_all, prob.indptr, prob.indices, prob.data, prob.X, prob.Y,
+    K._run(W, b, q, V, prob.cols_all, prob.indptr, prob.indices, prob.data, prob.X, prob.Y,
            prob.sw, order, lo, hi, fp, ip, out, _NO_LOCK, progress, wid, scale_tab, eta_tab,
            cum_eta, clock, hist)
 
 
-def _worker_main(conn, wid, W, b, q, order, progress, scale_tab, eta_tab, cum_eta, clock, hists,
+def _worker_main(conn, wid, W, b, q, V, order, progress, scale_tab, eta_tab, cum_eta, clock, hists,
                  prob, ip):
     try:
         while True:
@@ -50,7 +50,7 @@ def _worker_main(conn, wid, W, b, q, order, progress, scale_tab, eta_tab, cum_et
                 return
             _, lo, hi, fp, L = msg               # L: global steps in this segment
             out = np.zeros(K.N_OUT)
-            worker_epoch(W, b, q, prob, order, lo, hi, fp, ip, out, progress, wid,
+            worker_epoch(W, b, q, V, prob, order, lo, hi, fp, ip, out, progress, wid,
                          scale_tab[:L + 1], eta_tab[:L], cum_eta[:L + 1], clock,
                          hists[wid, :hists.shape[1] - 16])
             conn.send(("ok", out))
@@ -72,6 +72,7 @@ class ProcessPool:
         k, d = sgd.W.shape
         n = prob.n_samples
         shapes = [((k, d), np.float64), ((k,), np.float64), (sgd.q.shape, np.float64),
+                  (sgd.V.shape, np.float64),
                   ((n,), np.int64), ((16 * n_workers,), np.int64), ((n + 1,), np.float64),
                   ((n,), np.float64), ((n + 1,), np.float64), ((16,), np.int64),
                   ((n_workers, sgd.staleness.shape[0] + 16), np.int64)]
@@ -82,18 +83,20 @@ class ProcessPool:
         try:
             views = [np.ndarray(shape, dtype=dt, buffer=self.seg.buf, offset=off)
                      for (shape, dt), off in zip(shapes, offsets)]
-            (self.W, self.b, self.q, self.order, self.progress, self.scale_tab, self.eta_tab,
+            (self.W, self.b, self.q, self.V, self.order, self.progress, self.scale_tab, self.eta_tab,
              self.cum_eta, self.clock, self.hists) = views
             self.W[...] = sgd.W
             self.b[...] = sgd.b
             self.q[...] = sgd.q
-            self._private = (sgd.W, sgd.b, sgd.q)
-            sgd.W, sgd.b, sgd.q = self.W, self.b, self.q
+            self.V[...] = sgd.V
+            self._private = (sgd.W, sgd.b, sgd.q, sgd.V)
+            sgd.W, sgd.b, sgd.q, sgd.V = self.W, self.b, self.q, self.V
             ctx = mp.get_context("fork")
             for _ in range(n_workers):
                 parent, child = ctx.Pipe()
                 p = ctx.Process(target=_worker_main,
-                                args=(child, len(self.procs), self.W, self.b, self.q, self.order,
+                                args=(child, len(self.procs), self.W, self.b, self.q, self.V,
+                                      self.order,
                                       self.progress, self.scale_tab, self.eta_tab, self.cum_eta,
                                       self.clock, self.hists, prob, sgd.ip),
                                 daemon=True)
@@ -152,13 +155,14 @@ class ProcessPool:
         for conn in self.conns:
             conn.close()
         if hasattr(self, "_private"):
-            W, b, q = self._private
+            W, b, q, V = self._private
             W[...] = self.W
             b[...] = self.b
             q[...] = self.q
-            self.sgd.W, self.sgd.b, self.sgd.q = W, b, q
+            V[...] = self.V
+            self.sgd.W, self.sgd.b, self.sgd.q, self.sgd.V = W, b, q, V
             del self._private
-        self.W = self.b = self.q = self.order = None
+        self.W = self.b = self.q = self.V = self.order = None
         self.progress = self.scale_tab = self.eta_tab = self.cum_eta = None
         self.clock = self.hists = None
         self.seg.close()

@@ -93,6 +93,9 @@ class _BaseHogwild(BaseEstimator):
             raise ValueError("alpha must be > 0 with learning_rate='optimal' (it sets the step "
                              "size); use a positive alpha or another learning_rate")
         _check_param("power_t", self.power_t, float)
+        _check_param("momentum", self.momentum, float, 0.0)
+        if self.momentum >= 1.0:
+            raise ValueError(f"momentum must be < 1, got {self.momentum}; 0.9 is usual")
         _check_param("n_workers", self.n_workers, int, 1)
         if self.backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
@@ -111,7 +114,8 @@ class _BaseHogwild(BaseEstimator):
                           power_t=float(self.power_t), fit_intercept=self.fit_intercept,
                           intercept_decay=0.01 if sparse else 1.0, n_workers=self.n_workers,
                           backend=self.backend, instrument=self.instrument,
-                          penalty_scale=0.0 if self.penalty is None else 1.0, seed=rng_seed)
+                          penalty_scale=0.0 if self.penalty is None else 1.0,
+                          momentum=float(self.momentum), seed=rng_seed)
 
     def _objective(self, mean_loss):
         """Mean loss plus the penalty of the current weights (the stopping rule's
@@ -201,6 +205,8 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     penalty : "l2", "l1", "elasticnet" or None; alpha: its strength; l1_ratio for elasticnet.
     max_iter, tol, n_iter_no_change : epochs, and the stopping rule on the epoch's mean loss.
     learning_rate : "optimal" (1/(alpha·(t0+t))), "constant" (eta0), "invscaling" (eta0/t^power_t).
+    momentum : heavy-ball momentum in [0, 1) on the coordinates each sample touches, with one
+        velocity shared by the workers without locks (asynchronous momentum); 0 is plain SGD.
     n_workers : threads updating the shared weights without locks (Hogwild).
     backend : "threads" (Python threads running nogil Numba kernels on one array) or
         "processes" (``multiprocess`` workers on weights in shared memory, released
@@ -215,7 +221,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
 
     def __init__(self, loss="hinge", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
-                 learning_rate="optimal", eta0=0.0, power_t=0.5, n_workers=2,
+                 learning_rate="optimal", eta0=0.0, power_t=0.5, momentum=0.0, n_workers=2,
                  backend="threads", instrument=False, random_state=None, verbose=0):
         self.loss = loss
         self.penalty = penalty
@@ -228,6 +234,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         self.learning_rate = learning_rate
         self.eta0 = eta0
         self.power_t = power_t
+        self.momentum = momentum
         self.n_workers = n_workers
         self.backend = backend
         self.instrument = instrument
@@ -328,7 +335,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
 
     def __init__(self, loss="squared_error", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
-                 learning_rate="invscaling", eta0=0.01, power_t=0.25, n_workers=2,
+                 learning_rate="invscaling", eta0=0.01, power_t=0.25, momentum=0.0, n_workers=2,
                  backend="threads", instrument=False, random_state=None, verbose=0):
         self.loss = loss
         self.penalty = penalty
@@ -341,6 +348,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         self.learning_rate = learning_rate
         self.eta0 = eta0
         self.power_t = power_t
+        self.momentum = momentum
         self.n_workers = n_workers
         self.backend = backend
         self.instrument = instrument

@@ -113,7 +113,8 @@ class HogwildSGD:
     def __init__(self, n_features, n_outputs, *, loss="log_loss", alpha=1e-4, l1_ratio=0.0,
                  learning_rate="optimal", eta0=0.0, power_t=0.5, fit_intercept=True,
                  intercept_decay=1.0, n_workers=1, backend="threads", locked=False,
-                 instrument=False, stale_bins=64, penalty_scale=1.0, seed=None):
+                 instrument=False, stale_bins=64, penalty_scale=1.0, momentum=0.0,
+                 seed=None):
         if loss not in K.LOSSES:
             raise ValueError(f"loss must be one of {sorted(K.LOSSES)}, got {loss!r}")
         if learning_rate not in K.LEARNING_RATES:
@@ -123,6 +124,10 @@ class HogwildSGD:
         self.b = np.zeros(n_outputs)
         self.q = (np.zeros((n_outputs, n_features)) if alpha * l1_ratio * penalty_scale > 0
                   else np.zeros((0, 0)))
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        # heavy-ball velocity in weight units (empty without momentum)
+        self.V = (np.zeros((n_outputs, n_features)) if momentum > 0 else np.zeros((0, 0)))
         self.n_workers = int(n_workers)
         if backend not in ("threads", "processes"):
             raise ValueError(f"backend must be 'threads' or 'processes', got {backend!r}")
@@ -146,6 +151,7 @@ class HogwildSGD:
         self.fp[K.F_ALPHA2] = alpha * (1.0 - l1_ratio) * penalty_scale
         self.fp[K.F_ALPHA1] = alpha * l1_ratio * penalty_scale
         self.fp[K.F_ALPHA_LR] = alpha
+        self.fp[K.F_MOMENTUM] = momentum
         self.fp[K.F_POWER_T] = power_t
         self.fp[K.F_T0] = K.optimal_t0(alpha, K.LOSSES[loss]) if learning_rate == "optimal" else 0.0
         self.fp[K.F_ICPT_DECAY] = intercept_decay
@@ -237,7 +243,7 @@ class HogwildSGD:
         progress = np.zeros(16 * nw, dtype=np.int64)
 
         def work(w):
-            K._run(self.W, self.b, self.q, prob.cols_all, prob.indptr, prob.indices, prob.data,
+            K._run(self.W, self.b, self.q, self.V, prob.cols_all, prob.indptr, prob.indices, prob.data,
                    prob.X, prob.Y, prob.sw, order, lo[w], hi[w], fp, self.ip, outs[w],
                    self.lock, progress, w, scale_tab, eta_tab, cum_eta, self.clock, hists[w])
         run_workers(work, nw)

@@ -81,12 +81,13 @@ class LockedCounter:
 
 
 def serial_sgd_epoch(X, Y, order, W, b, *, loss, eta, alpha2=0.0, alpha1=0.0, u=0.0, q=None,
-                     fit_intercept=True, t_start=0, l1_all_features=False):
+                     fit_intercept=True, t_start=0, l1_all_features=False, momentum=0.0, V=None):
     """One plain serial SGD epoch on dense X (no weight-scale trick, no Numba):
     for each sample, compute the predictions, decay W by (1 - eta*alpha2), step
     along the gradient, then apply the cumulative L1 penalty (Tsuruoka et al. 2009)
     to the sample's nonzero features (to every feature with ``l1_all_features``, as
-    for dense rows). eta(t) gives the step size at global step t.
+    for dense rows). eta(t) gives the step size at global step t. With ``momentum``,
+    heavy ball on the same features: V = momentum·V + g·x, W += V (V updated in place).
     Returns (W, b, u); W, b and q are updated in place."""
     import math
     n_out = W.shape[0]
@@ -105,8 +106,13 @@ def serial_sgd_epoch(X, Y, order, W, b, *, loss, eta, alpha2=0.0, alpha1=0.0, u=
             else:
                 d.append(p - y)
         W *= (1.0 - e * alpha2)
+        feats = np.arange(len(x)) if l1_all_features else np.flatnonzero(x)
         for c in range(n_out):
-            W[c] -= e * d[c] * x
+            if momentum > 0:
+                V[c, feats] = momentum * V[c, feats] - e * d[c] * x[feats]
+                W[c, feats] += V[c, feats]
+            else:
+                W[c] -= e * d[c] * x
             if fit_intercept:
                 b[c] -= e * d[c]
         if alpha1 > 0:
