@@ -80,7 +80,6 @@ class MQ1Nogil(MQNogil):
 class MQBulk(MQNogil):
     name = "mq-bulk"
     kinds = ("threads",)
-    python_level = False
 
     def work(self, mq, worker, iters, incs):
         inc = np.asarray(incs[:BULK], dtype=np.int64)

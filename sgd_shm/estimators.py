@@ -138,6 +138,23 @@ class _BaseHogwild(BaseEstimator):
             if name in self.__dict__:
                 delattr(self, name)
 
+    def _train(self, prob, reset, n_outputs, sparse, max_iter, stop_early):
+        """Epochs on ``prob`` from a fresh state (reset) or the current one; publishes
+        intercept_ and staleness_ and returns the weight matrix (n_outputs, n_features)."""
+        if reset or not hasattr(self, "_state"):
+            seed = check_random_state(self.random_state).randint(2**31 - 1)
+            self._state = self._new_state(prob.n_features, n_outputs, sparse, int(seed))
+            self.loss_curve_ = []
+            self.n_iter_ = 0
+        converged = self._run_epochs(prob, max_iter, stop_early)
+        if stop_early and not converged:
+            warnings.warn(f"Maximum number of iterations ({self.max_iter}) reached before "
+                          "convergence; consider increasing max_iter", ConvergenceWarning)
+        self.intercept_ = self._state.b.copy()
+        if self.instrument:
+            self.staleness_ = self._state.staleness.copy()
+        return self._state.W
+
     def _fit(self, reset, *args):
         """fit/partial_fit: start from scratch when ``reset``; a divergence leaves the
         estimator unfitted rather than half-trained."""
@@ -187,8 +204,7 @@ class _BaseHogwild(BaseEstimator):
     def _decision(self, X):
         check_is_fitted(self, "coef_")
         X = self._prepare_X(X, reset=False)
-        d = X @ self.coef_.T if sp.issparse(X) else X @ self.coef_.T
-        return np.asarray(d) + self.intercept_
+        return np.asarray(X @ self.coef_.T) + self.intercept_
 
     @property
     def t_(self):
@@ -266,19 +282,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
         prob = Problem.from_xy(X, self._targets(y), sample_weight)
         n_out = 1 if len(self.classes_) == 2 else len(self.classes_)
-        if reset or not hasattr(self, "_state"):
-            seed = check_random_state(self.random_state).randint(2**31 - 1)
-            self._state = self._new_state(X.shape[1], n_out, sp.issparse(X), int(seed))
-            self.loss_curve_ = []
-            self.n_iter_ = 0
-        converged = self._run_epochs(prob, max_iter, stop_early)
-        if stop_early and not converged:
-            warnings.warn(f"Maximum number of iterations ({self.max_iter}) reached before "
-                          "convergence; consider increasing max_iter", ConvergenceWarning)
-        self.coef_ = self._state.W.copy()
-        self.intercept_ = self._state.b.copy()
-        if self.instrument:
-            self.staleness_ = self._state.staleness.copy()
+        self.coef_ = self._train(prob, reset, n_out, sp.issparse(X), max_iter, stop_early).copy()
         return self
 
     def fit(self, X, y, sample_weight=None):
@@ -361,19 +365,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
                              y_numeric=True, reset=reset)
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
         prob = Problem.from_xy(X, np.asarray(y, dtype=np.float64).reshape(-1, 1), sample_weight)
-        if reset or not hasattr(self, "_state"):
-            seed = check_random_state(self.random_state).randint(2**31 - 1)
-            self._state = self._new_state(X.shape[1], 1, sp.issparse(X), int(seed))
-            self.loss_curve_ = []
-            self.n_iter_ = 0
-        converged = self._run_epochs(prob, max_iter, stop_early)
-        if stop_early and not converged:
-            warnings.warn(f"Maximum number of iterations ({self.max_iter}) reached before "
-                          "convergence; consider increasing max_iter", ConvergenceWarning)
-        self.coef_ = self._state.W[0].copy()
-        self.intercept_ = self._state.b.copy()
-        if self.instrument:
-            self.staleness_ = self._state.staleness.copy()
+        self.coef_ = self._train(prob, reset, 1, sp.issparse(X), max_iter, stop_early)[0].copy()
         return self
 
     def fit(self, X, y, sample_weight=None):
