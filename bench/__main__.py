@@ -10,6 +10,9 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   counter        MultiCounter increments vs threads/processes, and read() error
   hogwild        Hogwild SGD epoch time and time to a target loss vs workers, beside
                  scikit-learn's SGDClassifier and a locked baseline
+  mis            greedy MIS / matching: wasted work vs q, k and n; time vs threads
+                 beside sequential greedy (Numba) and networkx
+  conflict       competitive ratios of the ski-rental conflict policies (simulator)
   all            every scenario above, then plot
   plot           PNG plots and SUMMARY.md (markdown tables) from the JSON results
 
@@ -244,6 +247,35 @@ def cmd_hogwild(args):
     print(f"\nwrote {path}")
 
 
+def cmd_mis(args):
+    from bench import mis
+    hdr = common.header(args)
+    common.print_header(hdr)
+    workers = _workers(args)
+    sizes = common.parse_counts(args.waste_sizes)
+    queues = [2, 4, 8, 16, 32, 64]
+    ks = [1, 2, 4, 8, 16, 32, 64]
+    seeds = list(range(args.seed, args.seed + args.waste_seeds))
+    waste_rows, slopes = mis.waste(sizes, queues, ks, seeds, degree=args.mis_degree)
+    speed_rows, problem = mis.speed(args.mis_n, args.mis_m, workers, args.reps, args.seed)
+    nx = mis.versus_networkx(args.nx_n, args.nx_n * args.mis_m // args.mis_n, args.seed)
+    d = {"header": hdr, "waste": waste_rows, "slopes": slopes, "speed": speed_rows,
+         "speed_problem": problem, "networkx": nx, "degree": args.mis_degree}
+    print()
+    print(mis.summary_markdown(d))
+    path = common.write_json("mis", hdr, speed_rows,
+                             {k: v for k, v in d.items() if k not in ("header",)})
+    print(f"\nwrote {path}")
+
+
+def cmd_conflict(args):
+    from bench import conflict
+    common.print_header(common.header(args))
+    res = conflict.run(args.reps, args.seed, common.results_dir(), quick=args.quick)
+    print(conflict.summary_markdown(res))
+    print(f"\nwrote {common.results_dir() / 'conflict.json'}")
+
+
 def cmd_plot(args):
     from bench import plot, report
     for p in plot.plot_all():
@@ -255,7 +287,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
-                                         "hogwild", "all", "plot"])
+                                         "hogwild", "mis", "conflict", "all", "plot"])
     ap.add_argument("--workers", default=None,
                     help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
@@ -275,10 +307,24 @@ def main(argv=None):
                     help="rows of the RCV1-like problem (default 200000)")
     ap.add_argument("--sgd-features", type=int, default=50_000,
                     help="columns of the RCV1-like problem (default 50000)")
+    ap.add_argument("--mis-n", type=int, default=1_000_000,
+                    help="vertices of the MIS speed graph (default 1M)")
+    ap.add_argument("--mis-m", type=int, default=10_000_000,
+                    help="edges of the MIS speed graph (default 10M)")
+    ap.add_argument("--mis-degree", type=int, default=10,
+                    help="average degree of the wasted-work graphs (default 10)")
+    ap.add_argument("--waste-sizes", default="10000,100000,1000000",
+                    help="graph sizes n for wasted work (default 10000,100000,1000000)")
+    ap.add_argument("--waste-seeds", type=int, default=10,
+                    help="seeds per wasted-work point (default 10)")
+    ap.add_argument("--nx-n", type=int, default=100_000,
+                    help="vertices for the networkx comparison (default 100k)")
+    ap.add_argument("--quick", action="store_true", help="conflict: fewer samples")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
-                 "epochs", "sgd_samples", "sgd_features"):
+                 "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
+                 "waste_seeds", "nx_n"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.workers:
@@ -299,6 +345,10 @@ def main(argv=None):
         cmd_counter(args)
     if args.scenario in ("hogwild", "all"):
         cmd_hogwild(args)
+    if args.scenario in ("mis", "all"):
+        cmd_mis(args)
+    if args.scenario in ("conflict", "all"):
+        cmd_conflict(args)
     if args.scenario in ("plot", "all"):
         cmd_plot(args)
     print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)

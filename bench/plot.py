@@ -105,6 +105,14 @@ def plot_all():
     d = _load("hogwild")
     if d:
         out.append(_hogwild(d))
+    d = _load("mis")
+    if d:
+        from bench import mis
+        out.append(mis.plot(d, common.results_dir() / "mis.png"))
+    d = _load("conflict")
+    if d:
+        from bench import conflict
+        out.append(conflict.plot(d, common.results_dir() / "conflict.png"))
     d = _load("quality")
     if d:
         fig, ax = plt.subplots(figsize=(7, 4.5))

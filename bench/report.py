@@ -96,6 +96,15 @@ def summary() -> str:
             lines.append(f"| {e['n_counters']} | {e['mean']:.2f} | {e['p99']:.2f} | {e['max']:.2f} "
                          f"| {e['bound_per_counter']:.1f} |")
         parts.append("read() error while two threads increment:\n\n" + "\n".join(lines))
+    d = _load("mis")
+    if d:
+        from bench import mis
+        parts.append(mis.summary_markdown(d))
+    d = _load("conflict")
+    if d:
+        from bench import conflict
+        parts.append("### Conflict policies: empirical competitive ratios (simulator)\n\n"
+                     + conflict.summary_markdown(d))
     return "\n\n".join(parts) + "\n"
 
 

@@ -1,5 +1,5 @@
 # Declarations of ext/relaxed_atomic.h shared by the kit's Cython modules.
-from libc.stdint cimport uint64_t, int64_t, uint32_t, int32_t
+from libc.stdint cimport uint64_t, int64_t, uint32_t, int32_t, uint8_t
 
 cdef extern from "relaxed_atomic.h" nogil:
     int64_t rlx_cache_line()
@@ -14,11 +14,17 @@ cdef extern from "relaxed_atomic.h" nogil:
     int32_t rlx_load_relaxed_i32(const int32_t *p)
     int32_t rlx_load_acquire_i32(const int32_t *p)
     void rlx_store_release_i32(int32_t *p, int32_t v)
+    uint8_t rlx_load_relaxed_u8(const uint8_t *p)
+    uint8_t rlx_load_acquire_u8(const uint8_t *p)
+    void rlx_store_release_u8(uint8_t *p, uint8_t v)
+    void rlx_store_relaxed_i32(int32_t *p, int32_t v)
     int rlx_cas_acquire_i32(int32_t *p, int32_t expected, int32_t desired)
     int rlx_cas_acqrel_i64(int64_t *p, int64_t expected, int64_t desired)
     void rlx_release_fence()
     void rlx_cpu_relax()
     void rlx_yield()
+    void rlx_prefetch(const void *p)
+    void rlx_prefetch_w(const void *p)
     int rlx_pid_alive(int32_t pid)
     uint64_t rlx_rand(uint64_t *state)
     uint32_t rlx_rand_below(uint64_t *state, uint32_t n)

@@ -44,6 +44,11 @@ static inline int32_t rlx_load_relaxed_i32(const int32_t *p) { return __atomic_l
 static inline int32_t rlx_load_acquire_i32(const int32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void rlx_store_release_i32(int32_t *p, int32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
+static inline uint8_t rlx_load_relaxed_u8(const uint8_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline uint8_t rlx_load_acquire_u8(const uint8_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void rlx_store_release_u8(uint8_t *p, uint8_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline void rlx_store_relaxed_i32(int32_t *p, int32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+
 /* Strong CAS; acquire on success (it takes a lock), relaxed on failure. */
 static inline int rlx_cas_acquire_i32(int32_t *p, int32_t expected, int32_t desired) {
     return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
@@ -67,6 +72,8 @@ static inline void rlx_cpu_relax(void) {
 #endif
 }
 static inline void rlx_yield(void) { sched_yield(); }
+static inline void rlx_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
+static inline void rlx_prefetch_w(const void *p) { __builtin_prefetch(p, 1, 3); }
 
 static inline int32_t rlx_getpid(void) { return (int32_t)getpid(); }
 

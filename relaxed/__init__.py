@@ -7,6 +7,13 @@ GIL, and across processes when created with ``shared=True``):
     QueueFull       raised when every queue of a MultiQueue is full
     MultiCounter    relaxed scalable counter (Alistarh et al., SPAA 2018)
 
+Relaxed schedulers and the greedy algorithms on them (Alistarh et al., PODC 2018):
+
+    greedy_mis, greedy_matching          exactly the sequential greedy answer, in parallel
+    ExactScheduler, MultiQueueScheduler, KRelaxedScheduler
+    sequential_greedy_mis, sequential_greedy_matching   Numba baselines
+    as_graph, graphs                     graph input and generators (relaxed.graphs)
+
 Shared memory:
 
     Segment         a named POSIX shared-memory block or private memory (relaxed.shm)
@@ -21,6 +28,14 @@ Example::
 from relaxed.shm import Segment
 from relaxed._multiqueue import MultiQueue, QueueFull
 from relaxed._multicounter import MultiCounter
+from relaxed._sched import ExactScheduler, KRelaxedScheduler, MultiQueueScheduler, Scheduler
+from relaxed import graphs
+from relaxed.graphs import Graph, as_graph
+from relaxed.greedy import (greedy_matching, greedy_mis, sequential_greedy_matching,
+                            sequential_greedy_mis)
 
-__all__ = ["MultiQueue", "QueueFull", "MultiCounter", "Segment"]
+__all__ = ["MultiQueue", "QueueFull", "MultiCounter", "Segment",
+           "Scheduler", "ExactScheduler", "MultiQueueScheduler", "KRelaxedScheduler",
+           "graphs", "Graph", "as_graph", "greedy_mis", "greedy_matching",
+           "sequential_greedy_mis", "sequential_greedy_matching"]
 __version__ = "0.1.0"

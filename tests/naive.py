@@ -143,3 +143,36 @@ def serial_mf_epoch(users, items, ratings, order, P, Q, bu, bi, *, lr, reg, reg_
         P[u] = pu + lr * (e * qi - reg * pu)
         Q[i] = qi + lr * (e * pu - reg * qi)
     return P, Q, bu, bi
+
+
+# ---- greedy MIS / matching (independent of relaxed.graphs and relaxed.greedy) ----
+
+def canonical_edges(edge_list):
+    """The simple undirected edges of a list of pairs, as sorted (u, v) tuples, u < v."""
+    return sorted({(min(u, v), max(u, v)) for u, v in edge_list if u != v})
+
+
+def greedy_mis_naive(n, edge_list, priorities):
+    """Sequential greedy MIS over sets: visit vertices by increasing priority and
+    take each one with no neighbour taken. Returns a bool list."""
+    adj = [set() for _ in range(n)]
+    for u, v in edge_list:
+        if u != v:
+            adj[u].add(v)
+            adj[v].add(u)
+    taken = set()
+    for v in sorted(range(n), key=lambda x: priorities[x]):
+        if not (adj[v] & taken):
+            taken.add(v)
+    return [v in taken for v in range(n)]
+
+
+def greedy_matching_naive(n, edges, priorities):
+    """Sequential greedy matching: scan ``edges`` (a list of (u, v)) by increasing
+    ``priorities[i]`` and take each edge whose ends are both free. Returns mate."""
+    mate = [-1] * n
+    for i in sorted(range(len(edges)), key=lambda x: priorities[x]):
+        u, v = edges[i]
+        if mate[u] == -1 and mate[v] == -1:
+            mate[u], mate[v] = v, u
+    return mate

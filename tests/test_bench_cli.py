@@ -13,10 +13,13 @@ def test_bench_all_tiny(tmp_path):
                         "--prefill", "2000", "--iters", "2000", "--py-iters", "500",
                         "--manager-iters", "20", "--quality-iters", "1000",
                         "--sgd-samples", "3000", "--sgd-features", "500", "--epochs", "2",
+                        "--mis-n", "3000", "--mis-m", "15000", "--waste-sizes", "500,2000",
+                        "--waste-seeds", "2", "--nx-n", "500", "--quick",
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
-    for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild"):
+    for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
+                 "conflict"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
@@ -26,9 +29,14 @@ def test_bench_all_tiny(tmp_path):
     assert {r["competitor"] for r in hw["results"]} == {"sklearn", "hogwild-threads",
                                                         "hogwild-processes", "locked"}
     assert hw["staleness"]["threads-1"]["frac_tau0"] == 1.0
-    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 5
+    mis = json.loads((tmp_path / "mis.json").read_text())
+    assert {r["scheduler"] for r in mis["waste"]} == {"multiqueue", "k-relaxed"}
+    assert {(r["algorithm"], r["threads"]) for r in mis["results"]
+            if r["competitor"] == "MultiQueue"} == {("MIS", 1), ("MIS", 2), ("matching", 1),
+                                                    ("matching", 2)}
+    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 7
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
-                "hogwild.png"):
+                "hogwild.png", "mis.png", "conflict.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 

@@ -1,0 +1,938 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, embedsignature=True
+"""Relaxed priority schedulers and the nogil greedy MIS / matching engine.
+
+Alistarh, Brown, Kopinsky, Nadiradze, "Relaxed Schedulers Can Efficiently
+Parallelize Iterative Algorithms" (PODC 2018). A scheduler holds tasks (int64
+ids) with int64 priorities, smaller first. Three kinds share one C layout:
+
+* MultiQueue: ``n_queues`` sequential queues, each a sorted *run* of the
+  initial tasks (a cursor, so a pop from it costs no heap operation) beside a
+  binary heap for tasks pushed later, guarded by a test-and-test-and-set lock
+  in its own cache line with its top priority cached. A pop compares the cached
+  tops of two distinct random queues and takes the better one (Rihani, Sanders,
+  Dementiev 2015); a pop that reports empty has scanned every queue.
+* k-relaxed: one lock; a *window* holds the k highest-priority tasks and a pop
+  returns one of them, uniformly at random or adversarially (the
+  lowest-priority of the k), except that the highest-priority task is served
+  after at most k - 1 pops have passed it over. k = 1 is the exact scheduler.
+
+The engine (``_Run.work``) is the iterative framework of the paper for greedy
+maximal independent set (tasks = vertices) and greedy maximal matching (tasks =
+edges). A popped task whose higher-priority neighbours are not all decided is
+*wasted* and pushed back; otherwise it is decided exactly as the sequential
+greedy algorithm decides it. When a task joins the set, its undecided
+neighbours are marked out at once (the paper's removal), and a popped task that
+is already decided is *skipped*. States only go from undecided to in or out,
+each by one writer value, so the answer is the sequential greedy answer for
+every scheduler and thread count (proof in relaxed/greedy.py).
+
+Intended races: the per-task state words are read and written with
+relaxed/acquire/release atomics and no lock. Two threads may both mark one
+vertex out (the same value). A thread may read a neighbour as undecided just
+before another thread decides it; that only wastes the iteration (the task is
+pushed back). A thread never overwrites *in*: only a lower-priority neighbour
+of an *in* task is marked out, and such a task can never go in itself.
+"""
+from libc.stdint cimport uint64_t, int64_t, uint32_t, int32_t, uint8_t, INT64_MAX
+from libc.stdlib cimport malloc, realloc, free
+from libc.string cimport memset
+from _common cimport *
+
+import numpy as np
+
+cdef extern from "stdlib.h" nogil:
+    int posix_memalign(void **memptr, size_t alignment, size_t size)
+
+ctypedef struct Task:
+    int64_t key
+    int64_t val
+
+ctypedef struct SQueue:
+    int32_t lock
+    int32_t _pad
+    int64_t top           # cached smallest key, INT64_MAX when empty
+    Task *run             # this queue's sorted run (a slice of Sched.runs)
+    int64_t run_pos
+    int64_t run_end
+    Task *heap            # binary min-heap of pushed tasks
+    int64_t hsize
+    int64_t hcap
+    Task *window          # k-relaxed only: the k smallest tasks, unordered
+    int64_t wsize
+    int64_t min_key       # k-relaxed only: the smallest key, and how many pops
+    int64_t min_age       #   have passed it over (the fairness rule)
+
+cdef enum:
+    KIND_MULTIQUEUE = 0
+    KIND_KRELAXED = 1
+    MODE_UNIFORM = 0
+    MODE_ADVERSARIAL = 1
+    # per-thread statistics slots
+    ST_POPS = 0
+    ST_DECIDED = 1
+    ST_SKIPPED = 2
+    ST_WASTED = 3
+    ST_EMPTY = 4
+    ST_IN = 5
+    N_STATS = 8
+
+ctypedef struct Sched:
+    int kind
+    int mode
+    int64_t nq
+    int64_t k
+    int64_t stride        # bytes between queues (a cache line or more)
+    char *queues
+    Task *runs
+    int64_t n_runs
+    int32_t failed        # a heap allocation failed inside nogil code
+
+
+cdef inline SQueue* Q(Sched *s, int64_t i) noexcept nogil:
+    return <SQueue*>(s.queues + i * s.stride)
+
+
+cdef inline void lock_q(SQueue *q) noexcept nogil:
+    cdef int spins = 0
+    while True:
+        if rlx_load_relaxed_i32(&q.lock) == 0 and rlx_cas_acquire_i32(&q.lock, 0, 1):
+            return
+        rlx_cpu_relax()
+        spins += 1
+        if spins > 1024:
+            rlx_yield()
+            spins = 0
+
+
+cdef inline bint try_lock_q(SQueue *q) noexcept nogil:
+    return rlx_load_relaxed_i32(&q.lock) == 0 and rlx_cas_acquire_i32(&q.lock, 0, 1)
+
+
+cdef inline void unlock_q(SQueue *q) noexcept nogil:
+    rlx_store_release_i32(&q.lock, 0)
+
+
+# ---- binary heap of Task ordered by key -----------------------------------
+
+cdef inline int heap_push(SQueue *q, Task t) noexcept nogil:
+    cdef int64_t i, p, cap
+    cdef Task *h
+    if q.hsize == q.hcap:
+        cap = q.hcap * 2 if q.hcap else 64
+        h = <Task*>realloc(q.heap, cap * sizeof(Task))
+        if h == NULL:
+            return -1
+        q.heap = h
+        q.hcap = cap
+    h = q.heap
+    i = q.hsize
+    q.hsize += 1
+    while i > 0:
+        p = (i - 1) >> 1
+        if h[p].key <= t.key:
+            break
+        h[i] = h[p]
+        i = p
+    h[i] = t
+    return 0
+
+
+cdef inline Task heap_pop(SQueue *q) noexcept nogil:
+    cdef Task *h = q.heap
+    cdef Task top = h[0]
+    cdef Task last
+    cdef int64_t n, i, c
+    q.hsize -= 1
+    n = q.hsize
+    if n > 0:
+        last = h[n]
+        i = 0
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and h[c + 1].key < h[c].key:
+                c += 1
+            if h[c].key >= last.key:
+                break
+            h[i] = h[c]
+            i = c
+        h[i] = last
+    return top
+
+
+cdef inline int64_t rest_top(SQueue *q) noexcept nogil:
+    """Smallest key in the run and heap (not the window)."""
+    cdef int64_t t = INT64_MAX
+    if q.run_pos < q.run_end:
+        t = q.run[q.run_pos].key
+    if q.hsize > 0 and q.heap[0].key < t:
+        t = q.heap[0].key
+    return t
+
+
+cdef inline bint take_rest(SQueue *q, Task *out) noexcept nogil:
+    """Remove the smallest task of the run and heap; False when both are empty."""
+    cdef bint has_run = q.run_pos < q.run_end
+    if q.hsize > 0 and (not has_run or q.heap[0].key < q.run[q.run_pos].key):
+        out[0] = heap_pop(q)
+        return True
+    if has_run:
+        out[0] = q.run[q.run_pos]
+        q.run_pos += 1
+        return True
+    return False
+
+
+# ---- MultiQueue -------------------------------------------------------------
+
+cdef inline bint mq_take_locked(SQueue *q, Task *out) noexcept nogil:
+    cdef bint ok = take_rest(q, out)
+    if ok:
+        rlx_store_relaxed_i64(&q.top, rest_top(q))
+    return ok
+
+
+cdef bint mq_pop(Sched *s, uint64_t *rng, Task *out) noexcept nogil:
+    cdef uint32_t i, j
+    cdef int64_t ti, tj, a
+    cdef int empties = 0
+    cdef SQueue *q
+    cdef bint ok
+    if s.nq == 1:
+        q = Q(s, 0)
+        if rlx_load_relaxed_i64(&q.top) == INT64_MAX:
+            return False
+        lock_q(q)
+        ok = mq_take_locked(q, out)
+        unlock_q(q)
+        return ok
+    while empties < 4:
+        rlx_rand_pair(rng, <uint32_t>s.nq, &i, &j)
+        ti = rlx_load_relaxed_i64(&Q(s, i).top)
+        tj = rlx_load_relaxed_i64(&Q(s, j).top)
+        if tj < ti:
+            i = j
+            ti = tj
+        if ti == INT64_MAX:
+            empties += 1
+            continue
+        q = Q(s, i)
+        if try_lock_q(q):
+            ok = mq_take_locked(q, out)
+            unlock_q(q)
+            if ok:
+                return True
+    # Both picks looked empty several times: scan every queue before saying so.
+    for a in range(s.nq):
+        q = Q(s, a)
+        if rlx_load_relaxed_i64(&q.top) != INT64_MAX:
+            lock_q(q)
+            ok = mq_take_locked(q, out)
+            unlock_q(q)
+            if ok:
+                return True
+    return False
+
+
+cdef int64_t mq_pop_many(Sched *s, uint64_t *rng, Task *out, int64_t want) noexcept nogil:
+    """Up to ``want`` tasks from one queue under one lock (a deletion buffer,
+    Williams, Sanders, Dementiev 2021): the queue is chosen by two choices as
+    for a single pop; the tasks come out in priority order."""
+    cdef uint32_t i, j
+    cdef int64_t ti, tj, a, got
+    cdef int empties = 0
+    cdef SQueue *q
+    if want <= 1:
+        return 1 if mq_pop(s, rng, out) else 0
+    while True:
+        if s.nq == 1:
+            q = Q(s, 0)
+            if rlx_load_relaxed_i64(&q.top) == INT64_MAX:
+                break
+            lock_q(q)
+        else:
+            if empties >= 4:
+                break
+            rlx_rand_pair(rng, <uint32_t>s.nq, &i, &j)
+            ti = rlx_load_relaxed_i64(&Q(s, i).top)
+            tj = rlx_load_relaxed_i64(&Q(s, j).top)
+            if tj < ti:
+                i = j
+                ti = tj
+            if ti == INT64_MAX:
+                empties += 1
+                continue
+            q = Q(s, i)
+            if not try_lock_q(q):
+                continue
+        got = 0
+        while got < want and take_rest(q, out + got):
+            got += 1
+        rlx_store_relaxed_i64(&q.top, rest_top(q))
+        unlock_q(q)
+        if got:
+            return got
+        if s.nq == 1:
+            break
+    for a in range(s.nq):
+        q = Q(s, a)
+        if rlx_load_relaxed_i64(&q.top) != INT64_MAX:
+            lock_q(q)
+            got = 0
+            while got < want and take_rest(q, out + got):
+                got += 1
+            rlx_store_relaxed_i64(&q.top, rest_top(q))
+            unlock_q(q)
+            if got:
+                return got
+    return 0
+
+
+cdef int mq_push(Sched *s, uint64_t *rng, Task t) noexcept nogil:
+    cdef SQueue *q
+    cdef int rc
+    while True:
+        q = Q(s, rlx_rand_below(rng, <uint32_t>s.nq) if s.nq > 1 else 0)
+        if s.nq == 1:
+            lock_q(q)
+        elif not try_lock_q(q):
+            continue
+        rc = heap_push(q, t)
+        if rc == 0 and t.key < q.top:
+            rlx_store_relaxed_i64(&q.top, t.key)
+        unlock_q(q)
+        return rc
+
+
+# ---- k-relaxed (one lock, a window of the k smallest) -----------------------
+
+cdef inline void kr_refill(Sched *s, SQueue *q) noexcept nogil:
+    cdef Task t
+    while q.wsize < s.k and take_rest(q, &t):
+        q.window[q.wsize] = t
+        q.wsize += 1
+    rlx_store_relaxed_i64(&q.top, 0 if q.wsize else INT64_MAX)
+
+
+cdef bint kr_pop(Sched *s, uint64_t *rng, Task *out) noexcept nogil:
+    # Rank rule: return one of the k smallest. Fairness rule (the paper's
+    # k-relaxed model): the smallest task is returned after at most k - 1 other
+    # pops, so an adversary cannot starve it (without it, an adversarial
+    # scheduler could livelock the greedy algorithms on a blocked task).
+    cdef SQueue *q = Q(s, 0)
+    cdef int64_t idx, a, imin = 0, imax = 0
+    if rlx_load_relaxed_i64(&q.top) == INT64_MAX:
+        return False
+    lock_q(q)
+    if q.wsize == 0:
+        unlock_q(q)
+        return False
+    for a in range(1, q.wsize):
+        if q.window[a].key < q.window[imin].key:
+            imin = a
+        if q.window[a].key > q.window[imax].key:
+            imax = a
+    if q.window[imin].key != q.min_key:
+        q.min_key = q.window[imin].key
+        q.min_age = 0
+    if q.min_age >= s.k - 1:
+        idx = imin
+    elif s.mode == MODE_ADVERSARIAL:
+        idx = imax
+    else:
+        idx = rlx_rand_below(rng, <uint32_t>q.wsize)
+    if idx == imin:
+        q.min_key = INT64_MAX
+        q.min_age = 0
+    else:
+        q.min_age += 1
+    out[0] = q.window[idx]
+    q.wsize -= 1
+    q.window[idx] = q.window[q.wsize]
+    kr_refill(s, q)
+    unlock_q(q)
+    return True
+
+
+cdef int kr_push(Sched *s, Task t) noexcept nogil:
+    # Invariant: every window key <= every run/heap key, and the window is full
+    # whenever the run or the heap holds anything.
+    cdef SQueue *q = Q(s, 0)
+    cdef int64_t idx, a
+    cdef int rc = 0
+    lock_q(q)
+    if q.wsize < s.k:
+        q.window[q.wsize] = t
+        q.wsize += 1
+    else:
+        idx = 0
+        for a in range(1, q.wsize):
+            if q.window[a].key > q.window[idx].key:
+                idx = a
+        if t.key < q.window[idx].key:
+            rc = heap_push(q, q.window[idx])
+            if rc == 0:
+                q.window[idx] = t
+        else:
+            rc = heap_push(q, t)
+    rlx_store_relaxed_i64(&q.top, 0)
+    unlock_q(q)
+    return rc
+
+
+cdef inline bint sched_pop(Sched *s, uint64_t *rng, Task *out) noexcept nogil:
+    if s.kind == KIND_MULTIQUEUE:
+        return mq_pop(s, rng, out)
+    return kr_pop(s, rng, out)
+
+
+cdef inline int64_t sched_pop_many(Sched *s, uint64_t *rng, Task *out, int64_t want) noexcept nogil:
+    if s.kind == KIND_MULTIQUEUE:
+        return mq_pop_many(s, rng, out, want)
+    return 1 if kr_pop(s, rng, out) else 0
+
+
+cdef inline int sched_push(Sched *s, uint64_t *rng, Task t) noexcept nogil:
+    if s.kind == KIND_MULTIQUEUE:
+        return mq_push(s, rng, t)
+    return kr_push(s, t)
+
+
+cdef void sched_free(Sched *s) noexcept nogil:
+    cdef int64_t i
+    cdef SQueue *q
+    if s.queues != NULL:
+        for i in range(s.nq):
+            q = Q(s, i)
+            free(q.heap)
+            free(q.window)
+        free(s.queues)
+        s.queues = NULL
+    free(s.runs)
+    s.runs = NULL
+
+
+cdef class Scheduler:
+    """Base of the compiled schedulers: the small protocol the algorithms use.
+
+    ``push(task, priority)``, ``pop() -> (task, priority) | None``, ``len()``,
+    ``load(priorities, tasks)`` (bulk, in any order; replaces the contents) and
+    ``clear()``. Tasks and priorities are int64; a smaller priority is served
+    first (relaxed for MultiQueue and k-relaxed schedulers). Python-level calls
+    are for studies and tests; the algorithms run the same C code without the
+    GIL. Use one of :class:`ExactScheduler`, :class:`MultiQueueScheduler`,
+    :class:`KRelaxedScheduler`.
+    """
+    cdef Sched s
+    cdef uint64_t rng
+    cdef readonly int64_t seed
+    cdef readonly int64_t batch
+    cdef object _busy
+
+    def __cinit__(self):
+        memset(&self.s, 0, sizeof(Sched))
+        self._busy = False
+        self.batch = 1
+
+    cdef _setup(self, int kind, int mode, int64_t nq, int64_t k, seed):
+        cdef int64_t i
+        cdef void *mem = NULL
+        cdef SQueue *q
+        if seed is None:
+            seed = int.from_bytes(np.random.default_rng().bytes(7), "little")
+        self.seed = int(seed)
+        self.rng = rlx_mix64(<uint64_t>self.seed)
+        self.s.kind = kind
+        self.s.mode = mode
+        self.s.nq = nq
+        self.s.k = k
+        self.s.stride = ((sizeof(SQueue) + rlx_cache_line() - 1) // rlx_cache_line()) * rlx_cache_line()
+        if posix_memalign(&mem, rlx_cache_line(), self.s.stride * nq) != 0:
+            raise MemoryError("cannot allocate the scheduler's queues")
+        memset(mem, 0, self.s.stride * nq)
+        self.s.queues = <char*>mem
+        for i in range(nq):
+            q = Q(&self.s, i)
+            q.top = INT64_MAX
+            q.min_key = INT64_MAX
+            q.run = NULL
+        if kind == KIND_KRELAXED:
+            q = Q(&self.s, 0)
+            q.window = <Task*>malloc(k * sizeof(Task))
+            if q.window == NULL:
+                raise MemoryError(f"cannot allocate a window of k={k} tasks")
+
+    def __dealloc__(self):
+        sched_free(&self.s)
+
+    cdef _check_idle(self):
+        if self._busy:
+            raise RuntimeError("scheduler: an algorithm is running on it; "
+                               "wait for it to finish before calling push/pop/load")
+
+    def push(self, task, priority):
+        """Insert ``task`` (int) with ``priority`` (int, smaller first)."""
+        self._check_idle()
+        cdef Task t
+        t.val = _as_i64(task, "task")
+        t.key = _as_i64(priority, "priority")
+        if t.key == INT64_MAX:
+            raise ValueError(f"priority: {INT64_MAX} (INT64_MAX) is reserved to mean "
+                             "'empty'; use a smaller priority")
+        if sched_push(&self.s, &self.rng, t) != 0:
+            raise MemoryError("scheduler: out of memory growing a heap")
+
+    def pop(self):
+        """Remove and return ``(task, priority)`` of a high-priority task, or
+        None when the scheduler is empty."""
+        self._check_idle()
+        cdef Task t
+        if sched_pop(&self.s, &self.rng, &t):
+            return (t.val, t.key)
+        return None
+
+    def __len__(self):
+        cdef int64_t i, total = 0
+        cdef SQueue *q
+        for i in range(self.s.nq):
+            q = Q(&self.s, i)
+            total += q.run_end - q.run_pos + q.hsize + q.wsize
+        return int(total)
+
+    def clear(self):
+        """Remove every task."""
+        self._check_idle()
+        cdef int64_t i
+        cdef SQueue *q
+        for i in range(self.s.nq):
+            q = Q(&self.s, i)
+            q.run = NULL
+            q.run_pos = q.run_end = 0
+            q.hsize = 0
+            q.wsize = 0
+            q.top = INT64_MAX
+            q.min_key = INT64_MAX
+        free(self.s.runs)
+        self.s.runs = NULL
+        self.s.n_runs = 0
+
+    def load(self, priorities, tasks):
+        """Replace the contents by ``tasks`` with ``priorities`` (int64 arrays
+        of one length, any order). The tasks become sorted runs: one per queue
+        of a MultiQueue (each task goes to a uniformly random queue, as a
+        MultiQueue push would place it), so a pop from them needs no heap work.
+        """
+        self._check_idle()
+        keys = np.ascontiguousarray(priorities, dtype=np.int64)
+        vals = np.ascontiguousarray(tasks, dtype=np.int64)
+        if keys.ndim != 1 or vals.shape != keys.shape:
+            raise ValueError(f"load: priorities and tasks must be 1-D arrays of one length, "
+                             f"got shapes {np.shape(priorities)} and {np.shape(tasks)}")
+        if keys.size and keys.max() == INT64_MAX:
+            raise ValueError("load: priority INT64_MAX is reserved to mean 'empty'")
+        if keys.size > 1 and not np.all(keys[1:] >= keys[:-1]):
+            order = np.argsort(keys, kind="stable")
+            keys = keys[order]
+            vals = vals[order]
+        self._load_sorted(keys, vals)
+
+    cdef _load_sorted(self, const int64_t[::1] keys, const int64_t[::1] vals):
+        cdef int64_t n = keys.shape[0]
+        self._load(&keys[0] if n else NULL, &vals[0] if n else NULL, NULL, n)
+
+    def _load_order(self, const int32_t[::1] order):
+        """Fast path of load for the algorithms: task order[r] has priority r."""
+        self._check_idle()
+        cdef int64_t n = order.shape[0]
+        self._load(NULL, NULL, &order[0] if n else NULL, n)
+
+    cdef _load(self, const int64_t *keys, const int64_t *vals, const int32_t *order, int64_t n):
+        cdef int64_t i, nq = self.s.nq
+        cdef int64_t *counts
+        cdef int32_t *qid
+        cdef Task *runs
+        cdef SQueue *q
+        self.clear()
+        runs = <Task*>malloc((n if n else 1) * sizeof(Task))
+        counts = <int64_t*>malloc((nq + 1) * sizeof(int64_t))
+        qid = <int32_t*>malloc((n if n else 1) * sizeof(int32_t))
+        if runs == NULL or counts == NULL or qid == NULL:
+            free(runs); free(counts); free(qid)
+            raise MemoryError(f"scheduler: cannot allocate runs for {n} tasks")
+        with nogil:
+            memset(counts, 0, (nq + 1) * sizeof(int64_t))
+            if self.s.kind == KIND_MULTIQUEUE and nq > 1:
+                for i in range(n):
+                    qid[i] = <int32_t>rlx_rand_below(&self.rng, <uint32_t>nq)
+                    counts[qid[i] + 1] += 1
+            else:
+                for i in range(n):
+                    qid[i] = 0
+                counts[1] = n
+            for i in range(nq):
+                counts[i + 1] += counts[i]
+            for i in range(nq):
+                q = Q(&self.s, i)
+                q.run = runs + counts[i]
+                q.run_pos = 0
+                q.run_end = counts[i + 1] - counts[i]
+            for i in range(n):         # stable: each run stays sorted
+                if order != NULL:
+                    runs[counts[qid[i]]].key = i
+                    runs[counts[qid[i]]].val = order[i]
+                else:
+                    runs[counts[qid[i]]].key = keys[i]
+                    runs[counts[qid[i]]].val = vals[i]
+                counts[qid[i]] += 1
+            for i in range(nq):
+                q = Q(&self.s, i)
+                rlx_store_relaxed_i64(&q.top, rest_top(q))
+            if self.s.kind == KIND_KRELAXED:
+                kr_refill(&self.s, Q(&self.s, 0))
+        free(counts)
+        free(qid)
+        self.s.runs = runs
+        self.s.n_runs = n
+
+
+cdef int64_t _as_i64(x, name) except? -1:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(x).__name__} ({x!r})")
+    if not (-(1 << 63) <= int(x) < (1 << 63)):
+        raise ValueError(f"{name}: {x} does not fit in int64")
+    return int(x)
+
+
+def _check_count(x, name, lo, hi=None):
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(x).__name__} ({x!r})")
+    if x < lo or (hi is not None and x > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name}: must be {rng}, got {x}")
+    return int(x)
+
+
+cdef class ExactScheduler(Scheduler):
+    """ExactScheduler(*, seed=None)
+
+    A strict priority queue (one lock): pops always return the highest-priority
+    task present. With several threads, tasks in flight can still be wasted.
+    """
+    def __init__(self, *, seed=None):
+        self._setup(KIND_KRELAXED, MODE_UNIFORM, 1, 1, seed)
+
+    def __repr__(self):
+        return f"ExactScheduler(size={len(self)})"
+
+    @property
+    def name(self):
+        return "exact"
+
+
+cdef class MultiQueueScheduler(Scheduler):
+    """MultiQueueScheduler(n_queues=8, *, batch=1, seed=None)
+
+    A MultiQueue of ``n_queues`` locked sequential queues (sorted runs of the
+    initial tasks plus binary heaps for pushed ones); a pop takes the better top
+    of two distinct random queues. In the algorithms' engine, a thread takes up
+    to ``batch`` tasks from the chosen queue under one lock (a deletion buffer,
+    Williams, Sanders, Dementiev, "Engineering MultiQueues", 2021): fewer lock
+    hand-offs and room to prefetch the tasks' data, for a little more
+    relaxation. ``batch=1`` is the plain MultiQueue.
+
+    >>> s = MultiQueueScheduler(4, seed=1)
+    >>> s.load([3, 1, 2], [30, 10, 20])
+    >>> sorted(s.pop()[0] for _ in range(3))
+    [10, 20, 30]
+    """
+    def __init__(self, n_queues=8, *, batch=1, seed=None):
+        n_queues = _check_count(n_queues, "n_queues", 1, 1 << 20)
+        self.batch = _check_count(batch, "batch", 1, MAX_BATCH)
+        self._setup(KIND_MULTIQUEUE, MODE_UNIFORM, n_queues, 0, seed)
+
+    def __repr__(self):
+        return (f"MultiQueueScheduler(n_queues={self.s.nq}, batch={self.batch}, "
+                f"size={len(self)})")
+
+    @property
+    def n_queues(self):
+        return int(self.s.nq)
+
+    @property
+    def name(self):
+        return "multiqueue"
+
+
+cdef class KRelaxedScheduler(Scheduler):
+    """KRelaxedScheduler(k, *, mode="uniform", seed=None)
+
+    Each pop returns one of the ``k`` highest-priority tasks present: uniformly
+    at random (``mode="uniform"``) or the lowest-priority of them
+    (``mode="adversarial"``); and the highest-priority task is returned after
+    at most k - 1 other pops (fairness). These are the two conditions of a
+    k-relaxed scheduler in Alistarh et al. (PODC 2018). k = 1 is exact.
+    """
+    def __init__(self, k, *, mode="uniform", seed=None):
+        k = _check_count(k, "k", 1, 1 << 20)
+        if mode not in ("uniform", "adversarial"):
+            raise ValueError(f"mode: must be 'uniform' or 'adversarial', got {mode!r}")
+        self._setup(KIND_KRELAXED, MODE_UNIFORM if mode == "uniform" else MODE_ADVERSARIAL,
+                    1, k, seed)
+
+    def __repr__(self):
+        return f"KRelaxedScheduler(k={self.s.k}, mode={self.mode!r}, size={len(self)})"
+
+    @property
+    def k(self):
+        return int(self.s.k)
+
+    @property
+    def mode(self):
+        return "uniform" if self.s.mode == MODE_UNIFORM else "adversarial"
+
+    @property
+    def name(self):
+        return "k-relaxed"
+
+
+# ---- the engine ---------------------------------------------------------------
+#
+# One combined int32 word per task: its rank while undecided (>= 0), IN (-1)
+# or OUT (-2). A neighbour test is then one load: IN means "I am out"; a rank
+# below mine means "blocked". (A neighbour that is in always has a higher
+# priority: it went in only after reading every higher-priority neighbour out.)
+
+cdef enum:
+    MAX_BATCH = 64
+    EV_SKIP = 0
+    EV_OUT = 1
+    EV_IN = 2
+    EV_BLOCKED = 3
+    W_IN = -1
+    W_OUT = -2
+
+ctypedef struct Ctx:
+    Sched *s
+    int algo                 # 0 MIS, 1 matching
+    int nthreads
+    int64_t batch
+    int64_t n_tasks
+    const int64_t *indptr
+    const int32_t *indices   # MIS: neighbours; matching: edge ids of the adjacency
+    const int32_t *eu
+    const int32_t *ev
+    int32_t *word            # combined rank/state, one per task
+    int64_t *mate
+    int64_t *done            # per-thread finished counters, one cache line each
+    int64_t dstride
+
+
+cdef inline int mis_eval(Ctx *c, int64_t v, int64_t r) noexcept nogil:
+    cdef int64_t a, lo, hi
+    cdef int32_t w
+    cdef bint blocked = False
+    if rlx_load_relaxed_i32(&c.word[v]) < 0:
+        return EV_SKIP
+    lo = c.indptr[v]
+    hi = c.indptr[v + 1]
+    for a in range(lo, hi):
+        w = rlx_load_acquire_i32(&c.word[c.indices[a]])
+        if w == W_IN:
+            rlx_store_release_i32(&c.word[v], W_OUT)
+            return EV_OUT
+        if 0 <= w < r:
+            blocked = True
+    if blocked:
+        return EV_BLOCKED
+    rlx_store_release_i32(&c.word[v], W_IN)
+    for a in range(lo, hi):
+        if rlx_load_relaxed_i32(&c.word[c.indices[a]]) >= 0:
+            rlx_store_release_i32(&c.word[c.indices[a]], W_OUT)
+    return EV_IN
+
+
+cdef inline int scan_edges(Ctx *c, int64_t lo, int64_t hi, int64_t r) noexcept nogil:
+    """0: every higher-priority edge is out; 1: one is undecided; 2: one is in.
+    The edge itself holds its own rank r, which is not below r."""
+    cdef int64_t a
+    cdef int32_t w
+    cdef int res = 0
+    for a in range(lo, hi):
+        w = rlx_load_acquire_i32(&c.word[c.indices[a]])
+        if w == W_IN:
+            return 2
+        if 0 <= w < r:
+            res = 1
+    return res
+
+
+cdef inline void mark_out(Ctx *c, int64_t lo, int64_t hi) noexcept nogil:
+    cdef int64_t a
+    for a in range(lo, hi):
+        if rlx_load_relaxed_i32(&c.word[c.indices[a]]) >= 0:
+            rlx_store_release_i32(&c.word[c.indices[a]], W_OUT)
+
+
+cdef inline int matching_eval(Ctx *c, int64_t e, int64_t r) noexcept nogil:
+    cdef int64_t u, v
+    cdef int res, res2
+    if rlx_load_relaxed_i32(&c.word[e]) < 0:
+        return EV_SKIP
+    u = c.eu[e]
+    v = c.ev[e]
+    # An endpoint already matched was matched by a higher-priority edge: an
+    # edge g that is in had every higher-priority neighbour out, and this edge
+    # is its neighbour and is not out, so g precedes it.
+    if rlx_load_acquire_i64(&c.mate[u]) >= 0 or rlx_load_acquire_i64(&c.mate[v]) >= 0:
+        rlx_store_release_i32(&c.word[e], W_OUT)
+        return EV_OUT
+    res = scan_edges(c, c.indptr[u], c.indptr[u + 1], r)
+    if res != 2:
+        res2 = scan_edges(c, c.indptr[v], c.indptr[v + 1], r)
+        if res2 > res:
+            res = res2
+    if res == 2:
+        rlx_store_release_i32(&c.word[e], W_OUT)
+        return EV_OUT
+    if res == 1:
+        return EV_BLOCKED
+    rlx_store_release_i32(&c.word[e], W_IN)
+    rlx_store_release_i64(&c.mate[u], v)
+    rlx_store_release_i64(&c.mate[v], u)
+    mark_out(c, c.indptr[u], c.indptr[u + 1])
+    mark_out(c, c.indptr[v], c.indptr[v + 1])
+    return EV_IN
+
+
+cdef inline bint all_done(Ctx *c) noexcept nogil:
+    cdef int64_t total = 0
+    cdef int t
+    for t in range(c.nthreads):
+        total += rlx_load_relaxed_i64(c.done + t * c.dstride)
+    return total >= c.n_tasks
+
+
+cdef void worker(Ctx *c, int tid, uint64_t rng, int64_t *st) noexcept nogil:
+    cdef Task buf[MAX_BATCH]
+    cdef int64_t nb, i, x, spins = 0
+    cdef int64_t pops = 0, decided = 0, skipped = 0, wasted = 0, empty = 0, n_in = 0
+    cdef int64_t *mydone = c.done + tid * c.dstride
+    cdef int64_t finished = 0
+    cdef int res
+    cdef Sched *s = c.s
+    while True:
+        nb = sched_pop_many(s, &rng, buf, c.batch)
+        if nb == 0:
+            if all_done(c) or s.failed:
+                break
+            empty += 1
+            spins += 1
+            if spins > 64:
+                rlx_yield()
+                spins = 0
+            else:
+                rlx_cpu_relax()
+            continue
+        if nb > 1:
+            for i in range(nb):
+                x = buf[i].val
+                rlx_prefetch(&c.word[x])
+                if c.algo == 0:
+                    rlx_prefetch(&c.indptr[x])
+                else:
+                    rlx_prefetch(&c.eu[x])
+                    rlx_prefetch(&c.ev[x])
+        for i in range(nb):
+            pops += 1
+            if c.algo == 0:
+                res = mis_eval(c, buf[i].val, buf[i].key)
+            else:
+                res = matching_eval(c, buf[i].val, buf[i].key)
+            if res == EV_BLOCKED:
+                wasted += 1
+                if sched_push(s, &rng, buf[i]) != 0:
+                    s.failed = 1
+                continue
+            if res == EV_SKIP:
+                skipped += 1
+            else:
+                decided += 1
+                n_in += res == EV_IN
+            finished += 1
+        rlx_store_relaxed_i64(mydone, finished)
+        if s.failed:
+            break
+    st[ST_POPS] = pops
+    st[ST_DECIDED] = decided
+    st[ST_SKIPPED] = skipped
+    st[ST_WASTED] = wasted
+    st[ST_EMPTY] = empty
+    st[ST_IN] = n_in
+
+
+STAT_NAMES = ("pops", "decided", "skipped", "wasted", "empty_pops", "in_set")
+
+
+cdef class _Run:
+    """One run of the engine over a scheduler. ``word`` is the combined
+    rank/state array (int32, ranks on entry; -1 in, -2 out on exit). Threads
+    call ``work(tid)``, which releases the GIL."""
+    cdef Scheduler sched
+    cdef Ctx c
+    cdef object _keep
+    cdef int64_t[:, ::1] stats
+    cdef int64_t[::1] done
+    cdef uint64_t seed
+
+    def __init__(self, Scheduler sched, str algo, int nthreads, indptr, indices, word,
+                 *, eu=None, ev=None, mate=None, seed=0):
+        cdef const int64_t[::1] ip = indptr
+        cdef const int32_t[::1] ix = indices
+        cdef int32_t[::1] w = word
+        cdef const int32_t[::1] a
+        cdef const int32_t[::1] b
+        cdef int64_t[::1] mt
+        self.sched = sched
+        self._keep = (indptr, indices, word, eu, ev, mate)
+        memset(&self.c, 0, sizeof(Ctx))
+        self.c.s = &sched.s
+        self.c.algo = 0 if algo == "mis" else 1
+        self.c.nthreads = nthreads
+        self.c.batch = sched.batch if sched.s.kind == KIND_MULTIQUEUE else 1
+        self.c.n_tasks = w.shape[0]
+        self.c.indptr = &ip[0]
+        self.c.indices = &ix[0] if ix.shape[0] else NULL
+        self.c.word = &w[0] if w.shape[0] else NULL
+        if self.c.algo == 1:
+            a = eu
+            b = ev
+            mt = mate
+            self.c.eu = &a[0]
+            self.c.ev = &b[0]
+            self.c.mate = &mt[0]
+        self.stats = np.zeros((nthreads, N_STATS), dtype=np.int64)
+        self.c.dstride = rlx_cache_line() // 8
+        self.done = np.zeros(nthreads * self.c.dstride, dtype=np.int64)
+        self.c.done = &self.done[0]
+        self.seed = <uint64_t>seed
+
+    def work(self, int tid):
+        if not 0 <= tid < self.c.nthreads:
+            raise ValueError(f"tid: must be in [0, {self.c.nthreads}), got {tid}")
+        cdef uint64_t rng = rlx_mix64(self.seed ^ rlx_mix64(<uint64_t>(tid + 1)))
+        cdef int64_t *st = &self.stats[tid, 0]
+        with nogil:
+            worker(&self.c, tid, rng, st)
+
+    def set_busy(self, busy):
+        self.sched._busy = bool(busy)
+
+    @property
+    def failed(self):
+        return bool(self.sched.s.failed)
+
+    def thread_stats(self):
+        arr = np.asarray(self.stats)
+        return [dict(zip(STAT_NAMES, map(int, row[:len(STAT_NAMES)]))) for row in arr]

@@ -1,0 +1,493 @@
+"""Greedy maximal independent set and maximal matching under relaxed schedulers.
+
+Alistarh, Brown, Kopinsky, Nadiradze, "Relaxed Schedulers Can Efficiently
+Parallelize Iterative Algorithms" (PODC 2018): run an iterative greedy
+algorithm by popping tasks from a relaxed priority scheduler; a task whose
+higher-priority neighbours are not all decided is *wasted* and pushed back.
+The answer is exactly the sequential greedy answer for the same priorities,
+and the expected number of wasted iterations depends on the relaxation k (a
+polynomial in k), not on the size of the graph.
+
+Example::
+
+    import relaxed
+    from relaxed.graphs import erdos_renyi
+    g = erdos_renyi(100_000, 1_000_000, seed=1)
+    res = relaxed.greedy_mis(g, seed=7, n_threads=2)            # MultiQueue
+    res.mask.sum(), res.stats.wasted
+    ref = relaxed.greedy_mis(g, seed=7, scheduler="exact")
+    assert (res.mask == ref.mask).all()
+
+Priorities: ``priorities[v]`` is vertex v's rank, smaller first (any distinct
+integers or finite floats; ``None`` draws a random permutation from ``seed``).
+For matching, tasks are edges: ``priorities[e]`` ranks edge ``graph.edges[e]``
+of ``relaxed.graphs.as_graph(graph)`` (edges (u, v) with u < v in
+lexicographic order).
+
+Why the answer is the sequential one (for MIS; matching is the same on the
+line graph). Each vertex state goes once from undecided to *in* or *out*.
+A popped undecided vertex v is decided *out* if a higher-priority neighbour is
+in, *in* if every higher-priority neighbour is out, and pushed back otherwise.
+When v goes in, its undecided neighbours are marked out (all of them have
+lower priority: the higher ones are out). By induction on priority, every
+decision agrees with the sequential greedy algorithm: a vertex goes in only
+after reading the final state *out* of every higher-priority neighbour, and
+marks only vertices that the sequential algorithm also excludes. No lock
+protects the states: concurrent writers write the same value, and a stale read
+of *undecided* only wastes an iteration.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from relaxed._sched import (ExactScheduler, KRelaxedScheduler, MultiQueueScheduler,
+                            Scheduler, _Run, STAT_NAMES)
+from relaxed.graphs import Graph, as_graph
+
+__all__ = ["greedy_mis", "greedy_matching", "sequential_greedy_mis",
+           "sequential_greedy_matching", "check_mis", "check_matching", "make_scheduler",
+           "MISResult", "MatchingResult", "SchedulerStats"]
+
+SCHEDULERS = ("exact", "multiqueue", "k-relaxed")
+DEFAULT_BATCH = 8
+
+
+@dataclass
+class SchedulerStats:
+    """What a run cost. ``iterations`` counts every pop; ``wasted`` the pops of
+    tasks pushed back because a higher-priority neighbour was undecided;
+    ``skipped`` the pops of tasks already decided out by a neighbour;
+    ``extra_iterations`` = iterations - tasks = wasted."""
+    scheduler: str
+    n_threads: int
+    tasks: int
+    iterations: int
+    wasted: int
+    skipped: int
+    decided: int
+    empty_pops: int
+    seconds: float
+    per_thread: list = field(default_factory=list)
+
+    @property
+    def extra_iterations(self) -> int:
+        return self.iterations - self.tasks
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("scheduler", "n_threads", "tasks", "iterations",
+                                           "wasted", "skipped", "decided", "empty_pops",
+                                           "seconds")}
+        d["per_thread"] = [dict(p) for p in self.per_thread]
+        return d
+
+
+@dataclass
+class MISResult:
+    """``mask[v]`` is True for vertices in the independent set."""
+    mask: np.ndarray
+    stats: SchedulerStats
+
+    @property
+    def vertices(self) -> np.ndarray:
+        return np.flatnonzero(self.mask)
+
+    def __repr__(self):
+        return (f"MISResult(size={int(self.mask.sum())} of {self.mask.size}, "
+                f"scheduler={self.stats.scheduler!r}, wasted={self.stats.wasted})")
+
+
+@dataclass
+class MatchingResult:
+    """``mate[v]`` is v's partner, -1 when v is unmatched."""
+    mate: np.ndarray
+    stats: SchedulerStats
+
+    @property
+    def pairs(self) -> np.ndarray:
+        """Matched edges as an (k, 2) array with u < v."""
+        u = np.flatnonzero(self.mate > np.arange(self.mate.size))
+        return np.stack([u, self.mate[u]], axis=1)
+
+    def __repr__(self):
+        return (f"MatchingResult(edges={int((self.mate >= 0).sum()) // 2}, "
+                f"scheduler={self.stats.scheduler!r}, wasted={self.stats.wasted})")
+
+
+# ---- priorities ------------------------------------------------------------------
+
+def _ranks(priorities, size: int, what: str, rng):
+    """(rank, order): rank[t] in 0..size-1, order[r] = task of rank r, int32."""
+    if priorities is None:
+        order = rng.permutation(size).astype(np.int32)
+        rank = np.empty(size, np.int32)
+        rank[order] = np.arange(size, dtype=np.int32)
+        return rank, order
+    p = np.asarray(priorities)
+    if p.dtype == bool or p.dtype.kind not in "iuf":
+        raise TypeError(f"priorities: expected integers or floats, got dtype {p.dtype}")
+    if p.ndim != 1 or p.shape[0] != size:
+        raise ValueError(f"priorities: expected one value per {what} (a 1-D array of length "
+                         f"{size}), got shape {p.shape}")
+    if p.dtype.kind == "f" and not np.isfinite(p).all():
+        bad = int(np.flatnonzero(~np.isfinite(p))[0])
+        raise ValueError(f"priorities: must be finite; {what} {bad} has {p[bad]}")
+    if p.dtype.kind in "iu" and size and p.min() == 0 and p.max() == size - 1:
+        order = np.full(size, -1, np.int64)
+        order[p] = np.arange(size)
+        if (order >= 0).all():                      # a permutation of 0..size-1
+            return p.astype(np.int32), order.astype(np.int32)
+    order = np.argsort(p, kind="stable")
+    sp = p[order]
+    dup = np.flatnonzero(sp[1:] == sp[:-1])
+    if dup.size:
+        i = int(dup[0])
+        raise ValueError(f"priorities: must be distinct; {what}s {int(order[i])} and "
+                         f"{int(order[i + 1])} share priority {sp[i]}. Break ties, e.g. "
+                         "with scipy.stats.rankdata(p, method='ordinal') - 1")
+    rank = np.empty(size, np.int32)
+    rank[order] = np.arange(size, dtype=np.int32)
+    return rank, order.astype(np.int32)
+
+
+# ---- schedulers -------------------------------------------------------------------
+
+def make_scheduler(scheduler="multiqueue", *, n_threads=1, seed=None, **options):
+    """A compiled scheduler from its name and options.
+
+    ``"exact"``: no options. ``"multiqueue"``: ``n_queues`` (default
+    ``max(4, 4 * n_threads)``) and ``batch`` (tasks a thread takes from one
+    queue at once, default 8; 1 is the plain MultiQueue). ``"k-relaxed"``: ``k`` (required) and ``mode``
+    (``"uniform"`` or ``"adversarial"``).
+    """
+    if not isinstance(scheduler, str):
+        raise TypeError(f"scheduler: expected one of {SCHEDULERS} or a scheduler object, "
+                        f"got {type(scheduler).__name__}")
+    allowed = {"exact": set(), "multiqueue": {"n_queues", "batch"}, "k-relaxed": {"k", "mode"}}
+    if scheduler not in allowed:
+        raise ValueError(f"scheduler: must be one of {SCHEDULERS}, got {scheduler!r}")
+    extra = set(options) - allowed[scheduler]
+    if extra:
+        raise TypeError(f"scheduler {scheduler!r} takes options {sorted(allowed[scheduler]) or 'none'}, "
+                        f"got unexpected {sorted(extra)}")
+    if scheduler == "exact":
+        return ExactScheduler(seed=seed)
+    if scheduler == "multiqueue":
+        return MultiQueueScheduler(options.get("n_queues", max(4, 4 * n_threads)),
+                                   batch=options.get("batch", DEFAULT_BATCH), seed=seed)
+    if "k" not in options:
+        raise TypeError("scheduler 'k-relaxed' needs the option k, e.g. "
+                        "greedy_mis(g, scheduler='k-relaxed', k=8)")
+    return KRelaxedScheduler(options["k"], mode=options.get("mode", "uniform"), seed=seed)
+
+
+def _check_threads(n_threads):
+    if isinstance(n_threads, (bool, np.bool_)) or not isinstance(n_threads, (int, np.integer)):
+        raise TypeError(f"n_threads: expected an int, got {type(n_threads).__name__}")
+    if not 1 <= n_threads <= 1024:
+        raise ValueError(f"n_threads: must be in [1, 1024], got {n_threads}")
+    return int(n_threads)
+
+
+def _prepare(scheduler, n_threads, seed, options):
+    n_threads = _check_threads(n_threads)
+    ss = np.random.SeedSequence(seed)
+    prio_ss, sched_ss, run_ss = ss.spawn(3)
+    sched_seed = int(sched_ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
+    run_seed = int(run_ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
+    if isinstance(scheduler, str):
+        sched = make_scheduler(scheduler, n_threads=n_threads, seed=sched_seed, **options)
+    else:
+        if options:
+            raise TypeError(f"scheduler options {sorted(options)} only apply to a scheduler "
+                            "given by name")
+        if not (callable(getattr(scheduler, "push", None)) and callable(getattr(scheduler, "pop", None))):
+            raise TypeError("scheduler: expected a name or an object with push(task, priority) "
+                            f"and pop() methods, got {type(scheduler).__name__}")
+        if len(scheduler):
+            raise ValueError("scheduler: must be empty; it holds "
+                             f"{len(scheduler)} tasks. Call clear() or make a new one")
+        if not isinstance(scheduler, Scheduler) and n_threads != 1:
+            raise ValueError("n_threads: a Python-level scheduler object runs on one thread; "
+                             "pass n_threads=1 or a compiled scheduler")
+        sched = scheduler
+    return n_threads, sched, np.random.default_rng(prio_ss), run_seed
+
+
+def _sched_name(sched):
+    return getattr(sched, "name", type(sched).__name__)
+
+
+def _execute(run, sched, n_threads, n_tasks, t0):
+    run.set_busy(True)
+    try:
+        if n_threads == 1:
+            run.work(0)
+        else:
+            threads = [threading.Thread(target=run.work, args=(t,), name=f"greedy-{t}")
+                       for t in range(n_threads)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+    finally:
+        run.set_busy(False)
+    seconds = time.perf_counter() - t0
+    if run.failed:
+        raise MemoryError("greedy: a scheduler heap could not grow (out of memory)")
+    per = run.thread_stats()
+    tot = {k: sum(p[k] for p in per) for k in STAT_NAMES}
+    return SchedulerStats(_sched_name(sched), n_threads, n_tasks, tot["pops"], tot["wasted"],
+                          tot["skipped"], tot["decided"], tot["empty_pops"], seconds, per)
+
+
+def _empty_stats(sched, n_threads):
+    return SchedulerStats(_sched_name(sched), n_threads, 0, 0, 0, 0, 0, 0, 0.0,
+                          [dict.fromkeys(STAT_NAMES, 0) for _ in range(n_threads)])
+
+
+def _python_loop(sched, n_tasks, order, process, t0):
+    """The same framework over any object with push/pop (one thread, Python speed)."""
+    if hasattr(sched, "load"):
+        sched.load(np.arange(n_tasks, dtype=np.int64), order.astype(np.int64))
+    else:
+        for r in range(n_tasks):
+            sched.push(int(order[r]), r)
+    c = dict.fromkeys(STAT_NAMES, 0)
+    while True:
+        item = sched.pop()
+        if item is None:
+            break
+        task, prio = item
+        c["pops"] += 1
+        verdict = process(int(task), int(prio))
+        if verdict == "skip":
+            c["skipped"] += 1
+        elif verdict == "wasted":
+            c["wasted"] += 1
+            sched.push(task, prio)
+        else:
+            c["decided"] += 1
+            c["in_set"] += verdict == "in"
+    done = c["decided"] + c["skipped"]
+    if done != n_tasks:
+        raise RuntimeError(f"scheduler {_sched_name(sched)}: pop() returned None with "
+                           f"{n_tasks - done} tasks never served; it lost tasks")
+    return SchedulerStats(_sched_name(sched), 1, n_tasks, c["pops"], c["wasted"], c["skipped"],
+                          c["decided"], 0, time.perf_counter() - t0, [c])
+
+
+# ---- MIS ---------------------------------------------------------------------------
+
+def greedy_mis(graph, priorities=None, *, scheduler="multiqueue", n_threads=1, seed=None,
+               **scheduler_options) -> MISResult:
+    """Greedy maximal independent set, run under a relaxed scheduler.
+
+    Parameters
+    ----------
+    graph : Graph, scipy.sparse matrix, (k, 2) edge array, networkx graph or a path
+        (see :func:`relaxed.graphs.as_graph`); undirected and simple.
+    priorities : array of n distinct numbers, optional
+        ``priorities[v]`` is v's rank, smaller first. Default: a random
+        permutation drawn from ``seed``.
+    scheduler : "multiqueue" | "exact" | "k-relaxed" | scheduler object
+        Options go in ``scheduler_options`` (``n_queues``; ``k``, ``mode``).
+        An object with ``push(task, priority)``/``pop()`` runs in Python.
+    n_threads : int
+        Threads popping from the shared scheduler, in nogil C code.
+    seed : int, optional
+        Seeds the priorities (when not given) and the schedulers' choices.
+        The set itself never depends on the scheduler or the threads.
+
+    Returns
+    -------
+    MISResult with ``.mask`` and ``.stats`` (:class:`SchedulerStats`).
+    """
+    g = as_graph(graph)
+    n_threads, sched, prng, run_seed = _prepare(scheduler, n_threads, seed, scheduler_options)
+    rank, order = _ranks(priorities, g.n, "vertex", prng)
+    t0 = time.perf_counter()
+    if not isinstance(sched, Scheduler):
+        state = np.zeros(g.n, np.uint8)
+        stats = _python_loop(sched, g.n, order, _mis_step(g, rank, state), t0)
+        return MISResult(state == 1, stats)
+    word = rank.copy()                       # rank while undecided, -1 in, -2 out
+    if g.n == 0:
+        stats = _empty_stats(sched, n_threads)
+    else:
+        sched._load_order(order)
+        run = _Run(sched, "mis", n_threads, g.indptr, g.indices, word, seed=run_seed)
+        stats = _execute(run, sched, n_threads, g.n, t0)
+    return MISResult(word == -1, stats)
+
+
+def _mis_step(g, rank, state):
+    indptr, indices = g.indptr, g.indices
+
+    def process(v, r):
+        if state[v]:
+            return "skip"
+        nb = indices[indptr[v]:indptr[v + 1]]
+        higher = state[nb[rank[nb] < r]]
+        if (higher == 1).any():
+            state[v] = 2
+            return "out"
+        if (higher == 0).any():
+            return "wasted"
+        state[v] = 1
+        state[nb[state[nb] == 0]] = 2
+        return "in"
+    return process
+
+
+# ---- matching ------------------------------------------------------------------------
+
+def greedy_matching(graph, priorities=None, *, scheduler="multiqueue", n_threads=1, seed=None,
+                    **scheduler_options) -> MatchingResult:
+    """Greedy maximal matching, run under a relaxed scheduler.
+
+    Tasks are edges; ``priorities[e]`` ranks edge ``as_graph(graph).edges[e]``
+    (u < v, lexicographic), smaller first; default a random permutation from
+    ``seed``. Other parameters as :func:`greedy_mis`. Returns a
+    :class:`MatchingResult` with ``.mate`` (int64, -1 for unmatched) and
+    ``.stats``; the matching equals the sequential greedy one that scans edges
+    in priority order.
+    """
+    g = as_graph(graph)
+    n_threads, sched, prng, run_seed = _prepare(scheduler, n_threads, seed, scheduler_options)
+    rank, order = _ranks(priorities, g.m, "edge", prng)
+    mate = np.full(g.n, -1, np.int64)
+    t0 = time.perf_counter()
+    edges = g.edges
+    eu = np.ascontiguousarray(edges[:, 0], dtype=np.int32)
+    ev = np.ascontiguousarray(edges[:, 1], dtype=np.int32)
+    if not isinstance(sched, Scheduler):
+        estate = np.zeros(g.m, np.uint8)
+        stats = _python_loop(sched, g.m, order, _matching_step(g, eu, ev, rank, estate, mate), t0)
+    elif g.m == 0:
+        stats = _empty_stats(sched, n_threads)
+    else:
+        sched._load_order(order)
+        run = _Run(sched, "matching", n_threads, g.indptr, g.edge_ids, rank.copy(),
+                   eu=eu, ev=ev, mate=mate, seed=run_seed)
+        stats = _execute(run, sched, n_threads, g.m, t0)
+    return MatchingResult(mate, stats)
+
+
+def _matching_step(g, eu, ev, rank, estate, mate):
+    indptr, eids = g.indptr, g.edge_ids
+
+    def process(e, r):
+        if estate[e]:
+            return "skip"
+        u, v = int(eu[e]), int(ev[e])
+        if mate[u] >= 0 or mate[v] >= 0:
+            estate[e] = 2
+            return "out"
+        adj = np.concatenate([eids[indptr[u]:indptr[u + 1]], eids[indptr[v]:indptr[v + 1]]])
+        adj = adj[(adj != e) & (rank[adj] < r)]
+        if (estate[adj] == 1).any():
+            estate[e] = 2
+            return "out"
+        if (estate[adj] == 0).any():
+            return "wasted"
+        estate[e] = 1
+        mate[u], mate[v] = v, u
+        for w in (u, v):
+            nb = eids[indptr[w]:indptr[w + 1]]
+            estate[nb[estate[nb] == 0]] = 2
+        return "in"
+    return process
+
+
+# ---- sequential baselines and checkers ----------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _seq_mis(indptr, indices, order):
+    n = order.shape[0]
+    state = np.zeros(n, np.uint8)
+    for i in range(n):
+        v = order[i]
+        if state[v] == 0:
+            state[v] = 1
+            for a in range(indptr[v], indptr[v + 1]):
+                u = indices[a]
+                if state[u] == 0:
+                    state[u] = 2
+    return state == 1
+
+
+@njit(cache=True, nogil=True)
+def _seq_matching(eu, ev, order, n):
+    mate = np.full(n, -1, np.int64)
+    for i in range(order.shape[0]):
+        e = order[i]
+        u = eu[e]
+        v = ev[e]
+        if mate[u] < 0 and mate[v] < 0:
+            mate[u] = v
+            mate[v] = u
+    return mate
+
+
+def sequential_greedy_mis(graph, priorities=None, *, seed=None) -> np.ndarray:
+    """The sequential greedy MIS (Numba): visit vertices in priority order, take
+    each one that has no neighbour taken. Returns the mask. With the same
+    ``seed`` (or priorities) it equals :func:`greedy_mis`'s answer."""
+    g = as_graph(graph)
+    prio_ss = np.random.SeedSequence(seed).spawn(3)[0]
+    _, order = _ranks(priorities, g.n, "vertex", np.random.default_rng(prio_ss))
+    return _seq_mis(g.indptr, g.indices, order)
+
+
+def sequential_greedy_matching(graph, priorities=None, *, seed=None) -> np.ndarray:
+    """The sequential greedy matching (Numba): scan edges in priority order,
+    take each whose endpoints are both free. Returns ``mate``."""
+    g = as_graph(graph)
+    prio_ss = np.random.SeedSequence(seed).spawn(3)[0]
+    _, order = _ranks(priorities, g.m, "edge", np.random.default_rng(prio_ss))
+    edges = g.edges
+    return _seq_matching(np.ascontiguousarray(edges[:, 0]), np.ascontiguousarray(edges[:, 1]),
+                         order, g.n)
+
+
+def check_mis(graph, mask) -> None:
+    """Raise AssertionError unless ``mask`` is an independent and maximal set."""
+    g = as_graph(graph)
+    mask = np.asarray(mask, dtype=bool)
+    if mask.shape != (g.n,):
+        raise ValueError(f"mask: expected shape ({g.n},), got {mask.shape}")
+    rows = np.repeat(np.arange(g.n), np.diff(g.indptr))
+    both = mask[rows] & mask[g.indices]
+    if both.any():
+        k = int(np.flatnonzero(both)[0])
+        raise AssertionError(f"not independent: edge ({rows[k]}, {g.indices[k]}) has both ends in")
+    covered = mask.copy()
+    covered[g.indices[mask[rows]]] = True
+    if not covered.all():
+        raise AssertionError(f"not maximal: vertex {int(np.flatnonzero(~covered)[0])} and all its "
+                             "neighbours are out")
+
+
+def check_matching(graph, mate) -> None:
+    """Raise AssertionError unless ``mate`` is a valid maximal matching of graph."""
+    g = as_graph(graph)
+    mate = np.asarray(mate)
+    if mate.shape != (g.n,):
+        raise ValueError(f"mate: expected shape ({g.n},), got {mate.shape}")
+    m = np.flatnonzero(mate >= 0)
+    if (mate[mate[m]] != m).any():
+        raise AssertionError("mate is not symmetric")
+    if m.size:
+        adj = g.to_scipy()
+        if not np.all(np.asarray(adj[m, mate[m]]).ravel()):
+            raise AssertionError("a matched pair is not an edge")
+    e = g.edges
+    free = (mate[e[:, 0]] < 0) & (mate[e[:, 1]] < 0)
+    if free.any():
+        k = int(np.flatnonzero(free)[0])
+        raise AssertionError(f"not maximal: edge ({e[k, 0]}, {e[k, 1]}) has both ends free")
