@@ -187,27 +187,32 @@ cdef inline bint take_rest(SQueue *q, Task *out) noexcept nogil:
 
 # ---- MultiQueue -------------------------------------------------------------
 
-cdef inline bint mq_take_locked(SQueue *q, Task *out) noexcept nogil:
-    cdef bint ok = take_rest(q, out)
-    if ok:
-        rlx_store_relaxed_i64(&q.top, rest_top(q))
-    return ok
+cdef inline int64_t mq_take_locked(SQueue *q, Task *out, int64_t want) noexcept nogil:
+    """Up to ``want`` smallest tasks of a locked queue; refreshes its cached top."""
+    cdef int64_t got = 0
+    while got < want and take_rest(q, out + got):
+        got += 1
+    rlx_store_relaxed_i64(&q.top, rest_top(q))
+    return got
 
 
-cdef bint mq_pop(Sched *s, uint64_t *rng, Task *out) noexcept nogil:
+cdef int64_t mq_pop_many(Sched *s, uint64_t *rng, Task *out, int64_t want) noexcept nogil:
+    """Up to ``want`` tasks from one queue under one lock; ``want`` > 1 is a
+    deletion buffer (Williams, Sanders, Dementiev 2021). The queue is the one
+    with the better cached top of two distinct random queues; the tasks come
+    out in priority order. 0 means every queue was seen empty."""
     cdef uint32_t i, j
-    cdef int64_t ti, tj, a
+    cdef int64_t ti, tj, a, got
     cdef int empties = 0
     cdef SQueue *q
-    cdef bint ok
     if s.nq == 1:
         q = Q(s, 0)
         if rlx_load_relaxed_i64(&q.top) == INT64_MAX:
-            return False
+            return 0
         lock_q(q)
-        ok = mq_take_locked(q, out)
+        got = mq_take_locked(q, out, want)
         unlock_q(q)
-        return ok
+        return got
     while empties < 4:
         rlx_rand_pair(rng, <uint32_t>s.nq, &i, &j)
         ti = rlx_load_relaxed_i64(&Q(s, i).top)
@@ -220,74 +225,24 @@ cdef bint mq_pop(Sched *s, uint64_t *rng, Task *out) noexcept nogil:
             continue
         q = Q(s, i)
         if try_lock_q(q):
-            ok = mq_take_locked(q, out)
+            got = mq_take_locked(q, out, want)
             unlock_q(q)
-            if ok:
-                return True
+            if got:
+                return got
     # Both picks looked empty several times: scan every queue before saying so.
     for a in range(s.nq):
         q = Q(s, a)
         if rlx_load_relaxed_i64(&q.top) != INT64_MAX:
             lock_q(q)
-            ok = mq_take_locked(q, out)
-            unlock_q(q)
-            if ok:
-                return True
-    return False
-
-
-cdef int64_t mq_pop_many(Sched *s, uint64_t *rng, Task *out, int64_t want) noexcept nogil:
-    """Up to ``want`` tasks from one queue under one lock (a deletion buffer,
-    Williams, Sanders, Dementiev 2021): the queue is chosen by two choices as
-    for a single pop; the tasks come out in priority order."""
-    cdef uint32_t i, j
-    cdef int64_t ti, tj, a, got
-    cdef int empties = 0
-    cdef SQueue *q
-    if want <= 1:
-        return 1 if mq_pop(s, rng, out) else 0
-    while True:
-        if s.nq == 1:
-            q = Q(s, 0)
-            if rlx_load_relaxed_i64(&q.top) == INT64_MAX:
-                break
-            lock_q(q)
-        else:
-            if empties >= 4:
-                break
-            rlx_rand_pair(rng, <uint32_t>s.nq, &i, &j)
-            ti = rlx_load_relaxed_i64(&Q(s, i).top)
-            tj = rlx_load_relaxed_i64(&Q(s, j).top)
-            if tj < ti:
-                i = j
-                ti = tj
-            if ti == INT64_MAX:
-                empties += 1
-                continue
-            q = Q(s, i)
-            if not try_lock_q(q):
-                continue
-        got = 0
-        while got < want and take_rest(q, out + got):
-            got += 1
-        rlx_store_relaxed_i64(&q.top, rest_top(q))
-        unlock_q(q)
-        if got:
-            return got
-        if s.nq == 1:
-            break
-    for a in range(s.nq):
-        q = Q(s, a)
-        if rlx_load_relaxed_i64(&q.top) != INT64_MAX:
-            lock_q(q)
-            got = 0
-            while got < want and take_rest(q, out + got):
-                got += 1
-            rlx_store_relaxed_i64(&q.top, rest_top(q))
+            got = mq_take_locked(q, out, want)
             unlock_q(q)
             if got:
                 return got
     return 0
+
+
+cdef inline bint mq_pop(Sched *s, uint64_t *rng, Task *out) noexcept nogil:
+    return mq_pop_many(s, rng, out, 1) != 0
 
 
 cdef int mq_push(Sched *s, uint64_t *rng, Task t) noexcept nogil:

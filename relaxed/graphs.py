@@ -359,12 +359,8 @@ def _er_pairs(state, n, k):
         while a == b:
             a = _below(state, n)
             b = _below(state, n)
-        if a < b:
-            lo[t] = a
-            hi[t] = b
-        else:
-            lo[t] = b
-            hi[t] = a
+        lo[t] = min(a, b)
+        hi[t] = max(a, b)
     return lo, hi
 
 
@@ -390,12 +386,8 @@ def _local_pairs(state, n, degree, dim):
                 j = np.int64((ui + off % un) % un)
                 if j != i:
                     break
-            if i < j:
-                lo[t] = i
-                hi[t] = j
-            else:
-                lo[t] = j
-                hi[t] = i
+            lo[t] = min(i, j)
+            hi[t] = max(i, j)
             t += 1
     return lo, hi
 
@@ -429,12 +421,8 @@ def _rmat_pairs(state, n, scale, k, ta, tab, tabc):
                 v = (v << 1) | (np.int64(r >= ta) - ge_ab + np.int64(r >= tabc))
             if u != v and u < n and v < n:
                 break
-        if u < v:
-            lo[t] = u
-            hi[t] = v
-        else:
-            lo[t] = v
-            hi[t] = u
+        lo[t] = min(u, v)
+        hi[t] = max(u, v)
     return lo, hi
 
 

@@ -47,7 +47,7 @@ from numba import njit
 
 from relaxed._sched import (ExactScheduler, KRelaxedScheduler, MultiQueueScheduler,
                             Scheduler, _Run, STAT_NAMES)
-from relaxed.graphs import Graph, as_graph
+from relaxed.graphs import as_graph
 
 __all__ = ["greedy_mis", "greedy_matching", "sequential_greedy_mis",
            "sequential_greedy_matching", "check_mis", "check_matching", "make_scheduler",
