@@ -45,14 +45,7 @@ cdef inline int64_t* C(char *base, int64_t stride, int64_t i) noexcept nogil:
     return <int64_t*>(base + i * stride)
 
 cdef inline void mc_increment(char *base, int64_t stride, int64_t m, uint64_t *rng) noexcept nogil:
-    cdef uint32_t i, j
-    if m == 1:
-        rlx_fetch_add_i64(C(base, stride, 0), 1)
-        return
-    rlx_rand_pair(rng, <uint32_t>m, &i, &j)
-    if rlx_load_relaxed_i64(C(base, stride, j)) < rlx_load_relaxed_i64(C(base, stride, i)):
-        i = j
-    rlx_fetch_add_i64(C(base, stride, i), 1)
+    rlx_mc_increment(base, stride, m, rng)
 
 
 def _attach(name):

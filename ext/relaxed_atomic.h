@@ -72,6 +72,10 @@ static inline void rlx_cpu_relax(void) {
 #endif
 }
 static inline void rlx_yield(void) { sched_yield(); }
+static inline int64_t rlx_now_ns(void) {
+    struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+}
 static inline void rlx_prefetch(const void *p) { __builtin_prefetch(p, 0, 3); }
 static inline void rlx_prefetch_w(const void *p) { __builtin_prefetch(p, 1, 3); }
 
@@ -116,6 +120,18 @@ static inline void rlx_rand_pair(uint64_t *state, uint32_t n, uint32_t *i, uint3
     uint32_t b = (uint32_t)(((r >> 32) * (uint64_t)(n - 1)) >> 32);
     *i = a;
     *j = b >= a ? b + 1 : b;
+}
+
+/* MultiCounter increment (Alistarh et al., SPAA 2018): add one to the smaller
+ * of two distinct random counters, counter i at base + i * stride. Shared by
+ * the MultiCounter and the TL2 STM's relaxed clock. */
+static inline void rlx_mc_increment(char *base, int64_t stride, int64_t m, uint64_t *rng) {
+    uint32_t i, j;
+    if (m == 1) { __atomic_fetch_add((int64_t *)base, 1, __ATOMIC_RELAXED); return; }
+    rlx_rand_pair(rng, (uint32_t)m, &i, &j);
+    if (__atomic_load_n((int64_t *)(base + (int64_t)j * stride), __ATOMIC_RELAXED) <
+        __atomic_load_n((int64_t *)(base + (int64_t)i * stride), __ATOMIC_RELAXED)) i = j;
+    __atomic_fetch_add((int64_t *)(base + (int64_t)i * stride), 1, __ATOMIC_RELAXED);
 }
 
 /* splitmix64, to derive independent seeds from (seed, stream id). */

@@ -14,6 +14,11 @@ Relaxed schedulers and the greedy algorithms on them (Alistarh et al., PODC 2018
     sequential_greedy_mis, sequential_greedy_matching   Numba baselines
     as_graph, graphs                     graph input and generators (relaxed.graphs)
 
+Transactions and conflicts:
+
+    TL2, TransactionAborted   TL2 STM over int64 words, global or MultiCounter clock
+    conflict                  ski-rental delay policies and their simulator
+
 Shared memory:
 
     Segment         a named POSIX shared-memory block or private memory (relaxed.shm)
@@ -29,13 +34,15 @@ from relaxed.shm import Segment
 from relaxed._multiqueue import MultiQueue, QueueFull
 from relaxed._multicounter import MultiCounter
 from relaxed._sched import ExactScheduler, KRelaxedScheduler, MultiQueueScheduler, Scheduler
-from relaxed import graphs
+from relaxed._stm import TL2, TransactionAborted
+from relaxed import conflict, graphs
 from relaxed.graphs import Graph, as_graph
 from relaxed.greedy import (greedy_matching, greedy_mis, sequential_greedy_matching,
                             sequential_greedy_mis)
 
 __all__ = ["MultiQueue", "QueueFull", "MultiCounter", "Segment",
            "Scheduler", "ExactScheduler", "MultiQueueScheduler", "KRelaxedScheduler",
+           "TL2", "TransactionAborted", "conflict",
            "graphs", "Graph", "as_graph", "greedy_mis", "greedy_matching",
            "sequential_greedy_mis", "sequential_greedy_matching"]
 __version__ = "0.1.0"

@@ -79,3 +79,24 @@ def hold_lock_and_sleep(mq, ready):
     mq._debug_partial(0, 1, 0, 5, 5)      # takes the lock, starts a push, stops
     ready.set()
     time.sleep(120)
+
+
+def bank(stm, n_tx, seed, audit_every=0, crash_after=-1, crash_in="writing"):
+    """Random TL2 transfers in a worker process; returns the driver's counts."""
+    return stm._bank(n_tx, audit_every=audit_every, seed=seed, crash_after=crash_after,
+                     crash_in=crash_in)
+
+
+def bank_py(stm, n_tx, seed):
+    """Python-level transfers through atomically(); returns commits."""
+    rng = np.random.default_rng(seed)
+    n = stm.n_words
+    for _ in range(n_tx):
+        a, b = rng.choice(n, 2, replace=False)
+        x = int(rng.integers(1, 10))
+
+        def transfer(tx, a=int(a), b=int(b), x=x):
+            tx.write(a, tx.read(a) - x)
+            tx.write(b, tx.read(b) + x)
+        stm.atomically(transfer)
+    return stm.stats()["commits"]
