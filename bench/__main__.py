@@ -13,6 +13,8 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   mis            greedy MIS / matching: wasted work vs q, k and n; time vs threads
                  beside sequential greedy (Numba) and networkx
   conflict       competitive ratios of the ski-rental conflict policies (simulator)
+  stm            TL2 bank transfers: commits/s and abort rate vs workers, global vs
+                 MultiCounter clock, each conflict policy, threads and processes
   all            every scenario above, then plot
   plot           PNG plots and SUMMARY.md (markdown tables) from the JSON results
 
@@ -276,6 +278,18 @@ def cmd_conflict(args):
     print(f"\nwrote {common.results_dir() / 'conflict.json'}")
 
 
+def cmd_stm(args):
+    from bench import stm
+    hdr = common.header(args)
+    common.print_header(hdr)
+    rows = stm.run(_workers(args), args.reps, args.seed, n_tx=args.stm_tx)
+    d = {"header": hdr, "results": rows}
+    print()
+    print(stm.summary_markdown(d))
+    path = common.write_json("stm", hdr, rows, {"ratios": stm.ratios(rows)})
+    print(f"\nwrote {path}")
+
+
 def cmd_plot(args):
     from bench import plot, report
     for p in plot.plot_all():
@@ -287,7 +301,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
-                                         "hogwild", "mis", "conflict", "all", "plot"])
+                                         "hogwild", "mis", "conflict", "stm", "all", "plot"])
     ap.add_argument("--workers", default=None,
                     help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
@@ -319,12 +333,14 @@ def main(argv=None):
                     help="seeds per wasted-work point (default 10)")
     ap.add_argument("--nx-n", type=int, default=100_000,
                     help="vertices for the networkx comparison (default 100k)")
+    ap.add_argument("--stm-tx", type=int, default=100_000,
+                    help="transactions per worker per TL2 run (default 100k)")
     ap.add_argument("--quick", action="store_true", help="conflict: fewer samples")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
                  "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
-                 "waste_seeds", "nx_n"):
+                 "waste_seeds", "nx_n", "stm_tx"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.workers:
@@ -349,6 +365,8 @@ def main(argv=None):
         cmd_mis(args)
     if args.scenario in ("conflict", "all"):
         cmd_conflict(args)
+    if args.scenario in ("stm", "all"):
+        cmd_stm(args)
     if args.scenario in ("plot", "all"):
         cmd_plot(args)
     print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)

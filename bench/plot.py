@@ -109,6 +109,10 @@ def plot_all():
     if d:
         from bench import mis
         out.append(mis.plot(d, common.results_dir() / "mis.png"))
+    d = _load("stm")
+    if d:
+        from bench import stm
+        out.append(stm.plot(d, common.results_dir() / "stm.png"))
     d = _load("conflict")
     if d:
         from bench import conflict

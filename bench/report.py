@@ -100,6 +100,10 @@ def summary() -> str:
     if d:
         from bench import mis
         parts.append(mis.summary_markdown(d))
+    d = _load("stm")
+    if d:
+        from bench import stm
+        parts.append("### TL2 STM: bank transfers, commits/s\n\n" + stm.summary_markdown(d))
     d = _load("conflict")
     if d:
         from bench import conflict

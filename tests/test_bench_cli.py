@@ -14,12 +14,12 @@ def test_bench_all_tiny(tmp_path):
                         "--manager-iters", "20", "--quality-iters", "1000",
                         "--sgd-samples", "3000", "--sgd-features", "500", "--epochs", "2",
                         "--mis-n", "3000", "--mis-m", "15000", "--waste-sizes", "500,2000",
-                        "--waste-seeds", "2", "--nx-n", "500", "--quick",
+                        "--waste-seeds", "2", "--nx-n", "500", "--quick", "--stm-tx", "300",
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
-                 "conflict"):
+                 "conflict", "stm"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
@@ -34,9 +34,13 @@ def test_bench_all_tiny(tmp_path):
     assert {(r["algorithm"], r["threads"]) for r in mis["results"]
             if r["competitor"] == "MultiQueue"} == {("MIS", 1), ("MIS", 2), ("matching", 1),
                                                     ("matching", 2)}
-    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 7
+    stm = json.loads((tmp_path / "stm.json").read_text())
+    assert {r["clock"] for r in stm["results"]} == {"global", "multicounter"}
+    assert {r["backend"] for r in stm["results"]} == {"threads", "processes"}
+    assert all(r["ratio"] > 0 for r in stm["ratios"])
+    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 8
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
-                "hogwild.png", "mis.png", "conflict.png"):
+                "hogwild.png", "mis.png", "conflict.png", "stm.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 
