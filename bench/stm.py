@@ -1,5 +1,5 @@
 """TL2 STM throughput (``python -m bench stm``): commits/s and abort rate of random
-bank transfers vs workers, for the global version clock and the MultiCounter clock,
+bank transfers (and of a sorted-linked-list integer set) vs workers, for the global version clock and the MultiCounter clock,
 under each requestor-aborts conflict policy, with few accounts (contended) and many.
 
 Each worker runs ``TL2._bank`` (nogil): a transaction reads two random accounts and
@@ -70,7 +70,8 @@ def run(workers, reps, seed, n_tx=100_000, accounts=(64, 4096), progress=True):
                 bar.update()
         for s in settings:
             rates = sorted(r for r, _ in acc[s])
-            rows.append({"backend": "threads", "workers": T, "accounts": s[0], "clock": s[1],
+            rows.append({"workload": "bank", "backend": "threads", "workers": T,
+                         "accounts": s[0], "clock": s[1],
                          "policy": s[2], "median": statistics.median(rates), "min": rates[0],
                          "max": rates[-1], "rates": rates,
                          "abort_rate": statistics.median(a for _, a in acc[s])})
@@ -97,10 +98,56 @@ def run(workers, reps, seed, n_tx=100_000, accounts=(64, 4096), progress=True):
                         acc[k].append((commits / dt, aborts / max(1, commits + aborts)))
         for k, stm in stms.items():
             rates = sorted(r for r, _ in acc[k])
-            rows.append({"backend": "processes", "workers": T, "accounts": k[0], "clock": k[1],
+            rows.append({"workload": "bank", "backend": "processes", "workers": T,
+                         "accounts": k[0], "clock": k[1],
                          "policy": "randomized", "median": statistics.median(rates),
                          "min": rates[0], "max": rates[-1], "rates": rates,
                          "abort_rate": statistics.median(a for _, a in acc[k])})
+            stm.close()
+    rows += intset(workers, reps, seed, n_ops=max(1, n_tx // 20), progress=progress)
+    return rows
+
+
+def _intset_threads(stm, T, n_ops, seed):
+    out = [None] * T
+
+    def work(t):
+        out[t] = stm._intset(n_ops, update_pct=20, seed=seed * 1000 + t)
+    ths = [threading.Thread(target=work, args=(t,)) for t in range(T)]
+    t0 = time.perf_counter()
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    return time.perf_counter() - t0, out
+
+
+def intset(workers, reps, seed, n_ops=5000, universe=256, progress=True):
+    """Sorted-linked-list integer set (20% updates), randomized policy, threads."""
+    rows = []
+    for T in workers:
+        stms = {}
+        for clock in CLOCKS:
+            stm = TL2(universe + 1, clock=clock, conflict=conflict.policy("randomized", B=2e-6))
+            stm.atomically(lambda tx: [tx.write(i, -1) for i in range(universe + 1)])
+            stm._intset(universe * 4, update_pct=100, seed=seed)     # about half full
+            stms[clock] = stm
+        acc = {c: [] for c in CLOCKS}
+        for rep in range(reps + 1):
+            for clock, stm in stms.items():
+                dt, out = _intset_threads(stm, T, n_ops, seed + rep)
+                if rep:
+                    commits = sum(o["commits"] for o in out)
+                    aborts = sum(o["aborts"] for o in out)
+                    acc[clock].append((commits / dt, aborts / max(1, commits + aborts)))
+        for clock, stm in stms.items():
+            rates = sorted(r for r, _ in acc[clock])
+            rows.append({"workload": "intset", "backend": "threads", "workers": T,
+                         "accounts": universe, "clock": clock, "policy": "randomized",
+                         "median": statistics.median(rates), "min": rates[0],
+                         "max": rates[-1], "rates": rates,
+                         "abort_rate": statistics.median(a for _, a in acc[clock])})
+            stm._check()
             stm.close()
     return rows
 
@@ -112,8 +159,8 @@ def ratios(rows):
         if r["clock"] != "multicounter":
             continue
         g = next(x for x in rows if x["clock"] == "global" and
-                 all(x[k] == r[k] for k in ("backend", "workers", "accounts", "policy")))
-        out.append({k: r[k] for k in ("backend", "workers", "accounts", "policy")} |
+                 all(x[k] == r[k] for k in ("workload", "backend", "workers", "accounts", "policy")))
+        out.append({k: r[k] for k in ("workload", "backend", "workers", "accounts", "policy")} |
                    {"ratio": r["median"] / g["median"]})
     return out
 
@@ -123,14 +170,15 @@ def plot(d, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = d["results"]
-    accounts = sorted({r["accounts"] for r in rows})
+    accounts = sorted({r["accounts"] for r in rows if r["workload"] == "bank"})
     fig, axes = plt.subplots(1, len(accounts), figsize=(6 * len(accounts), 4.3), squeeze=False)
     for ax, n in zip(axes[0], accounts):
         for clock, ls in (("global", "-"), ("multicounter", "--")):
             lines = [("threads", pol) for pol in POLICIES] + [("processes", "randomized")]
             for backend, pol in lines:
                 pts = sorted((r["workers"], r["median"]) for r in rows
-                             if r["accounts"] == n and r["clock"] == clock
+                             if r["workload"] == "bank"
+                             and r["accounts"] == n and r["clock"] == clock
                              and r["policy"] == pol and r["backend"] == backend)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] / 1e6 for p in pts], ls,
@@ -151,25 +199,28 @@ def plot(d, path):
 def summary_markdown(d):
     rows = d["results"]
     ws = sorted({r["workers"] for r in rows})
-    lines = ["| backend | accounts | policy | clock | " +
+    lines = ["| workload | backend | words | policy | clock | " +
              " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in ws) +
              " | MultiCounter / global |",
-             "|---|---:|---|---|" + "---:|" * len(ws) + "---:|"]
+             "|---|---|---:|---|---|" + "---:|" * len(ws) + "---:|"]
     rat = ratios(rows)
-    keys = list(dict.fromkeys((r["backend"], r["accounts"], r["policy"], r["clock"])
-                              for r in rows))
-    for b, n, pol, clock in keys:
+    keys = list(dict.fromkeys((r["workload"], r["backend"], r["accounts"], r["policy"],
+                               r["clock"]) for r in rows))
+    for wl, b, n, pol, clock in keys:
         cells = []
         for w in ws:
-            r = next((r for r in rows if (r["backend"], r["accounts"], r["policy"], r["clock"],
-                                          r["workers"]) == (b, n, pol, clock, w)), None)
+            r = next((r for r in rows if (r["workload"], r["backend"], r["accounts"],
+                                          r["policy"], r["clock"], r["workers"])
+                      == (wl, b, n, pol, clock, w)), None)
             cells.append(f"{r['median'] / 1e6:.2f} M ({100 * r['abort_rate']:.1f}% ab.)"
                          if r else "–")
         rr = ""
         if clock == "multicounter":
             rr = ", ".join(f"{x['ratio']:.2f}×" for x in rat
-                           if (x["backend"], x["accounts"], x["policy"]) == (b, n, pol))
-        lines.append(f"| {b} | {n} | {pol} | {clock} | " + " | ".join(cells) + f" | {rr} |")
+                           if (x["workload"], x["backend"], x["accounts"], x["policy"])
+                           == (wl, b, n, pol))
+        lines.append(f"| {wl} | {b} | {n} | {pol} | {clock} | " + " | ".join(cells)
+                     + f" | {rr} |")
     h = d["header"]
     lines.append(f"\n<sub>`{h['command']}` · {h['date']} · {h['cpu']}, {h['cpu_count']} CPUs · "
                  f"commits/s (abort rate) median of {h['reps']} interleaved repetitions after "

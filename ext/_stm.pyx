@@ -936,6 +936,78 @@ cdef class TL2(ShmStructure):
                 "violations": int(violations), "audits": int(audits),
                 "total_seen": int(first) if have_first else None}
 
+    def _intset(self, n_ops, *, universe=None, update_pct=20, seed=None):
+        """Integer-set microbenchmark without the GIL: a sorted linked list of keys
+        0..universe-1 in the words (word k is key k's successor, -1 for none, word
+        ``universe`` is the head), with preallocated nodes so that no allocator is
+        needed. Each operation is a transaction: ``update_pct`` percent inserts and
+        removes (half each), the rest lookups; traversals give long read sets.
+        Returns a dict (commits, aborts, waits, inserted, removed, found)."""
+        self._check_open()
+        cdef int64_t n = _check_int("n_ops", n_ops, 0, "use a count >= 0")
+        cdef int64_t U = (self.m.n_words - 1) if universe is None else _check_int(
+            "universe", universe, 1, "use at least one key")
+        if U + 1 > self.m.n_words:
+            raise ValueError(f"universe={U} needs n_words >= {U + 1}, this TL2 has "
+                             f"{self.m.n_words}")
+        cdef int64_t upd = _check_int("update_pct", update_pct, 0, "use 0..100")
+        if upd > 100:
+            raise ValueError(f"update_pct must be at most 100, got {upd}")
+        cdef _TxState st = _TxState()
+        st.setup(self)
+        if seed is not None:
+            st.t.rng = rlx_mix64(<uint64_t>_make_seed(seed))
+        cdef Tx *t = &st.t
+        cdef int64_t k, key, op, prev, cur, nxt, inserted = 0, removed = 0, found = 0
+        cdef int rc, result
+        self._active += 1
+        try:
+            with nogil:
+                for k in range(n):
+                    key = rlx_rand_below(&t.rng, <uint32_t>U)
+                    op = rlx_rand_below(&t.rng, 200)
+                    op = 1 if op < upd else (2 if op < 2 * upd else 0)   # 1 insert, 2 remove
+                    while True:
+                        tx_begin(t)
+                        result = 0
+                        prev = U
+                        rc = tx_read(t, U, &cur)
+                        while rc == TX_OK and cur != -1 and cur < key:
+                            prev = cur
+                            rc = tx_read(t, cur, &cur)
+                        if rc == TX_OK:
+                            if op == 1 and cur != key:
+                                tx_write(t, key, cur)
+                                tx_write(t, prev, key)
+                                result = 1
+                            elif op == 2 and cur == key:
+                                rc = tx_read(t, key, &nxt)
+                                if rc == TX_OK:
+                                    tx_write(t, prev, nxt)
+                                    tx_write(t, key, -1)
+                                    result = 1
+                            elif op == 0 and cur == key:
+                                result = 1
+                        if rc == TX_OK:
+                            rc = tx_commit(t)
+                        else:
+                            t.aborts += 1
+                        if rc == TX_OK:
+                            if op == 1:
+                                inserted += result
+                            elif op == 2:
+                                removed += result
+                            else:
+                                found += result
+                            break
+                        if rc == TX_NOMEM:
+                            break
+        finally:
+            self._active -= 1
+            st.release()
+        return {"commits": int(t.commits), "aborts": int(t.aborts), "waits": int(t.waits),
+                "inserted": int(inserted), "removed": int(removed), "found": int(found)}
+
     def __repr__(self):
         if self._base == NULL:
             return "<TL2 closed>"

@@ -204,3 +204,34 @@ def test_aborts_raise_for_callers_who_retry():
     assert stm.snapshot().tolist() == [1, 0]           # the aborted write never landed
     assert stm.stats()["aborts"] == 1
     stm.close()
+
+
+def intset_keys(words, universe):
+    """Walk the list from the head; assert it is sorted and acyclic."""
+    keys, cur = [], int(words[universe])
+    while cur != -1:
+        assert 0 <= cur < universe and (not keys or cur > keys[-1]), "list out of order"
+        keys.append(cur)
+        cur = int(words[cur])
+    return keys
+
+
+@pytest.mark.parametrize("clock", CLOCKS)
+def test_intset_threads_conserve_membership(clock):
+    U = 64
+    stm = TL2(U + 1, clock=clock, conflict=conflict.policy("randomized", B=2e-6))
+    stm.atomically(lambda tx: [tx.write(i, -1) for i in range(U + 1)])
+    res = [None] * 3
+
+    def run(t):
+        res[t] = stm._intset(scaled(5_000), update_pct=40, seed=t)
+    ths = [threading.Thread(target=run, args=(t,)) for t in range(3)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    keys = intset_keys(stm.snapshot(), U)
+    assert len(keys) == sum(r["inserted"] - r["removed"] for r in res)
+    assert all(r["commits"] == scaled(5_000) for r in res)
+    assert stm._check()
+    stm.close()
