@@ -14,7 +14,6 @@ import threading
 import time
 
 import multiprocess as mp
-import numpy as np
 from tqdm import tqdm
 
 from relaxed import TL2, conflict
@@ -32,11 +31,12 @@ def _make(n, clock, policy, shared=False):
     return stm
 
 
-def _threads(stm, T, n_tx, seed):
+def _threads(run_one, T, seed):
+    """Seconds for T threads each calling run_one(seed), and their results."""
     out = [None] * T
 
     def work(t):
-        out[t] = stm._bank(n_tx, seed=seed * 1000 + t)
+        out[t] = run_one(seed * 1000 + t)
     ths = [threading.Thread(target=work, args=(t,)) for t in range(T)]
     t0 = time.perf_counter()
     for th in ths:
@@ -60,7 +60,7 @@ def run(workers, reps, seed, n_tx=100_000, accounts=(64, 4096), progress=True):
         acc = {s: [] for s in settings}
         for rep in range(reps + 1):
             for s in settings:
-                dt, out = _threads(stms[s], T, n_tx, seed + rep)
+                dt, out = _threads(lambda sd, st=stms[s]: st._bank(n_tx, seed=sd), T, seed + rep)
                 if stms[s].snapshot().sum() != s[0] * PER:
                     raise AssertionError(f"{s}: money was created or lost")
                 if rep:
@@ -108,20 +108,6 @@ def run(workers, reps, seed, n_tx=100_000, accounts=(64, 4096), progress=True):
     return rows
 
 
-def _intset_threads(stm, T, n_ops, seed):
-    out = [None] * T
-
-    def work(t):
-        out[t] = stm._intset(n_ops, update_pct=20, seed=seed * 1000 + t)
-    ths = [threading.Thread(target=work, args=(t,)) for t in range(T)]
-    t0 = time.perf_counter()
-    for th in ths:
-        th.start()
-    for th in ths:
-        th.join()
-    return time.perf_counter() - t0, out
-
-
 def intset(workers, reps, seed, n_ops=5000, universe=256, progress=True):
     """Sorted-linked-list integer set (20% updates), randomized policy, threads."""
     rows = []
@@ -135,7 +121,8 @@ def intset(workers, reps, seed, n_ops=5000, universe=256, progress=True):
         acc = {c: [] for c in CLOCKS}
         for rep in range(reps + 1):
             for clock, stm in stms.items():
-                dt, out = _intset_threads(stm, T, n_ops, seed + rep)
+                dt, out = _threads(lambda sd, st=stm: st._intset(n_ops, update_pct=20, seed=sd),
+                                   T, seed + rep)
                 if rep:
                     commits = sum(o["commits"] for o in out)
                     aborts = sum(o["aborts"] for o in out)

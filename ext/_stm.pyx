@@ -810,12 +810,12 @@ cdef class TL2(ShmStructure):
         self._local.busy = False
 
     def stats(self):
-        """Commits and aborts of this thread's transactions through this handle."""
+        """Commits, aborts and conflict waits of this thread's transactions through
+        this handle."""
         st = getattr(self._local, "st", None)
         if st is None:
             return {"commits": 0, "aborts": 0, "waits": 0}
-        return {"commits": int((<_TxState>st).t.commits), "aborts": int((<_TxState>st).t.aborts),
-                "waits": int((<_TxState>st).t.waits)}
+        return _counts(&(<_TxState>st).t)
 
     def _check(self):
         """Invariants at quiescence: no stripe locked, stripe versions not above the
@@ -932,9 +932,8 @@ cdef class TL2(ShmStructure):
         finally:
             self._active -= 1
             st.release()
-        return {"commits": int(t.commits), "aborts": int(t.aborts), "waits": int(t.waits),
-                "violations": int(violations), "audits": int(audits),
-                "total_seen": int(first) if have_first else None}
+        return _counts(t) | {"violations": int(violations), "audits": int(audits),
+                             "total_seen": int(first) if have_first else None}
 
     def _intset(self, n_ops, *, universe=None, update_pct=20, seed=None):
         """Integer-set microbenchmark without the GIL: a sorted linked list of keys
@@ -1005,8 +1004,8 @@ cdef class TL2(ShmStructure):
         finally:
             self._active -= 1
             st.release()
-        return {"commits": int(t.commits), "aborts": int(t.aborts), "waits": int(t.waits),
-                "inserted": int(inserted), "removed": int(removed), "found": int(found)}
+        return _counts(t) | {"inserted": int(inserted), "removed": int(removed),
+                             "found": int(found)}
 
     def __repr__(self):
         if self._base == NULL:
@@ -1014,6 +1013,10 @@ cdef class TL2(ShmStructure):
         return (f"<TL2 n_words={self.m.n_words} clock={self.clock!r} "
                 f"conflict={getattr(self._policy, 'name', self._policy)!r} "
                 f"shared={self.shared} name={self.name!r}>")
+
+
+cdef dict _counts(Tx *t):
+    return {"commits": int(t.commits), "aborts": int(t.aborts), "waits": int(t.waits)}
 
 
 cdef int commit_maybe_crash(Tx *t, bint crash, bint locking) noexcept nogil:

@@ -1,12 +1,10 @@
 """TL2 STM: the bank invariant across threads and processes, a holder SIGKILLed
 mid-commit, both clocks, every requestor-aborts conflict policy, bad input."""
-import os
 import pickle
 import signal
 import threading
 
 import multiprocess as mp
-import numpy as np
 import pytest
 
 from relaxed import TL2, TransactionAborted, conflict
