@@ -275,8 +275,12 @@ cdef int wait_stripe(Mem *m, int64_t s, int64_t seen, int kind, double B, double
             rlx_cpu_relax()
     if rlx_load_acquire_i64(&m.stripes[s]) != seen:
         return 0
-    if try_repair(m, holder) and rlx_load_acquire_i64(&m.stripes[s]) != seen:
-        return 0
+    # Giving up: now and then (1 in 16, or after a long wait) check that the
+    # holder is alive, so a dead one is repaired without paying a /proc read on
+    # every short conflict.
+    if (d >= 1e-3 or (rlx_rand(rng) & 15) == 0) and try_repair(m, holder):
+        if rlx_load_acquire_i64(&m.stripes[s]) != seen:
+            return 0
     return 1
 
 
@@ -463,10 +467,14 @@ _P_CODES = {"abort": P_ABORT, "wait": P_WAIT, "deterministic": P_DET, "randomize
             "backoff": P_BACKOFF}
 
 
+DEFAULT_B = 2e-6      # seconds: about the cost of re-running a short transaction
+
+
 def _policy_native(conflict):
-    """(kind, B, extra) of a requestor-aborts relaxed.conflict policy."""
+    """(kind, B, extra) of a requestor-aborts relaxed.conflict policy; a name gets
+    B = DEFAULT_B (2 microseconds)."""
     from relaxed import conflict as C
-    p = C.policy(conflict) if isinstance(conflict, str) else conflict
+    p = C.policy(conflict, B=DEFAULT_B) if isinstance(conflict, str) else conflict
     if not hasattr(p, "native"):
         raise TypeError(f"conflict: expected a policy name or a relaxed.conflict policy, "
                         f"got {type(conflict).__name__}")
@@ -583,7 +591,7 @@ cdef class TL2(ShmStructure):
     ``conflict`` is how long to wait on a stripe another transaction is
     committing: a ``relaxed.conflict`` requestor-aborts policy or its name
     (``"randomized"``, ``"deterministic"``, ``"backoff"``, ``"abort"``,
-    ``"wait"``), its ``B`` in seconds.
+    ``"wait"``), its ``B`` in seconds (2 microseconds when given by name).
 
     >>> from relaxed import TL2
     >>> with TL2(4) as stm:
