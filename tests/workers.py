@@ -100,3 +100,24 @@ def bank_py(stm, n_tx, seed):
             tx.write(b, tx.read(b) + x)
         stm.atomically(transfer)
     return stm.stats()["commits"]
+
+
+def ps_push_fixed(store, k, lr, worker):
+    """k pushes of the gradient g[i] = i + 1 (exact in float64 with lr a power of 2)."""
+    g = np.arange(1, store.n_params + 1, dtype=np.float64)
+    deferred = []
+    for _ in range(k):
+        _, v = store.pull(worker=worker)
+        res = store.push(g, v, lr=lr, worker=worker)
+        if res.deferred:
+            deferred.append(res)
+    for res in deferred:
+        while res.deferred:
+            store.push_deferred(res)
+    return k
+
+
+def ps_hold_lock_and_die(store, shard, ready):
+    store._lock_shard_for_test(shard)
+    ready.set()
+    time.sleep(60)

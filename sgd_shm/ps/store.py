@@ -1,0 +1,418 @@
+"""A parameter store in shared memory: sharded weights with version counters.
+
+The layer under the parameter server (issue: SaPS, BSP/ASP/SSP): worker processes
+``pull`` the weights with the global version they saw and ``push`` gradients
+computed from them, in the style of ps-lite's few verbs. Everything lives in one
+:class:`relaxed.shm.Segment`:
+
+* weights (float64), cut into ``n_shards`` contiguous shards;
+* per shard, in its own cache line: a version counter bumped by every update
+  applied to it, and a lock word holding the pid of the process applying one
+  (0 when free);
+* a global version: the number of pushes applied in full;
+* per worker, in its own cache line: the version it last pulled, its pushes,
+  its compute time, a heartbeat and a status word, the sum of the staleness of
+  its pushes (global version at push minus version pulled), and how many shard
+  updates it deferred. Straggler detection reads these slots.
+
+A push that finds a shard locked waits by a :class:`WaitPolicy`: spin, then
+yield, then give up and *defer* that shard's update (it is returned to the
+caller, who retries it later with :meth:`ParameterStore.push_deferred`), so a
+slow or stuck holder never stalls the pusher for long. A lock held by a
+process that died is taken over (its partial update stays, as in Hogwild; the
+shard's version is not bumped for it).
+
+Example::
+
+    from sgd_shm.ps import ParameterStore
+    store = ParameterStore(1000, n_shards=8, n_workers=4)   # shared=True: pickles
+    w, v = store.pull(worker=0)
+    res = store.push(grad, v, lr=0.1, worker=0)              # res.deferred: shards left
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from relaxed import shm as _shm
+from sgd_shm._intrinsics import cas_acquire, fetch_add, load_relaxed, store_release
+
+KIND_PS = 4
+LINE = 16                        # int64 per padded slot (128 bytes)
+SLOT_FIELDS = ("pulled_version", "pushes", "compute_ns", "heartbeat_ns", "status",
+               "staleness_sum", "deferred")
+HEADER = 256
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """How a push waits on a locked shard: ``spins`` busy polls, then ``yields``
+    polls with ``os.sched_yield`` between them, then it defers the shard. Set
+    ``defer=False`` to keep yielding until the lock is free (still taking over a
+    lock whose holder died)."""
+    spins: int = 2000
+    yields: int = 50
+    defer: bool = True
+
+    def __post_init__(self):
+        for name in ("spins", "yields"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"WaitPolicy.{name} must be an int >= 0, got {v!r}")
+
+
+@dataclass
+class PushResult:
+    """Shards applied, shards deferred (retry them with ``push_deferred``), and
+    the staleness of the push (global version at push minus version pulled)."""
+    applied: list
+    deferred: list
+    staleness: int
+    grad: np.ndarray = field(repr=False, default=None)
+    lr: float = 0.0
+
+
+@njit(cache=True, nogil=True)
+def _try_apply(w, grad, lo, hi, step, lock, version, pid, spins):
+    """Lock the shard (CAS 0 -> pid, up to ``spins`` polls), apply
+    w[lo:hi] -= step * grad[lo:hi], bump its version, unlock. 1 if applied,
+    else 0 (the lock stayed held; nothing was written)."""
+    for _ in range(spins + 1):
+        if load_relaxed(lock) == 0 and cas_acquire(lock, 0, pid):
+            for i in range(lo, hi):
+                w[i] -= step * grad[i]
+            fetch_add(version, 1)
+            store_release(lock, 0)
+            return 1
+    return 0
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def _attach(name):
+    return ParameterStore.attach(name)
+
+
+class ParameterStore:
+    """ParameterStore(n_params, *, n_shards=8, n_workers=4, shared=True, init=None)
+
+    Sharded float64 weights with per-shard versions and locks, a global version
+    and per-worker slots, in one shared-memory segment (pickles as a handle that
+    re-attaches). ``init`` sets the initial weights (default zeros).
+    """
+
+    def __init__(self, n_params, *, n_shards=8, n_workers=4, shared=True, init=None):
+        n_params = _pos_int("n_params", n_params)
+        n_shards = _pos_int("n_shards", n_shards)
+        n_workers = _pos_int("n_workers", n_workers)
+        if n_shards > n_params:
+            raise ValueError(f"n_shards={n_shards} exceeds n_params={n_params}; use at most "
+                             "one shard per parameter")
+        if not isinstance(shared, bool):
+            raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
+        total = self._size(n_params, n_shards, n_workers)
+        seg = _shm.Segment.create(total, shared=shared)
+        try:
+            _shm.write_header(seg.buf, KIND_PS, total)
+            meta = np.frombuffer(seg.buf, np.int64, 8, offset=64)
+            meta[:] = (n_params, n_shards, n_workers, 0, 0, 0, 0, 0)
+            self._map(seg)
+            if init is not None:
+                a = np.asarray(init, dtype=np.float64)
+                if a.shape != (n_params,):
+                    raise ValueError(f"init: expected shape ({n_params},), got {a.shape}")
+                if not np.isfinite(a).all():
+                    raise ValueError("init: contains NaN or inf")
+                self.weights[:] = a
+        except BaseException:
+            self._views_off()
+            seg.close()
+            raise
+
+    @staticmethod
+    def _size(n_params, n_shards, n_workers):
+        return HEADER + 8 * (n_params + 2 * LINE * n_shards + LINE + LINE * n_workers)
+
+    @classmethod
+    def attach(cls, name):
+        """Attach to the shared store called ``name``."""
+        seg = _shm.Segment.attach(name)
+        self = cls.__new__(cls)
+        try:
+            _shm.check_header(seg.buf, KIND_PS, name)
+            n_params, n_shards, n_workers = np.frombuffer(seg.buf, np.int64, 3, offset=64)
+            if cls._size(int(n_params), int(n_shards), int(n_workers)) != seg.size:
+                raise ValueError(f"segment {name!r} has an inconsistent ParameterStore header")
+            self._map(seg)
+        except BaseException:
+            self._views_off()
+            seg.close()
+            raise
+        return self
+
+    def _map(self, seg):
+        self._seg = seg
+        n_params, n_shards, n_workers = (int(x) for x in
+                                         np.frombuffer(seg.buf, np.int64, 3, offset=64))
+        self.n_params, self.n_shards, self.n_workers = n_params, n_shards, n_workers
+        off = HEADER
+        self.weights = np.frombuffer(seg.buf, np.float64, n_params, offset=off)
+        off += 8 * n_params
+        self._versions = np.frombuffer(seg.buf, np.int64, LINE * n_shards, offset=off)
+        off += 8 * LINE * n_shards
+        self._locks = np.frombuffer(seg.buf, np.int64, LINE * n_shards, offset=off)
+        off += 8 * LINE * n_shards
+        self._global = np.frombuffer(seg.buf, np.int64, LINE, offset=off)
+        off += 8 * LINE
+        self._slots = np.frombuffer(seg.buf, np.int64, LINE * n_workers,
+                                    offset=off).reshape(n_workers, LINE)
+        self.bounds = np.linspace(0, n_params, n_shards + 1).astype(np.int64)
+
+    def _views_off(self):
+        for a in ("weights", "_versions", "_locks", "_global", "_slots"):
+            self.__dict__.pop(a, None)
+
+    # ---- lifecycle ------------------------------------------------------------------
+    @property
+    def name(self):
+        return self._seg.name if getattr(self, "_seg", None) is not None else None
+
+    @property
+    def closed(self):
+        return getattr(self, "_seg", None) is None
+
+    def close(self):
+        """Unmap; the owner also removes the segment. Idempotent."""
+        seg = getattr(self, "_seg", None)
+        if seg is None:
+            return
+        self._views_off()
+        self._seg = None
+        seg.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __reduce__(self):
+        self._check_open()
+        if self._seg.name is None:
+            raise TypeError("a ParameterStore with shared=False cannot be sent to another "
+                            "process; create it with shared=True")
+        return (_attach, (self._seg.name,))
+
+    def _check_open(self):
+        if self.closed:
+            raise RuntimeError("this ParameterStore is closed")
+
+    # ---- verbs --------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The global version: pushes applied in full."""
+        self._check_open()
+        return int(self._global[0])
+
+    def shard_versions(self) -> np.ndarray:
+        self._check_open()
+        return self._versions[::LINE].copy()
+
+    def pull(self, worker=None, out=None):
+        """(weights, version): a copy of the weights and the global version read
+        before copying (an asynchronous read: updates may land during the copy,
+        so the copy is at least as new as ``version``). Records the version in
+        the worker's slot."""
+        self._check_open()
+        v = int(self._global[0])
+        if out is None:
+            out = self.weights.copy()
+        else:
+            if not isinstance(out, np.ndarray) or out.shape != (self.n_params,) \
+                    or out.dtype != np.float64:
+                raise ValueError(f"out: expected a float64 array of shape ({self.n_params},)")
+            out[:] = self.weights
+        if worker is not None:
+            s = self._slots[self._worker(worker)]
+            s[0] = v
+            s[3] = time.monotonic_ns()
+        return out, v
+
+    def push(self, grad, version, *, lr, worker=None, scale=1.0, wait=WaitPolicy()):
+        """Apply ``weights -= lr * scale * grad`` shard by shard, each under its
+        lock, bumping each shard's version and then the global version. Returns
+        a :class:`PushResult`; shards whose lock stayed held past the wait
+        policy are deferred (not applied) and listed in ``.deferred``."""
+        self._check_open()
+        g = self._grad(grad)
+        lr, scale = _finite("lr", lr), _finite("scale", scale)
+        if not isinstance(wait, WaitPolicy):
+            raise TypeError(f"wait: expected a WaitPolicy, got {type(wait).__name__}")
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) \
+                or version < 0:
+            raise ValueError(f"version: expected the int version returned by pull(), "
+                             f"got {version!r}")
+        wid = None if worker is None else self._worker(worker)
+        stale = int(self._global[0]) - int(version)
+        res = PushResult([], [], stale, g, lr * scale)
+        self._apply(res, range(self.n_shards), wait)
+        if wid is not None:
+            s = self._slots[wid]
+            fetch_add_py(s, 1, 1)
+            fetch_add_py(s, 5, max(stale, 0))
+            fetch_add_py(s, 6, len(res.deferred))
+            s[3] = time.monotonic_ns()
+        if not res.deferred:
+            fetch_add_py(self._global, 0, 1)
+        return res
+
+    def push_deferred(self, res: PushResult, *, wait=WaitPolicy()):
+        """Retry the deferred shards of an earlier push; the global version is
+        bumped once its last shard lands. Returns the same result, updated."""
+        self._check_open()
+        if not isinstance(res, PushResult):
+            raise TypeError(f"res: expected a PushResult, got {type(res).__name__}")
+        if not res.deferred:
+            return res
+        todo, res.deferred = res.deferred, []
+        self._apply(res, todo, wait)
+        if not res.deferred:
+            fetch_add_py(self._global, 0, 1)
+        return res
+
+    def _apply(self, res, shards, wait):
+        pid = os.getpid()
+        for s in shards:
+            lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
+            lock = self._locks[s * LINE:s * LINE + 1]
+            ver = self._versions[s * LINE:s * LINE + 1]
+            done = _try_apply(self.weights, res.grad, lo, hi, res.lr, lock, ver, pid,
+                              wait.spins)
+            tries = 0
+            while not done:
+                holder = int(lock[0])
+                if holder and not _pid_alive(holder):
+                    _cas_py(lock, holder, 0)     # the holder died mid-update: free its lock
+                elif wait.defer and tries >= wait.yields:
+                    break
+                else:
+                    tries += 1
+                    os.sched_yield()
+                done = _try_apply(self.weights, res.grad, lo, hi, res.lr, lock, ver, pid,
+                                  wait.spins)
+            (res.applied if done else res.deferred).append(s)
+
+    # ---- worker slots -------------------------------------------------------------------
+    def _worker(self, worker):
+        if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)):
+            raise TypeError(f"worker: expected an int, got {type(worker).__name__}")
+        if not 0 <= worker < self.n_workers:
+            raise ValueError(f"worker: must be in [0, {self.n_workers}), got {worker}")
+        return int(worker)
+
+    def slot(self, worker) -> dict:
+        """A copy of a worker's slot (pulled_version, pushes, compute_ns,
+        heartbeat_ns, status, staleness_sum, deferred)."""
+        self._check_open()
+        row = self._slots[self._worker(worker)]
+        return {k: int(row[i]) for i, k in enumerate(SLOT_FIELDS)}
+
+    def record(self, worker, *, compute_ns=None, status=None):
+        """Add compute time / set the status word of a worker's slot."""
+        self._check_open()
+        row = self._slots[self._worker(worker)]
+        if compute_ns is not None:
+            fetch_add_py(row, 2, int(compute_ns))
+        if status is not None:
+            row[4] = int(status)
+        row[3] = time.monotonic_ns()
+
+    def _grad(self, grad):
+        g = np.asarray(grad)
+        if g.dtype.kind not in "iuf" or g.dtype == bool:
+            raise TypeError(f"grad: expected a float array, got dtype {g.dtype}")
+        if g.shape != (self.n_params,):
+            raise ValueError(f"grad: expected shape ({self.n_params},), got {g.shape}")
+        g = np.ascontiguousarray(g, dtype=np.float64)
+        if not np.isfinite(g).all():
+            raise ValueError("grad: contains NaN or inf; the update would corrupt the "
+                             "weights (lower the learning rate or clip the gradient)")
+        return g
+
+    def _lock_shard_for_test(self, s):
+        """Tests: take shard s's lock and keep it (simulates a holder)."""
+        lock = self._locks[s * LINE:s * LINE + 1]
+        if not _cas_py(lock, 0, os.getpid()):
+            raise RuntimeError(f"shard {s} is locked")
+
+    def _check(self):
+        """Invariants at quiescence: no shard locked; every shard's version is at
+        least the global version (every full push bumped all shards)."""
+        self._check_open()
+        locks = self._locks[::LINE]
+        if (locks != 0).any():
+            raise AssertionError(f"shards locked at quiescence: {np.flatnonzero(locks).tolist()}")
+        if (self.shard_versions() < self.version).any():
+            raise AssertionError("a shard version is below the global version")
+        return True
+
+    def __repr__(self):
+        if self.closed:
+            return "<ParameterStore closed>"
+        return (f"<ParameterStore n_params={self.n_params} n_shards={self.n_shards} "
+                f"n_workers={self.n_workers} version={self.version} name={self.name!r}>")
+
+
+@njit(cache=True, nogil=True)
+def _fetch_add_at(arr, i, v):
+    return fetch_add(arr[i:i + 1], v)
+
+
+@njit(cache=True, nogil=True)
+def _cas_at(arr, expected, desired):
+    return cas_acquire(arr, expected, desired)
+
+
+def fetch_add_py(arr, i, v):
+    """Atomic arr[i] += v (int64) from Python."""
+    return _fetch_add_at(arr, i, v)
+
+
+def _cas_py(lock, expected, desired):
+    return bool(_cas_at(lock, expected, desired))
+
+
+def _pos_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if v < 1:
+        raise ValueError(f"{name} must be >= 1, got {v}")
+    return int(v)
+
+
+def _finite(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+    v = float(v)
+    if not np.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    return v

@@ -1,0 +1,137 @@
+"""Parameter store: the closed-form check (k pushes of g move the weights by
+exactly k·lr·g and the versions by k) on threads and processes, deferral on a
+held shard, a dead holder's lock taken over, nothing leaked."""
+import os
+import pickle
+import signal
+import threading
+
+import multiprocess as mp
+import numpy as np
+import pytest
+
+from sgd_shm.ps import ParameterStore, WaitPolicy
+from tests.workers import ps_hold_lock_and_die, ps_push_fixed
+
+LR = 0.25                                    # a power of two: every sum below is exact
+
+
+def expected(n, k):
+    return -k * LR * np.arange(1, n + 1, dtype=np.float64)
+
+
+def test_closed_form_one_worker(no_shm_leak):
+    with ParameterStore(100, n_shards=7, n_workers=1) as s:
+        ps_push_fixed(s, 40, LR, 0)
+        np.testing.assert_array_equal(s.pull()[0], expected(100, 40))
+        assert s.version == 40 and (s.shard_versions() == 40).all()
+        slot = s.slot(0)
+        assert slot["pushes"] == 40 and slot["pulled_version"] == 39
+        assert slot["staleness_sum"] == 0
+        assert s._check()
+
+
+def test_closed_form_threads(no_shm_leak):
+    T, k = 4, 500
+    with ParameterStore(64, n_shards=4, n_workers=T) as s:
+        ths = [threading.Thread(target=ps_push_fixed, args=(s, k, LR, t)) for t in range(T)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        np.testing.assert_array_equal(s.pull()[0], expected(64, T * k))   # no update lost
+        assert s.version == T * k and (s.shard_versions() == T * k).all()
+        assert sum(s.slot(t)["pushes"] for t in range(T)) == T * k
+        assert s._check()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_closed_form_processes(method, no_shm_leak):
+    P, k = 3, 300
+    s = ParameterStore(50, n_shards=5, n_workers=P)
+    with mp.get_context(method).Pool(P) as pool:
+        assert pool.starmap(ps_push_fixed, [(s, k, LR, w) for w in range(P)]) == [k] * P
+    np.testing.assert_array_equal(s.pull()[0], expected(50, P * k))
+    assert s.version == P * k and (s.shard_versions() == P * k).all()
+    assert s._check()
+    s.close()
+
+
+def test_held_shard_is_deferred_then_applied():
+    s = ParameterStore(8, n_shards=2, n_workers=1)
+    s._lock_shard_for_test(1)                          # a live holder (this process)
+    res = s.push(np.ones(8), 0, lr=1.0, worker=0, wait=WaitPolicy(spins=10, yields=2))
+    assert res.applied == [0] and res.deferred == [1]
+    assert s.version == 0 and s.shard_versions().tolist() == [1, 0]
+    assert s.slot(0)["deferred"] == 1
+    np.testing.assert_array_equal(s.weights, [-1] * 4 + [0] * 4)
+    s._locks[LINE_OF(1)] = 0                           # the holder lets go
+    s.push_deferred(res)
+    assert res.deferred == [] and res.applied == [0, 1]
+    assert s.version == 1 and s.shard_versions().tolist() == [1, 1]
+    np.testing.assert_array_equal(s.weights, [-1] * 8)
+    s.close()
+
+
+def LINE_OF(shard):
+    from sgd_shm.ps.store import LINE
+    return shard * LINE
+
+
+def test_dead_holder_does_not_block(no_shm_leak):
+    s = ParameterStore(12, n_shards=3, n_workers=1)
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    p = ctx.Process(target=ps_hold_lock_and_die, args=(s, 2, ready))
+    p.start()
+    assert ready.wait(30)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(30)
+    res = s.push(np.ones(12), 0, lr=1.0, worker=0, wait=WaitPolicy(spins=10, yields=2))
+    assert res.deferred == [] and s.version == 1   # the dead pid's lock was taken over
+    np.testing.assert_array_equal(s.weights, -np.ones(12))
+    assert s._check()
+    s.close()
+
+
+def test_staleness_recorded():
+    s = ParameterStore(4, n_shards=1, n_workers=2)
+    _, v0 = s.pull(worker=0)
+    for _ in range(3):
+        _, v = s.pull(worker=1)
+        s.push(np.ones(4), v, lr=1.0, worker=1)
+    res = s.push(np.ones(4), v0, lr=1.0, worker=0)
+    assert res.staleness == 3 and s.slot(0)["staleness_sum"] == 3
+    s.close()
+
+
+def test_pickle_attach_and_bad_input():
+    s = ParameterStore(6, n_shards=2, n_workers=2, init=np.arange(6.0))
+    t = pickle.loads(pickle.dumps(s))
+    np.testing.assert_array_equal(t.pull()[0], np.arange(6.0))
+    t.close()
+    with pytest.raises(ValueError, match="shape"):
+        s.push(np.ones(5), 0, lr=0.1)
+    with pytest.raises(ValueError, match="NaN"):
+        s.push(np.full(6, np.nan), 0, lr=0.1)
+    with pytest.raises(ValueError, match="lr must be finite"):
+        s.push(np.ones(6), 0, lr=float("inf"))
+    with pytest.raises(ValueError, match="worker"):
+        s.pull(worker=2)
+    with pytest.raises(ValueError, match="version"):
+        s.push(np.ones(6), -1, lr=0.1)
+    with pytest.raises(TypeError, match="WaitPolicy"):
+        s.push(np.ones(6), 0, lr=0.1, wait="spin")
+    with pytest.raises(ValueError, match="n_shards"):
+        ParameterStore(3, n_shards=4)
+    with pytest.raises(ValueError, match="init"):
+        ParameterStore(3, n_shards=1, init=[1.0, np.inf, 0])
+    with pytest.raises(ValueError, match="spins"):
+        WaitPolicy(spins=-1)
+    private = ParameterStore(3, n_shards=1, shared=False)
+    with pytest.raises(TypeError, match="shared=True"):
+        pickle.dumps(private)
+    private.close()
+    s.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        s.pull()
