@@ -21,6 +21,7 @@ cdef extern from "relaxed_atomic.h" nogil:
     int rlx_cas_acquire_i32(int32_t *p, int32_t expected, int32_t desired)
     int rlx_cas_acqrel_i64(int64_t *p, int64_t expected, int64_t desired)
     void rlx_release_fence()
+    void rlx_full_fence()
     void rlx_cpu_relax()
     void rlx_yield()
     void rlx_prefetch(const void *p)

@@ -17,7 +17,8 @@ counters; a begin takes rv = the sum. Safety rule: *wv exceeds every rv that
 was read before the commit's increment*. Proof: counters only grow, so a sum
 read by a scan lies between the true totals at the scan's start and end. A
 reader whose scan ended before the writer's increment has rv <= X (the total
-just before it), while the writer's scan starts after its increment, so
+just before it), while the writer's scan starts after its increment (a full
+fence separates them; on x86 the locked add already is one), so
 wv >= X + 1 > rv. Hence rv >= wv implies the reader's scan ended after the
 increment, which follows the writer's lock acquisition: the reader sees the
 stripe locked or the new version, exactly TL2's argument. Per stripe, versions
@@ -154,7 +155,7 @@ cdef inline int64_t clock_advance(Mem *m, uint64_t *rng) noexcept nogil:
     if m.hdr.clock_kind == CLOCK_GLOBAL:
         return rlx_fetch_add_acqrel_i64(<int64_t*>m.clock, 1) + 1
     rlx_mc_increment(m.clock, m.stride, m.hdr.n_counters, rng)
-    rlx_release_fence()
+    rlx_full_fence()                  # the scan starts after the increment is visible
     return clock_read(m)
 
 

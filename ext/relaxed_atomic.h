@@ -61,6 +61,8 @@ static inline int rlx_cas_acqrel_i64(int64_t *p, int64_t expected, int64_t desir
  * barrier on x86-64, dmb on arm64). Used by the per-queue journal that lets a
  * survivor repair a heap whose lock holder died mid-operation. */
 static inline void rlx_release_fence(void) { __atomic_thread_fence(__ATOMIC_RELEASE); }
+/* A full fence: every access before it is globally visible before any after it. */
+static inline void rlx_full_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 static inline void rlx_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
