@@ -62,6 +62,9 @@ def test_main_jobs_run():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "exactly once: True" in r.stdout
+    assert "equals sequential greedy: False" not in r.stdout
+    assert r.stdout.count("equals sequential greedy: True") == 4
+    assert "saw another total: 0 of" in r.stdout
     r = subprocess.run([sys.executable, "-m", "sgd_shm", "--epochs", "0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--epochs must be >= 1" in r.stderr
