@@ -464,10 +464,6 @@ def _attach(name, policy):
     return TL2.attach(name, conflict=policy)
 
 
-_P_CODES = {"abort": P_ABORT, "wait": P_WAIT, "deterministic": P_DET, "randomized": P_RAND,
-            "backoff": P_BACKOFF}
-
-
 DEFAULT_B = 2e-6      # seconds: about the cost of re-running a short transaction
 
 
