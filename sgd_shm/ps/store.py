@@ -44,7 +44,7 @@ from sgd_shm._intrinsics import cas_acquire, fetch_add, load_relaxed, store_rele
 KIND_PS = 4
 LINE = 16                        # int64 per padded slot (128 bytes)
 SLOT_FIELDS = ("pulled_version", "pushes", "compute_ns", "heartbeat_ns", "status",
-               "staleness_sum", "deferred")
+               "staleness_sum", "deferred", "dropped")
 HEADER = 256
 
 
@@ -331,7 +331,7 @@ class ParameterStore:
 
     def slot(self, worker) -> dict:
         """A copy of a worker's slot (pulled_version, pushes, compute_ns,
-        heartbeat_ns, status, staleness_sum, deferred)."""
+        heartbeat_ns, status, staleness_sum, deferred, dropped)."""
         self._check_open()
         row = self._slots[self._worker(worker)]
         return {k: int(row[i]) for i, k in enumerate(SLOT_FIELDS)}

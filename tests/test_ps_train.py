@@ -1,0 +1,53 @@
+"""The parameter-server driver (first version): every policy trains, BSP keeps
+workers in lockstep, SSP bounds their drift, nothing leaks. (Straggler detection
+accuracy is not asserted yet: see sgd_shm/ps/train.py.)"""
+import numpy as np
+import pytest
+
+from sgd_shm.data import make_rcv1_like
+from sgd_shm.ps import train
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_rcv1_like(4000, 500, random_state=0)
+
+
+@pytest.mark.parametrize("policy", ["asp", "bsp", "ssp", "saps"])
+def test_every_policy_trains(data, policy, no_shm_leak):
+    X, y = data
+    r = train(X, y, n_workers=3, policy=policy, max_seconds=1.0, seed=0,
+              slowdown={0: 2.0})
+    assert r.updates > 50
+    assert r.final_loss < 0.6 < np.log(2.0)           # from log(2) at w = 0
+    assert r.history[0]["loss"] >= r.final_loss
+    assert sum(w["pushes"] for w in r.workers) >= r.updates
+    assert r.killed == []
+    pushes = [w["pushes"] for w in r.workers]
+    if policy == "bsp":
+        assert max(pushes) - min(pushes) <= 1          # lockstep
+    if policy == "ssp":
+        assert max(pushes) - min(pushes) <= 3 + 1      # staleness bound s = n_workers
+
+
+def test_target_loss_stops_early(data):
+    X, y = data
+    r = train(X, y, n_workers=2, policy="asp", max_seconds=20.0, target_loss=0.65, seed=1)
+    assert r.time_to_target is not None and r.seconds < 20.0
+    assert min(h["loss"] for h in r.history) <= 0.65
+
+
+def test_bad_input(data):
+    X, y = data
+    with pytest.raises(ValueError, match="policy"):
+        train(X, y, policy="gossip")
+    with pytest.raises(ValueError, match="slowdown"):
+        train(X, y, n_workers=2, slowdown=[1.0])
+    with pytest.raises(ValueError, match="slowdown"):
+        train(X, y, n_workers=2, slowdown={5: 2.0})
+    with pytest.raises(ValueError, match="two classes"):
+        train(X, np.arange(X.shape[0]) % 3)
+    with pytest.raises(ValueError, match="rows"):
+        train(X, y[:-1])
+    with pytest.raises(ValueError, match="max_seconds"):
+        train(X, y, max_seconds=0)
