@@ -51,3 +51,16 @@ def test_bad_input(data):
         train(X, y[:-1])
     with pytest.raises(ValueError, match="max_seconds"):
         train(X, y, max_seconds=0)
+
+
+def test_saps_flags_the_straggler_and_only_it(data):
+    """Worker 0 slowed 4x is flagged (and nobody else); with no slowdown nobody
+    is. Two workers: on this 2-core machine more workers than cores make every
+    worker an intermittent straggler of the scheduler's making."""
+    X, y = data
+    r = train(X, y, n_workers=2, policy="saps", slowdown={0: 4.0}, max_seconds=2.5, seed=0)
+    assert [w for _, w in r.detections] == [0]
+    assert r.detections[0][0] < 2.5
+    assert r.workers[0]["dropped"] > 0 and r.workers[1]["dropped"] == 0
+    r = train(X, y, n_workers=2, policy="saps", max_seconds=2.5, seed=0)
+    assert r.detections == []

@@ -13,12 +13,15 @@ Policies (``s`` = ``staleness``):
   worker has pushed c times (SSP with s = 0).
 * ``ssp``: stale synchronous parallel (Ho et al. 2013): a worker starts step c
   only when every worker has pushed at least c - s times.
-* ``saps``: straggler-aware, never makes a fast worker wait. Detection: every
-  sample, the lag of worker w is the global version minus the version w last
-  pulled; after a first full ``window`` (seconds), w is flagged while the
-  median of its lags over the last window exceeds ``detect_factor`` times the
-  median of the others' (and 2 x n_workers); it is unflagged when that stops.
-  ``.detections`` lists the first time each worker was flagged. Bound: a push with staleness tau (updates
+* ``saps``: straggler-aware, never makes a fast worker wait. Detection reads the
+  version counters: a push's staleness is the global version at push minus the
+  version pulled; every sample, the coordinator takes each worker's mean
+  staleness over its pushes of the last ``window`` seconds (from the slot's
+  cumulative staleness and push counters; a worker with no push in the window
+  counts as infinitely stale). After a first full window, w is flagged while
+  its mean exceeds ``detect_factor`` times the median of the others' (and
+  n_workers); it is unflagged when that stops. ``.detections`` lists the first
+  time each worker was flagged. Bound: a push with staleness tau (updates
   applied since its pull) above ``s`` is scaled by s / tau; from a flagged
   worker it is dropped instead, and the worker re-pulls. (The SaPS paper also
   hands a straggler's unstarted minibatches to fast workers through a
@@ -115,7 +118,7 @@ def _worker(store, X, ys, w_id, n_workers, policy, s, lr, alpha, batch, slowdown
 
 def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
           target_loss=None, lr=0.5, alpha=1e-4, batch_size=64, staleness=None,
-          n_shards=8, sample_every=0.02, window=1.0, detect_factor=2.0, seed=None,
+          n_shards=8, sample_every=0.02, window=1.5, detect_factor=2.0, seed=None,
           progress=False) -> TrainResult:
     """Train L2-regularised logistic regression with ``n_workers`` processes on a
     shared ParameterStore under ``policy``; see the module notes for the rules.
@@ -166,7 +169,7 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                                float(factors[k]), int(seeds[k]), stop), daemon=True)
              for k in range(n_workers)]
     history, detections, killed = [], [], []
-    lags = [[] for _ in range(n_workers)]          # (t, lag) samples
+    samples = [[] for _ in range(n_workers)]       # (t, staleness sum, pushes)
     flagged = set()
     t_target = None
     try:
@@ -186,7 +189,7 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                 if p.exitcode is not None and k not in killed:
                     killed.append(k)
             if policy == "saps":
-                _detect(store, lags, now, window, detect_factor, n_workers, flagged,
+                _detect(store, samples, now, window, detect_factor, n_workers, flagged,
                         detections, killed)
             if target_loss is not None and loss <= target_loss and t_target is None:
                 t_target = now
@@ -215,24 +218,27 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                        t_target, killed)
 
 
-def _detect(store, lags, now, window, factor, n_workers, flagged, detections, killed):
+def _detect(store, samples, now, window, factor, n_workers, flagged, detections, killed):
     """SaPS detection from version counters (see the module notes)."""
-    g = store.version
     for k in range(n_workers):
-        lags[k].append((now, g - int(store._slots[k, 0])))
-        while lags[k] and lags[k][0][0] < now - window:
-            lags[k].pop(0)
+        samples[k].append((now, int(store._slots[k, 5]), int(store._slots[k, 1])))
+        while len(samples[k]) > 1 and samples[k][0][0] < now - window:
+            samples[k].pop(0)
     if now < window:                       # a full window before any verdict
         return
-    level = [float(np.median([l for _, l in lags[k]])) if lags[k] else 0.0
-             for k in range(n_workers)]
+    level = []
+    for k in range(n_workers):
+        (_, s0, p0), (_, s1, p1) = samples[k][0], samples[k][-1]
+        # mean staleness of the pushes of the last window (a worker that pushed
+        # nothing in it samples by at least what it would have seen)
+        level.append((s1 - s0) / (p1 - p0) if p1 > p0 else float("inf"))
     for k in range(n_workers):
         if k in killed:
             continue
         others = [level[j] for j in range(n_workers) if j != k and j not in killed]
         if not others:
             continue
-        slow = level[k] > factor * max(float(np.median(others)), 1.0) and level[k] > 2 * n_workers
+        slow = level[k] > factor * max(float(np.median(others)), 1.0) and level[k] > n_workers
         if slow and k not in flagged:
             flagged.add(k)
             store._slots[k, 4] = FLAGGED
