@@ -13,6 +13,8 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   mis            greedy MIS / matching: wasted work vs q, k and n; time vs threads
                  beside sequential greedy (Numba) and networkx
   conflict       competitive ratios of the ski-rental conflict policies (simulator)
+  ps             parameter server, worker 0 slowed 4x: BSP, ASP, SSP, SaPS time to a
+                 target loss, final loss, detections
   stm            TL2 bank transfers: commits/s and abort rate vs workers, global vs
                  MultiCounter clock, each conflict policy, threads and processes
   all            every scenario above, then plot
@@ -290,6 +292,20 @@ def cmd_stm(args):
     print(f"\nwrote {path}")
 
 
+def cmd_ps(args):
+    from bench import ps
+    hdr = common.header(args)
+    common.print_header(hdr)
+    rows, extra = ps.run(args.ps_workers, args.reps, args.seed, samples=args.ps_samples,
+                         features=args.ps_features, seconds=args.ps_seconds,
+                         target=args.ps_target)
+    extra["ratios"] = ps.ratios(rows)
+    print()
+    print(ps.summary_markdown({"header": hdr, "results": rows, **extra}))
+    path = common.write_json("ps", hdr, rows, extra)
+    print(f"\nwrote {path}")
+
+
 def cmd_plot(args):
     from bench import plot, report
     for p in plot.plot_all():
@@ -301,7 +317,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
-                                         "hogwild", "mis", "conflict", "stm", "all", "plot"])
+                                         "hogwild", "mis", "conflict", "stm", "ps", "all", "plot"])
     ap.add_argument("--workers", default=None,
                     help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
@@ -335,14 +351,22 @@ def main(argv=None):
                     help="vertices for the networkx comparison (default 100k)")
     ap.add_argument("--stm-tx", type=int, default=100_000,
                     help="transactions per worker per TL2 run (default 100k)")
+    ap.add_argument("--ps-workers", type=int, default=4, help="parameter-server workers (default 4)")
+    ap.add_argument("--ps-samples", type=int, default=20_000, help="rows of the PS problem (default 20000)")
+    ap.add_argument("--ps-features", type=int, default=2_000, help="columns of the PS problem (default 2000)")
+    ap.add_argument("--ps-seconds", type=float, default=6.0, help="seconds per PS run (default 6)")
+    ap.add_argument("--ps-target", type=float, default=0.53, help="target training loss (default 0.53)")
     ap.add_argument("--quick", action="store_true", help="conflict: fewer samples")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
                  "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
-                 "waste_seeds", "nx_n", "stm_tx"):
+                 "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("ps_seconds", "ps_target"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name.replace('_', '-')} must be > 0")
     if args.workers:
         try:
             common.parse_counts(args.workers)
@@ -367,6 +391,8 @@ def main(argv=None):
         cmd_conflict(args)
     if args.scenario in ("stm", "all"):
         cmd_stm(args)
+    if args.scenario in ("ps", "all"):
+        cmd_ps(args)
     if args.scenario in ("plot", "all"):
         cmd_plot(args)
     print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)

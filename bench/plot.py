@@ -109,6 +109,10 @@ def plot_all():
     if d:
         from bench import mis
         out.append(mis.plot(d, common.results_dir() / "mis.png"))
+    d = _load("ps")
+    if d:
+        from bench import ps
+        out.append(ps.plot(d, common.results_dir() / "ps.png"))
     d = _load("stm")
     if d:
         from bench import stm

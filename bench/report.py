@@ -100,6 +100,10 @@ def summary() -> str:
     if d:
         from bench import mis
         parts.append(mis.summary_markdown(d))
+    d = _load("ps")
+    if d:
+        from bench import ps
+        parts.append("### Parameter server with a straggler\n\n" + ps.summary_markdown(d))
     d = _load("stm")
     if d:
         from bench import stm

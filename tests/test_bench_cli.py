@@ -15,11 +15,13 @@ def test_bench_all_tiny(tmp_path):
                         "--sgd-samples", "3000", "--sgd-features", "500", "--epochs", "2",
                         "--mis-n", "3000", "--mis-m", "15000", "--waste-sizes", "500,2000",
                         "--waste-seeds", "2", "--nx-n", "500", "--quick", "--stm-tx", "300",
+                        "--ps-workers", "2", "--ps-samples", "2000", "--ps-features", "200",
+                        "--ps-seconds", "0.6", "--ps-target", "0.69",
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
-                 "conflict", "stm"):
+                 "conflict", "stm", "ps"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
@@ -38,9 +40,11 @@ def test_bench_all_tiny(tmp_path):
     assert {r["clock"] for r in stm["results"]} == {"global", "multicounter"}
     assert {r["backend"] for r in stm["results"]} == {"threads", "processes"}
     assert all(r["ratio"] > 0 for r in stm["ratios"])
-    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 8
+    ps = json.loads((tmp_path / "ps.json").read_text())
+    assert {r["policy"] for r in ps["results"]} == {"bsp", "asp", "ssp", "saps"}
+    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 9
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
-                "hogwild.png", "mis.png", "conflict.png", "stm.png"):
+                "hogwild.png", "mis.png", "conflict.png", "stm.png", "ps.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 
