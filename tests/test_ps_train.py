@@ -64,3 +64,17 @@ def test_saps_flags_the_straggler_and_only_it(data):
     assert r.workers[0]["dropped"] > 0 and r.workers[1]["dropped"] == 0
     r = train(X, y, n_workers=2, policy="saps", max_seconds=2.5, seed=0)
     assert r.detections == []
+
+
+@pytest.mark.parametrize("policy", ["bsp", "ssp", "saps"])
+def test_worker_sigkilled_mid_run(data, policy, no_shm_leak):
+    """A worker killed at a moment of the run: the others go on (BSP/SSP stop
+    waiting for it), the run finishes and trains about as well."""
+    X, y = data
+    ref = train(X, y, n_workers=3, policy=policy, max_seconds=1.2, seed=3)
+    r = train(X, y, n_workers=3, policy=policy, max_seconds=1.2, seed=3, faults={1: 0.3})
+    assert r.killed == [1]
+    pushes = [w["pushes"] for w in r.workers]
+    assert min(pushes[0], pushes[2]) > pushes[1]        # the survivors kept going
+    assert r.final_loss < ref.final_loss + 0.02
+    assert r.final_loss < 0.6

@@ -32,6 +32,8 @@ benchmark build on it.
 """
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +45,7 @@ from sgd_shm.ps.store import ParameterStore
 
 POLICIES = ("bsp", "asp", "ssp", "saps")
 FLAGGED = 1
+DEAD = 2
 
 
 @dataclass
@@ -89,8 +92,9 @@ def _worker(store, X, ys, w_id, n_workers, policy, s, lr, alpha, batch, slowdown
     while not stop.is_set():
         if policy in ("bsp", "ssp"):
             need = my_pushes - (0 if policy == "bsp" else s)
-            while not stop.is_set() and min(int(store._slots[k, 1])
-                                             for k in range(n_workers)) < need:
+            while not stop.is_set() and min(
+                    (int(store._slots[k, 1]) for k in range(n_workers)
+                     if int(store._slots[k, 4]) != DEAD), default=need) < need:
                 time.sleep(0.0002)
             if stop.is_set():
                 break
@@ -119,7 +123,7 @@ def _worker(store, X, ys, w_id, n_workers, policy, s, lr, alpha, batch, slowdown
 def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
           target_loss=None, lr=0.5, alpha=1e-4, batch_size=64, staleness=None,
           n_shards=8, sample_every=0.02, window=1.5, detect_factor=2.0, seed=None,
-          progress=False) -> TrainResult:
+          faults=None, progress=False) -> TrainResult:
     """Train L2-regularised logistic regression with ``n_workers`` processes on a
     shared ParameterStore under ``policy``; see the module notes for the rules.
 
@@ -128,6 +132,11 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
     ``staleness``: s for ssp and the bound for saps (default n_workers).
     Stops after ``max_seconds`` or when the training loss (on up to 4096 rows)
     reaches ``target_loss``.
+
+    ``faults``: {worker: seconds} SIGKILLs that worker that long into the run
+    (fault injection). A worker that dies is reported in ``.killed``, its slot
+    is marked dead so BSP/SSP stop waiting for it, and a shard lock it held is
+    taken over by the next push; the run goes on with the others.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy: must be one of {POLICIES}, got {policy!r}")
@@ -153,6 +162,11 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                     ("window", window), ("detect_factor", detect_factor)):
         if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
             raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
+    faults = dict(faults or {})
+    for k, t in faults.items():
+        if not 0 <= k < n_workers or not t >= 0:
+            raise ValueError(f"faults: expected {{worker in [0, {n_workers}): seconds >= 0}}, "
+                             f"got {{{k!r}: {t!r}}}")
     s = n_workers if staleness is None else int(staleness)
     if s < 0:
         raise ValueError(f"staleness: must be >= 0, got {staleness}")
@@ -185,9 +199,14 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
             if progress:
                 print(f"\r{policy}: {now:5.1f} s  updates {v:7d}  loss {loss:.4f}", end="",
                       flush=True)
+            for k, t_kill in list(faults.items()):
+                if now >= t_kill and procs[k].is_alive():
+                    os.kill(procs[k].pid, signal.SIGKILL)
+                    del faults[k]
             for k, p in enumerate(procs):
                 if p.exitcode is not None and k not in killed:
                     killed.append(k)
+                    store._slots[k, 4] = DEAD
             if policy == "saps":
                 _detect(store, samples, now, window, detect_factor, n_workers, flagged,
                         detections, killed)
