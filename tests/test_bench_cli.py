@@ -72,3 +72,19 @@ def test_main_jobs_run():
     r = subprocess.run([sys.executable, "-m", "sgd_shm", "--epochs", "0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--epochs must be >= 1" in r.stderr
+
+
+def test_parameter_server_cli(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "sgd_shm.ps", "--workers", "2", "--seconds", "0.8",
+                        "--samples", "3000", "--features", "300", "--target", "0.65",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    for pol in ("bsp", "asp", "ssp", "saps"):
+        assert pol in r.stdout
+    data = json.loads((tmp_path / "ps-main.json").read_text())
+    assert set(data["results"]) == {"bsp", "asp", "ssp", "saps"}
+    assert (tmp_path / "ps-main.png").stat().st_size > 1000
+    r = subprocess.run([sys.executable, "-m", "sgd_shm.ps", "--policies", "gossip"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown" in r.stderr
