@@ -1,6 +1,8 @@
 """PNG plots from bench/results/*.json (``python -m bench plot``)."""
 from __future__ import annotations
 
+import importlib
+
 import json
 
 import matplotlib
@@ -105,22 +107,11 @@ def plot_all():
     d = _load("hogwild")
     if d:
         out.append(_hogwild(d))
-    d = _load("mis")
-    if d:
-        from bench import mis
-        out.append(mis.plot(d, common.results_dir() / "mis.png"))
-    d = _load("ps")
-    if d:
-        from bench import ps
-        out.append(ps.plot(d, common.results_dir() / "ps.png"))
-    d = _load("stm")
-    if d:
-        from bench import stm
-        out.append(stm.plot(d, common.results_dir() / "stm.png"))
-    d = _load("conflict")
-    if d:
-        from bench import conflict
-        out.append(conflict.plot(d, common.results_dir() / "conflict.png"))
+    for name in ("mis", "ps", "stm", "conflict"):     # scenarios that draw their own plot
+        d = _load(name)
+        if d:
+            mod = importlib.import_module(f"bench.{name}")
+            out.append(mod.plot(d, common.results_dir() / f"{name}.png"))
     d = _load("quality")
     if d:
         fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import train
+from sgd_shm.ps.train import plot_losses
 
 POLICIES = ("bsp", "asp", "ssp", "saps")
 
@@ -67,27 +68,10 @@ def ratios(rows):
 
 
 def plot(d, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for pol, c in d["curves"].items():
-        line, = ax.plot(c["seconds"], c["loss"], label=pol)
-        for t, w in c["detections"]:
-            ax.axvline(t, color=line.get_color(), ls=":", lw=1)
-    ax.axhline(d["problem"]["target"], color="grey", ls="--", lw=1, label="target")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("training loss")
-    ax.set_yscale("log")
-    ax.set_title(f"parameter server, {d['results'][0]['workers']} workers, worker 0 slowed "
-                 f"{d['results'][0]['slowdown_worker0']:g}x (dotted: SaPS detection)",
-                 fontsize=9)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    r0 = d["results"][0]
+    return plot_losses(d["curves"], d["problem"]["target"], path,
+                       f"parameter server, {r0['workers']} workers, worker 0 slowed "
+                       f"{r0['slowdown_worker0']:g}x (dotted: SaPS detection)")
 
 
 def summary_markdown(d):

@@ -2,10 +2,18 @@
 to bench/results/SUMMARY.md, and pasted into the README's benchmark section)."""
 from __future__ import annotations
 
+import importlib
 import json
 
 from bench import common
 from bench.common import fmt_rate
+
+
+# scenarios whose module writes its own markdown; heading None: it has one
+SCENARIO_TABLES = (("mis", None),
+                   ("ps", "### Parameter server with a straggler"),
+                   ("stm", "### TL2 STM: bank transfers, commits/s"),
+                   ("conflict", "### Conflict policies: empirical competitive ratios (simulator)"))
 
 
 def _load(name):
@@ -96,23 +104,11 @@ def summary() -> str:
             lines.append(f"| {e['n_counters']} | {e['mean']:.2f} | {e['p99']:.2f} | {e['max']:.2f} "
                          f"| {e['bound_per_counter']:.1f} |")
         parts.append("read() error while two threads increment:\n\n" + "\n".join(lines))
-    d = _load("mis")
-    if d:
-        from bench import mis
-        parts.append(mis.summary_markdown(d))
-    d = _load("ps")
-    if d:
-        from bench import ps
-        parts.append("### Parameter server with a straggler\n\n" + ps.summary_markdown(d))
-    d = _load("stm")
-    if d:
-        from bench import stm
-        parts.append("### TL2 STM: bank transfers, commits/s\n\n" + stm.summary_markdown(d))
-    d = _load("conflict")
-    if d:
-        from bench import conflict
-        parts.append("### Conflict policies: empirical competitive ratios (simulator)\n\n"
-                     + conflict.summary_markdown(d))
+    for name, heading in SCENARIO_TABLES:
+        d = _load(name)
+        if d:
+            md = importlib.import_module(f"bench.{name}").summary_markdown(d)
+            parts.append(f"{heading}\n\n{md}" if heading else md)
     return "\n\n".join(parts) + "\n"
 
 

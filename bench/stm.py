@@ -46,6 +46,20 @@ def _threads(run_one, T, seed):
     return time.perf_counter() - t0, out
 
 
+def _sample(out, dt):
+    """(commits/s, abort rate) of one run from the drivers' counts."""
+    commits = sum(o["commits"] for o in out)
+    aborts = sum(o["aborts"] for o in out)
+    return commits / dt, aborts / max(1, commits + aborts)
+
+
+def _row(samples, **setting):
+    """A result row: the setting plus median/min/max commits/s and median abort rate."""
+    rates = sorted(r for r, _ in samples)
+    return {**setting, "median": statistics.median(rates), "min": rates[0], "max": rates[-1],
+            "rates": rates, "abort_rate": statistics.median(a for _, a in samples)}
+
+
 def _bank_worker(stm, n_tx, seed):
     return stm._bank(n_tx, seed=seed)
 
@@ -64,17 +78,11 @@ def run(workers, reps, seed, n_tx=100_000, accounts=(64, 4096), progress=True):
                 if stms[s].snapshot().sum() != s[0] * PER:
                     raise AssertionError(f"{s}: money was created or lost")
                 if rep:
-                    commits = sum(o["commits"] for o in out)
-                    aborts = sum(o["aborts"] for o in out)
-                    acc[s].append((commits / dt, aborts / max(1, commits + aborts)))
+                    acc[s].append(_sample(out, dt))
                 bar.update()
         for s in settings:
-            rates = sorted(r for r, _ in acc[s])
-            rows.append({"workload": "bank", "backend": "threads", "workers": T,
-                         "accounts": s[0], "clock": s[1],
-                         "policy": s[2], "median": statistics.median(rates), "min": rates[0],
-                         "max": rates[-1], "rates": rates,
-                         "abort_rate": statistics.median(a for _, a in acc[s])})
+            rows.append(_row(acc[s], workload="bank", backend="threads", workers=T,
+                             accounts=s[0], clock=s[1], policy=s[2]))
             stms[s].close()
     bar.close()
     # processes: one shared TL2 per clock, randomized policy
@@ -93,16 +101,10 @@ def run(workers, reps, seed, n_tx=100_000, accounts=(64, 4096), progress=True):
                     if stm.snapshot().sum() != k[0] * PER:
                         raise AssertionError(f"{k}: money was created or lost")
                     if rep:
-                        commits = sum(o["commits"] for o in out)
-                        aborts = sum(o["aborts"] for o in out)
-                        acc[k].append((commits / dt, aborts / max(1, commits + aborts)))
+                        acc[k].append(_sample(out, dt))
         for k, stm in stms.items():
-            rates = sorted(r for r, _ in acc[k])
-            rows.append({"workload": "bank", "backend": "processes", "workers": T,
-                         "accounts": k[0], "clock": k[1],
-                         "policy": "randomized", "median": statistics.median(rates),
-                         "min": rates[0], "max": rates[-1], "rates": rates,
-                         "abort_rate": statistics.median(a for _, a in acc[k])})
+            rows.append(_row(acc[k], workload="bank", backend="processes", workers=T,
+                             accounts=k[0], clock=k[1], policy="randomized"))
             stm.close()
     rows += intset(workers, reps, seed, n_ops=max(1, n_tx // 20), progress=progress)
     return rows
@@ -124,16 +126,10 @@ def intset(workers, reps, seed, n_ops=5000, universe=256, progress=True):
                 dt, out = _threads(lambda sd, st=stm: st._intset(n_ops, update_pct=20, seed=sd),
                                    T, seed + rep)
                 if rep:
-                    commits = sum(o["commits"] for o in out)
-                    aborts = sum(o["aborts"] for o in out)
-                    acc[clock].append((commits / dt, aborts / max(1, commits + aborts)))
+                    acc[clock].append(_sample(out, dt))
         for clock, stm in stms.items():
-            rates = sorted(r for r, _ in acc[clock])
-            rows.append({"workload": "intset", "backend": "threads", "workers": T,
-                         "accounts": universe, "clock": clock, "policy": "randomized",
-                         "median": statistics.median(rates), "min": rates[0],
-                         "max": rates[-1], "rates": rates,
-                         "abort_rate": statistics.median(a for _, a in acc[clock])})
+            rows.append(_row(acc[clock], workload="intset", backend="threads", workers=T,
+                             accounts=universe, clock=clock, policy="randomized"))
             stm._check()
             stm.close()
     return rows

@@ -723,6 +723,14 @@ cdef class TL2(ShmStructure):
             self._local.st = st
         return st
 
+    cdef _TxState _driver_state(self, seed):
+        """A private transaction context (its own slot) for a nogil driver call."""
+        cdef _TxState st = _TxState()
+        st.setup(self)
+        if seed is not None:
+            st.t.rng = rlx_mix64(<uint64_t>_make_seed(seed))
+        return st
+
     @property
     def n_words(self):
         return int(self.m.n_words)
@@ -874,10 +882,7 @@ cdef class TL2(ShmStructure):
         if every and na > self.m.n_words:
             raise ValueError("audits read every account")
         cdef int64_t crash = crash_after
-        cdef _TxState st = _TxState()
-        st.setup(self)
-        if seed is not None:
-            st.t.rng = rlx_mix64(<uint64_t>_make_seed(seed))
+        cdef _TxState st = self._driver_state(seed)
         cdef int64_t k, a, b, x, va, vb, total, first = 0, violations = 0, audits = 0, i
         cdef bint have_first = False
         cdef int rc
@@ -957,10 +962,7 @@ cdef class TL2(ShmStructure):
         cdef int64_t upd = _check_int("update_pct", update_pct, 0, "use 0..100")
         if upd > 100:
             raise ValueError(f"update_pct must be at most 100, got {upd}")
-        cdef _TxState st = _TxState()
-        st.setup(self)
-        if seed is not None:
-            st.t.rng = rlx_mix64(<uint64_t>_make_seed(seed))
+        cdef _TxState st = self._driver_state(seed)
         cdef Tx *t = &st.t
         cdef int64_t k, key, op, prev, cur, nxt, inserted = 0, removed = 0, found = 0
         cdef int rc, result

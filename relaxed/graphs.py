@@ -1018,6 +1018,17 @@ def _check_count(x, name, what, low=0):
     return x
 
 
+def _check_edge_count(n, m, what):
+    """m as an int: at most the n(n-1)/2 pairs of n vertices, and int32-sized."""
+    m = _check_count(m, "m", what)
+    total = n * (n - 1) // 2
+    if m > total:
+        raise ValueError(f"{what}: m={m} exceeds the n(n-1)/2 = {total} possible edges of "
+                         f"n={n} vertices; lower m or raise n")
+    _check_m(m, what)
+    return m
+
+
 def _trim(lo, hi, m, rng):
     """Keep a uniformly random m of the pairs (order preserved)."""
     extra = lo.shape[0] - m
@@ -1049,12 +1060,8 @@ def erdos_renyi(n, m, seed=None):
     """
     what = "erdos_renyi"
     n = _check_n(n, what)
-    m = _check_count(m, "m", what)
+    m = _check_edge_count(n, m, what)
     total = n * (n - 1) // 2
-    if m > total:
-        raise ValueError(f"{what}: m={m} exceeds the n(n-1)/2 = {total} possible edges of "
-                         f"n={n} vertices; lower m or raise n")
-    _check_m(m, what)
     rng = _as_rng(seed, what)
     if m == 0:
         return Graph._from_pairs(np.empty(0, np.int32), np.empty(0, np.int32), n, what)
@@ -1149,12 +1156,7 @@ def rmat(n, m, a=0.57, b=0.19, c=0.19, seed=None, permute=False):
     """
     what = "rmat"
     n = _check_n(n, what)
-    m = _check_count(m, "m", what)
-    total = n * (n - 1) // 2
-    if m > total:
-        raise ValueError(f"{what}: m={m} exceeds the n(n-1)/2 = {total} possible edges of "
-                         f"n={n} vertices; lower m or raise n")
-    _check_m(m, what)
+    m = _check_edge_count(n, m, what)
     for name, p in (("a", a), ("b", b), ("c", c)):
         if not (isinstance(p, (int, float, np.floating, np.integer)) and 0 <= p <= 1):
             raise ValueError(f"{what}: {name}={p!r} must be a probability in [0, 1]")

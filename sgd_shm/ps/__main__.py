@@ -13,7 +13,7 @@ import os
 import sys
 
 from sgd_shm.data import make_rcv1_like
-from sgd_shm.ps.train import POLICIES, train
+from sgd_shm.ps.train import POLICIES, plot_losses, train
 
 
 def main(argv=None) -> int:
@@ -64,24 +64,10 @@ def main(argv=None) -> int:
     with open(path, "w") as f:
         json.dump({"settings": vars(args), "target": args.target, "results": out}, f, indent=1)
     png = os.path.join(args.out, "ps-main.png")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for pol, r in out.items():
-        line, = ax.plot([h["seconds"] for h in r["history"]], [h["loss"] for h in r["history"]],
-                        label=pol)
-        for t, _ in r["detections"]:
-            ax.axvline(t, color=line.get_color(), ls=":", lw=1)
-    ax.axhline(args.target, color="grey", ls="--", lw=1, label="target")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("training loss")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    plot_losses({pol: {"seconds": [h["seconds"] for h in r["history"]],
+                       "loss": [h["loss"] for h in r["history"]],
+                       "detections": r["detections"]} for pol, r in out.items()},
+                args.target, png)
     print(f"wrote {path} and {png}")
     return 0
 

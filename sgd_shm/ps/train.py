@@ -237,6 +237,32 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                        t_target, killed)
 
 
+def plot_losses(curves, target, path, title=""):
+    """Training loss against seconds, one line per policy, with each SaPS
+    detection as a dotted vertical line. ``curves``: {policy: {"seconds": [...],
+    "loss": [...], "detections": [(seconds, worker), ...]}}. Writes a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for pol, c in curves.items():
+        line, = ax.plot(c["seconds"], c["loss"], label=pol)
+        for t, _ in c["detections"]:
+            ax.axvline(t, color=line.get_color(), ls=":", lw=1)
+    ax.axhline(target, color="grey", ls="--", lw=1, label="target")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("training loss")
+    ax.set_yscale("log")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _detect(store, samples, now, window, factor, n_workers, flagged, detections, killed):
     """SaPS detection from version counters (see the module notes)."""
     for k in range(n_workers):
