@@ -1,11 +1,15 @@
 """The kit's main job: ``python -m sgd_shm``.
 
-Lock-free shared-memory SGD on an embedded default problem: an RCV1-like sparse
-binary classification problem is generated (seeded), then logistic regression is
-trained by Hogwild SGD with 1 and 2 workers (threads and processes) and by
-scikit-learn's SGDClassifier with the same loss, penalty and schedule, and the
-epoch times, accuracies and the staleness of the lock-free updates are printed.
-(Until the parameter server lands, this is the main job.)
+``python -m sgd_shm [options]`` runs the multi-process parameter server on its
+embedded default: BSP, ASP, SSP and straggler-aware SaPS with worker 0 slowed
+4x (see ``python -m sgd_shm --help`` and :mod:`sgd_shm.ps.__main__`).
+
+``python -m sgd_shm hogwild [options]`` runs lock-free Hogwild SGD on an
+embedded default: an RCV1-like sparse binary classification problem is
+generated (seeded), then logistic regression is trained by Hogwild SGD with 1
+and 2 workers (threads and processes) and by scikit-learn's SGDClassifier with
+the same loss, penalty and schedule, and the epoch times, accuracies and the
+staleness of the lock-free updates are printed.
 """
 from __future__ import annotations
 
@@ -19,7 +23,15 @@ import numpy as np
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sgd_shm", description=__doc__,
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["hogwild"]:
+        return hogwild_main(argv[1:])
+    from sgd_shm.ps.__main__ import main as ps_main
+    return ps_main(argv)
+
+
+def hogwild_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sgd_shm hogwild", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=200_000, help="rows (default 200000)")
     ap.add_argument("--features", type=int, default=50_000, help="columns (default 50000)")

@@ -58,8 +58,9 @@ def test_bench_rejects_bad_settings():
 
 
 def test_main_jobs_run():
-    r = subprocess.run([sys.executable, "-m", "sgd_shm", "--samples", "3000", "--features", "500",
-                        "--epochs", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "sgd_shm", "hogwild", "--samples", "3000",
+                        "--features", "500", "--epochs", "2"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "Hogwild, 2 processes" in r.stdout and "tau" in r.stdout
     r = subprocess.run([sys.executable, "-m", "relaxed", "--items", "2000"], cwd=ROOT,
@@ -69,13 +70,14 @@ def test_main_jobs_run():
     assert "equals sequential greedy: False" not in r.stdout
     assert r.stdout.count("equals sequential greedy: True") == 4
     assert "saw another total: 0 of" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "sgd_shm", "--epochs", "0"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "sgd_shm", "hogwild", "--epochs", "0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--epochs must be >= 1" in r.stderr
 
 
 def test_parameter_server_cli(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "sgd_shm.ps", "--workers", "2", "--seconds", "0.8",
+    """The main job: ``python -m sgd_shm`` is the parameter server."""
+    r = subprocess.run([sys.executable, "-m", "sgd_shm", "--workers", "2", "--seconds", "0.8",
                         "--samples", "3000", "--features", "300", "--target", "0.65",
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
@@ -84,6 +86,9 @@ def test_parameter_server_cli(tmp_path):
         assert pol in r.stdout
     data = json.loads((tmp_path / "ps-main.json").read_text())
     assert set(data["results"]) == {"bsp", "asp", "ssp", "saps"}
+    for res in data["results"].values():
+        assert res["batches"]["lost"] == 0 and sum(map(sum, res["staleness_hist"])) > 0
+    assert "mean tau" in r.stdout and "stolen" in r.stdout
     assert (tmp_path / "ps-main.png").stat().st_size > 1000
     r = subprocess.run([sys.executable, "-m", "sgd_shm.ps", "--policies", "gossip"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)

@@ -135,3 +135,61 @@ def test_pickle_attach_and_bad_input():
     s.close()
     with pytest.raises(RuntimeError, match="closed"):
         s.pull()
+
+
+def test_staleness_histogram_bins():
+    """Bin 0 counts staleness 0; bin i counts [2**(i-1), 2**i); the sum over
+    workers is the total. Oracle: the bins computed here by hand."""
+    from sgd_shm.ps.store import staleness_bin
+    assert [staleness_bin(t) for t in (0, 1, 2, 3, 4, 7, 8, -1, 2**40)] == \
+        [0, 1, 2, 2, 3, 3, 4, 0, 31]
+    with ParameterStore(8, n_shards=2, n_workers=2) as s:
+        g = np.ones(8)
+        _, v0 = s.pull(worker=0)
+        for _ in range(5):                      # worker 1 pushes 5 fresh updates
+            _, v = s.pull(worker=1)
+            s.push(g, v, lr=LR, worker=1)
+        s.push(g, v0, lr=LR, worker=0)          # staleness 5 -> bin 3
+        assert s.staleness_histogram(1)[0] == 5 and s.staleness_histogram(1).sum() == 5
+        h0 = s.staleness_histogram(0)
+        assert h0[3] == 1 and h0.sum() == 1
+        assert (s.staleness_histogram() == h0 + s.staleness_histogram(1)).all()
+        assert s.slot(0)["applied_weight"] == 1.0
+
+
+def test_snapshot_and_restore(no_shm_leak):
+    """snapshot under concurrent pushes is consistent shard by shard (every
+    shard's copy equals its version's closed form); restore puts a snapshot
+    back, and a SIGKILLed lock holder does not block snapshot."""
+    n, T, k = 64, 2, 300
+    with ParameterStore(n, n_shards=4, n_workers=T) as s:
+        ths = [threading.Thread(target=ps_push_fixed, args=(s, k, LR, t)) for t in range(T)]
+        for th in ths:
+            th.start()
+        snaps = [s.snapshot() for _ in range(20)]
+        for th in ths:
+            th.join()
+        for w, vers, v in snaps:
+            assert (vers >= v).all()
+            for sh in range(4):
+                lo, hi = s.bounds[sh], s.bounds[sh + 1]
+                np.testing.assert_array_equal(w[lo:hi], expected(n, vers[sh])[lo:hi])
+        w, vers, v = snaps[len(snaps) // 2]
+        s.restore(w, vers, v)
+        assert s.version == v and (s.shard_versions() == vers).all()
+        np.testing.assert_array_equal(s.pull()[0], w)
+        with pytest.raises(ValueError, match="version"):
+            s.restore(w, vers, int(vers.min()) + 1)
+        with pytest.raises(ValueError, match="weights"):
+            s.restore(w[:-1], vers, v)
+        with pytest.raises(ValueError, match="shard_versions"):
+            s.restore(w, vers[:2], v)
+        ctx = mp.get_context("fork")
+        ready = ctx.Event()
+        p = ctx.Process(target=ps_hold_lock_and_die, args=(s, 2, ready))
+        p.start()
+        assert ready.wait(30)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+        w2, vers2, _ = s.snapshot()                 # takes over the dead holder's lock
+        assert (vers2 == vers).all() and s._check()

@@ -1,11 +1,19 @@
-"""The parameter-server driver (first version): every policy trains, BSP keeps
-workers in lockstep, SSP bounds their drift, nothing leaks. (Straggler detection
-accuracy is not asserted yet: see sgd_shm/ps/train.py.)"""
+"""The parameter-server driver: every policy trains; the closed form holds under
+every policy (no update lost); every minibatch is applied at most once per
+epoch (exactly once unless the run stops first); SaPS flags the straggler and
+only it, and fast workers take its minibatches; a SIGKILLed worker does not
+stop the run; checkpoints are atomic and resume continues; emulation and bad
+input."""
+import glob
+import importlib
+import os
+
 import numpy as np
 import pytest
 
 from sgd_shm.data import make_rcv1_like
-from sgd_shm.ps import train
+from sgd_shm.ps import load_checkpoint, train
+train_mod = importlib.import_module("sgd_shm.ps.train")   # the module, not the function
 
 
 @pytest.fixture(scope="module")
@@ -21,49 +29,78 @@ def test_every_policy_trains(data, policy, no_shm_leak):
     assert r.updates > 50
     assert r.final_loss < 0.6 < np.log(2.0)           # from log(2) at w = 0
     assert r.history[0]["loss"] >= r.final_loss
-    assert sum(w["pushes"] for w in r.workers) >= r.updates
+    assert sum(w["pushes"] for w in r.workers) == r.updates
     assert r.killed == []
+    # minibatches: none applied twice in an epoch (checked in train), none lost
+    b = r.batches
+    assert b["lost"] == 0 and sum(b["applied"]) == r.updates
     pushes = [w["pushes"] for w in r.workers]
     if policy == "bsp":
         assert max(pushes) - min(pushes) <= 1          # lockstep
     if policy == "ssp":
         assert max(pushes) - min(pushes) <= 3 + 1      # staleness bound s = n_workers
+    if policy != "saps":
+        assert sum(b["stolen_by_worker"]) == 0
+    hist = np.array(r.staleness_hist)
+    assert hist.shape == (3, 32) and hist.sum() == r.updates
 
 
-def test_target_loss_stops_early(data):
+@pytest.mark.parametrize("policy", ["asp", "bsp", "ssp", "saps"])
+def test_closed_form_under_every_policy(data, policy, tmp_path):
+    """Every worker pushes the same g: the weights end at exactly -lr * g times
+    the number of pushes (times their scales, for SaPS's down-weighted ones),
+    and every shard's version and the global version equal the pushes."""
     X, y = data
-    r = train(X, y, n_workers=2, policy="asp", max_seconds=20.0, target_loss=0.65, seed=1)
-    assert r.time_to_target is not None and r.seconds < 20.0
-    assert min(h["loss"] for h in r.history) <= 0.65
-
-
-def test_bad_input(data):
-    X, y = data
-    with pytest.raises(ValueError, match="policy"):
-        train(X, y, policy="gossip")
-    with pytest.raises(ValueError, match="slowdown"):
-        train(X, y, n_workers=2, slowdown=[1.0])
-    with pytest.raises(ValueError, match="slowdown"):
-        train(X, y, n_workers=2, slowdown={5: 2.0})
-    with pytest.raises(ValueError, match="two classes"):
-        train(X, np.arange(X.shape[0]) % 3)
-    with pytest.raises(ValueError, match="rows"):
-        train(X, y[:-1])
-    with pytest.raises(ValueError, match="max_seconds"):
-        train(X, y, max_seconds=0)
+    d = X.shape[1]
+    g = np.where(np.arange(d) % 3 == 0, 1.0, 0.5)     # powers of two: sums are exact
+    lr = 2.0 ** -16
+    r = train(X, y, n_workers=3, policy=policy, max_seconds=0.6, seed=1, lr=lr,
+              slowdown={0: 4.0}, _fixed_gradient=g, window=0.2,
+              checkpoint=tmp_path / "end", checkpoint_every=100.0)
+    k = r.updates
+    assert k == sum(w["pushes"] for w in r.workers) > 30
+    weight = sum(w["applied_weight"] for w in r.workers)
+    ck = load_checkpoint(tmp_path / "end")             # written after the workers stopped
+    assert ck["version"] == k and (ck["shard_versions"] == k).all()
+    if policy == "saps":
+        np.testing.assert_allclose(ck["weights"], -lr * weight * g, rtol=1e-12)
+    else:
+        assert weight == k
+        assert np.array_equal(ck["weights"], -lr * k * g)
 
 
 def test_saps_flags_the_straggler_and_only_it(data):
-    """Worker 0 slowed 4x is flagged (and nobody else); with no slowdown nobody
-    is. Two workers: on this 2-core machine more workers than cores make every
-    worker an intermittent straggler of the scheduler's making."""
+    """Worker 0 slowed 4x is flagged (and nobody else), and the others take its
+    minibatches; with no slowdown nobody is flagged. Two workers: on this 2-core
+    machine more workers than cores make every worker an intermittent
+    straggler of the scheduler's making."""
     X, y = data
-    r = train(X, y, n_workers=2, policy="saps", slowdown={0: 4.0}, max_seconds=2.5, seed=0)
+    r = train(X, y, n_workers=2, policy="saps", slowdown={0: 4.0}, max_seconds=2.0, seed=0)
     assert [w for _, w in r.detections] == [0]
-    assert r.detections[0][0] < 2.5
-    assert r.workers[0]["dropped"] > 0 and r.workers[1]["dropped"] == 0
-    r = train(X, y, n_workers=2, policy="saps", max_seconds=2.5, seed=0)
-    assert r.detections == []
+    assert r.detections[0][0] < 2.0
+    assert r.events[0][1:] == (0, True)
+    assert r.workers[1]["dropped"] == 0
+    assert r.workers[1]["stolen"] > 0 and r.workers[0]["stolen"] == 0
+    assert r.batches["stolen_by_worker"] == [0, r.workers[1]["stolen"]]
+    assert r.batches["lost"] == 0
+    r = train(X, y, n_workers=2, policy="saps", max_seconds=2.0, seed=0)
+    assert r.detections == [] and r.events == []
+
+
+def test_stealing_keeps_the_stragglers_data_in_pace(data):
+    """Under ASP a 4x straggler's partition falls behind by epochs; under SaPS,
+    after the detection, fast workers take its minibatches and its epoch
+    counter keeps pace with the others."""
+    X, y = data
+    slow = {0: 4.0}
+    asp = train(X, y, n_workers=2, policy="asp", slowdown=slow, max_seconds=2.0, seed=2)
+    saps = train(X, y, n_workers=2, policy="saps", slowdown=slow, max_seconds=2.0, seed=2)
+    ea, es = asp.batches["epochs"], saps.batches["epochs"]
+    assert ea[0] < 0.6 * ea[1]
+    t_det = saps.detections[0][0]
+    # from the detection on, partition 0 advanced about as much as partition 1
+    share = (saps.seconds - t_det) / saps.seconds
+    assert es[1] - es[0] < (1 - share) * es[1] + 0.2 * share * es[1] + 2
 
 
 @pytest.mark.parametrize("policy", ["bsp", "ssp", "saps"])
@@ -78,3 +115,128 @@ def test_worker_sigkilled_mid_run(data, policy, no_shm_leak):
     assert min(pushes[0], pushes[2]) > pushes[1]        # the survivors kept going
     assert r.final_loss < ref.final_loss + 0.02
     assert r.final_loss < 0.6
+    assert r.batches["lost"] <= 1                       # at most the batch it held
+    if policy == "saps":                                # its queue was taken over
+        assert sum(r.batches["stolen_by_worker"]) > 0
+
+
+def test_checkpoint_and_resume(data, tmp_path, no_shm_leak):
+    X, y = data
+    path = tmp_path / "ps.ckpt"
+    r = train(X, y, n_workers=2, policy="asp", max_seconds=1.0, seed=4, checkpoint=path,
+              checkpoint_every=0.25)
+    assert len(r.checkpoints) >= 3                      # periodic ones and the last
+    times = [t for t, _ in r.checkpoints]
+    assert times == sorted(times)
+    ck = load_checkpoint(path)
+    assert ck["version"] == r.updates                   # the last is taken at the end
+    assert (ck["shard_versions"] == r.updates).all()
+    assert ck["pushes"].tolist() == [w["pushes"] for w in r.workers]
+    assert ck["epochs"].tolist() == r.batches["epochs"]
+    assert ck["meta"]["policy"] == "asp" and ck["meta"]["n_features"] == X.shape[1]
+    assert abs(ck["meta"]["loss_value"] - r.final_loss) < 1e-12
+    assert glob.glob(str(tmp_path / ".*tmp*")) == []
+    r2 = train(X, y, n_workers=2, policy="asp", max_seconds=0.5, seed=4, resume=path)
+    assert r2.resumed_from["version"] == r.updates
+    assert r2.history[0]["seconds"] >= ck["seconds"]
+    assert r2.history[0]["loss"] < r.final_loss + 0.01 < np.log(2.0)
+    assert r2.updates > r.updates
+    assert [w["pushes"] for w in r2.workers] >= [w["pushes"] for w in r.workers]
+    assert r2.batches["lost"] == 0
+
+
+def test_checkpoint_write_is_atomic(data, tmp_path, monkeypatch):
+    """A write that fails halfway leaves the previous checkpoint whole and no
+    temporary file behind."""
+    X, y = data
+    path = tmp_path / "ps.ckpt"
+    train(X, y, n_workers=1, policy="asp", max_seconds=0.3, seed=5, checkpoint=path)
+    before = path.read_bytes()
+
+    def torn(f, **arrays):
+        f.write(b"PK\x03\x04 half a zip file")
+        raise OSError("disk full")
+    monkeypatch.setattr(train_mod.np, "savez", torn)
+    with pytest.raises(OSError, match="disk full"):
+        train(X, y, n_workers=1, policy="asp", max_seconds=0.3, seed=5, checkpoint=path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert load_checkpoint(path)["version"] > 0
+    assert sorted(os.listdir(tmp_path)) == ["ps.ckpt"]
+
+
+def test_resume_rejects_bad_checkpoints(data, tmp_path):
+    X, y = data
+    with pytest.raises(ValueError, match="resume: no checkpoint"):
+        train(X, y, resume=tmp_path / "missing")
+    (tmp_path / "junk").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        train(X, y, resume=tmp_path / "junk")
+    path = tmp_path / "ok"
+    train(X, y, n_workers=1, max_seconds=0.2, checkpoint=path)
+    with pytest.raises(ValueError, match="features"):
+        train(X[:, :100], y, resume=path)
+
+
+def test_emulation_profiles_and_transient_spells(data):
+    X, y = data
+    r = train(X, y, n_workers=3, policy="asp", slowdown="hetero", max_seconds=0.8, seed=6,
+              transient=(20.0, 3.0, 0.01))
+    assert [w["slowdown"] for w in r.workers] == [4.0, 2.0, 1.0]
+    assert all(w["spells"] > 0 for w in r.workers)
+    r = train(X, y, n_workers=2, policy="asp", slowdown="straggler", max_seconds=0.3, seed=6)
+    assert [w["slowdown"] for w in r.workers] == [4.0, 1.0]
+
+
+def test_progress_bar(data, capsys):
+    X, y = data
+    train(X, y, n_workers=1, policy="asp", max_seconds=0.3, seed=0, progress=True)
+    err = capsys.readouterr().err
+    assert "asp" in err and "updates" in err and "loss" in err
+
+
+def test_target_loss_stops_early(data):
+    X, y = data
+    r = train(X, y, n_workers=2, policy="asp", max_seconds=20.0, target_loss=0.65, seed=1)
+    assert r.time_to_target is not None and r.seconds < 20.0
+    assert min(h["loss"] for h in r.history) <= 0.65
+
+
+def test_divergence_is_an_error(data, no_shm_leak):
+    X, y = data
+    with pytest.raises(FloatingPointError, match="diverged"):
+        train(X * 1e6, y, n_workers=2, loss="squared_error", lr=1e6, max_seconds=5.0)
+
+
+def test_bad_input(data):
+    X, y = data
+    with pytest.raises(ValueError, match="policy"):
+        train(X, y, policy="gossip")
+    with pytest.raises(ValueError, match="loss"):
+        train(X, y, loss="cross_entropy")
+    with pytest.raises(ValueError, match="slowdown"):
+        train(X, y, n_workers=2, slowdown=[1.0])
+    with pytest.raises(ValueError, match="slowdown"):
+        train(X, y, n_workers=2, slowdown={5: 2.0})
+    with pytest.raises(ValueError, match="slowdown: profile"):
+        train(X, y, n_workers=2, slowdown="slow")
+    with pytest.raises(ValueError, match=">= 1"):
+        train(X, y, n_workers=2, slowdown=[0.5, 1.0])
+    with pytest.raises(ValueError, match="transient"):
+        train(X, y, transient=(1.0, 0.5, 1.0))
+    with pytest.raises(ValueError, match="transient"):
+        train(X, y, transient="often")
+    with pytest.raises(ValueError, match="two classes"):
+        train(X, np.arange(X.shape[0]) % 3)
+    with pytest.raises(ValueError, match="rows"):
+        train(X, y[:-1])
+    with pytest.raises(ValueError, match="max_seconds"):
+        train(X, y, max_seconds=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        train(X, y, batch_size=0)
+    Xd = X[:50].toarray()
+    Xd[3, 4] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        train(Xd, y[:50])
+    with pytest.raises(ValueError, match="faults"):
+        train(X, y, n_workers=2, faults={2: 0.1})

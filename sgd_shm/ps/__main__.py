@@ -1,23 +1,25 @@
-"""``python -m sgd_shm.ps``: the parameter server on an embedded default.
+"""``python -m sgd_shm`` (or ``python -m sgd_shm.ps``): the kit's main job, the
+parameter server on an embedded default.
 
 An RCV1-like sparse problem (20k x 2k by default, generated in about a second)
 is trained by 4 worker processes with worker 0 slowed 4x, under each policy
 (BSP, ASP, SSP, SaPS) in turn. Prints a table (time to the target loss, final
-loss, updates, detections) and writes ps-main.json and ps-main.png to --out.
+loss, updates, mean push staleness, minibatches stolen from the straggler,
+detections) and writes ps-main.json and ps-main.png (loss against time and
+updates, staleness histograms, the detection timeline) to --out.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 
 from sgd_shm.data import make_rcv1_like
-from sgd_shm.ps.train import POLICIES, plot_losses, train
+from sgd_shm.ps.train import POLICIES, curves_of, plot_losses, train
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sgd_shm.ps", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m sgd_shm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     ap.add_argument("--slow", type=float, default=4.0,
@@ -45,29 +47,38 @@ def main(argv=None) -> int:
         ap.error("--slow must be >= 1")
     X, y = make_rcv1_like(args.samples, args.features, random_state=args.seed)
     print(f"parameter server: {args.samples:,} x {args.features:,} RCV1-like, {args.workers} "
-          f"worker processes, worker 0 slowed {args.slow:g}x, {args.seconds:g} s per policy")
-    print(f"{'policy':8s} {'time to target':>15s} {'final loss':>11s} {'updates':>9s}  detections")
-    out = {}
+          f"worker processes, worker 0 slowed {args.slow:g}x, {args.seconds:g} s per policy "
+          f"({os.cpu_count()} CPUs)")
+    print(f"{'policy':8s} {'time to target':>15s} {'final loss':>11s} {'updates':>9s} "
+          f"{'mean tau':>9s} {'stolen':>7s}  detections")
+    out, results = {}, {}
     for pol in policies:
         r = train(X, y, n_workers=args.workers, policy=pol, max_seconds=args.seconds,
-                  slowdown={0: args.slow} if args.slow > 1 else None, seed=args.seed,
-                  progress=sys.stdout.isatty())
+                  slowdown={0: args.slow} if args.slow > 1 else None, seed=args.seed)
+        results[pol] = r
         ttt = next((h["seconds"] for h in r.history if h["loss"] <= args.target), None)
-        det = ", ".join(f"worker {w} at {t:.1f} s" for t, w in r.detections) or "-"
+        det = ", ".join(f"worker {w} at {t:.1f} s" for t, w in r.detections) or "none"
+        pushes = sum(w["pushes"] + w["dropped"] for w in r.workers)
+        tau = sum(w["staleness_sum"] for w in r.workers) / max(pushes, 1)
+        stolen = sum(r.batches["stolen_by_worker"])
         print(f"{pol:8s} {('%.2f s' % ttt) if ttt is not None else 'not reached':>15s} "
-              f"{r.final_loss:11.4f} {r.updates:9,d}  {det if pol == 'saps' else ''}")
+              f"{r.final_loss:11.4f} {r.updates:9,d} {tau:9.1f} {stolen:7,d}  "
+              f"{det if pol == 'saps' else ''}")
         out[pol] = {"time_to_target": ttt, "final_loss": r.final_loss, "updates": r.updates,
-                    "detections": r.detections, "workers": r.workers,
-                    "history": r.history}
+                    "mean_staleness": tau, "detections": r.detections, "events": r.events,
+                    "workers": r.workers, "staleness_hist": r.staleness_hist,
+                    "batches": r.batches, "history": r.history}
+    by = {p: o["time_to_target"] for p, o in out.items()}
+    if by.get("bsp") and by.get("saps"):
+        print(f"SaPS reached the target {by['bsp'] / by['saps']:.2f}x sooner than BSP")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "ps-main.json")
     with open(path, "w") as f:
         json.dump({"settings": vars(args), "target": args.target, "results": out}, f, indent=1)
     png = os.path.join(args.out, "ps-main.png")
-    plot_losses({pol: {"seconds": [h["seconds"] for h in r["history"]],
-                       "loss": [h["loss"] for h in r["history"]],
-                       "detections": r["detections"]} for pol, r in out.items()},
-                args.target, png)
+    plot_losses(curves_of(results), args.target, png,
+                f"parameter server, {args.workers} workers, worker 0 slowed {args.slow:g}x",
+                n_workers=args.workers)
     print(f"wrote {path} and {png}")
     return 0
 

@@ -12,8 +12,16 @@ computed from them, in the style of ps-lite's few verbs. Everything lives in one
 * a global version: the number of pushes applied in full;
 * per worker, in its own cache line: the version it last pulled, its pushes,
   its compute time, a heartbeat and a status word, the sum of the staleness of
-  its pushes (global version at push minus version pulled), and how many shard
-  updates it deferred. Straggler detection reads these slots.
+  its pushes (global version at push minus version pulled), how many shard
+  updates it deferred, what the training driver counts (pushes dropped,
+  minibatches stolen, slow spells) and the sum of the scales its pushes were
+  applied with. Straggler detection reads these slots;
+* per worker, a histogram of the staleness of its pushes in log2 bins: bin 0
+  counts staleness 0, bin i >= 1 counts [2**(i-1), 2**i), the last bin
+  everything above.
+
+A worker's slot and histogram are written by that worker's pushes (and the
+coordinator's status word): one process per worker id.
 
 A push that finds a shard locked waits by a :class:`WaitPolicy`: spin, then
 yield, then give up and *defer* that shard's update (it is returned to the
@@ -44,7 +52,9 @@ from sgd_shm._intrinsics import cas_acquire, fetch_add, load_relaxed, store_rele
 KIND_PS = 4
 LINE = 16                        # int64 per padded slot (128 bytes)
 SLOT_FIELDS = ("pulled_version", "pushes", "compute_ns", "heartbeat_ns", "status",
-               "staleness_sum", "deferred", "dropped")
+               "staleness_sum", "deferred", "dropped", "stolen", "spells")
+F_APPLIED = 10                   # float64 slot field: sum of the scales of the pushes
+HIST_BINS = 32                   # staleness histogram bins per worker
 HEADER = 256
 
 
@@ -150,7 +160,8 @@ class ParameterStore:
 
     @staticmethod
     def _size(n_params, n_shards, n_workers):
-        return HEADER + 8 * (n_params + 2 * LINE * n_shards + LINE + LINE * n_workers)
+        return HEADER + 8 * (n_params + 2 * LINE * n_shards + LINE + LINE * n_workers
+                             + HIST_BINS * n_workers)
 
     @classmethod
     def attach(cls, name):
@@ -185,10 +196,14 @@ class ParameterStore:
         off += 8 * LINE
         self._slots = np.frombuffer(seg.buf, np.int64, LINE * n_workers,
                                     offset=off).reshape(n_workers, LINE)
+        self._slotsf = self._slots.view(np.float64)
+        off += 8 * LINE * n_workers
+        self._hist = np.frombuffer(seg.buf, np.int64, HIST_BINS * n_workers,
+                                   offset=off).reshape(n_workers, HIST_BINS)
         self.bounds = np.linspace(0, n_params, n_shards + 1).astype(np.int64)
 
     def _views_off(self):
-        for a in ("weights", "_versions", "_locks", "_global", "_slots"):
+        for a in ("weights", "_versions", "_locks", "_global", "_slots", "_slotsf", "_hist"):
             self.__dict__.pop(a, None)
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -237,6 +252,61 @@ class ParameterStore:
         self._check_open()
         return self._versions[::LINE].copy()
 
+    def snapshot(self):
+        """(weights, shard_versions, version), consistent shard by shard: each
+        shard is copied under its lock, with the version that counts exactly the
+        updates in the copy (a lock whose holder died is taken over). Pushes go on
+        meanwhile, so different shards may be at different versions; ``version``
+        (the global version, read first) is at most every shard's. For
+        checkpoints."""
+        self._check_open()
+        v = int(self._global[0])
+        w = np.empty(self.n_params)
+        vers = np.empty(self.n_shards, np.int64)
+        pid = os.getpid()
+        for s in range(self.n_shards):
+            lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
+            lock = self._locks[s * LINE:s * LINE + 1]
+            while not _cas_py(lock, 0, pid):
+                holder = int(lock[0])
+                if holder and not _pid_alive(holder):
+                    _cas_py(lock, holder, 0)
+                else:
+                    os.sched_yield()
+            w[lo:hi] = self.weights[lo:hi]
+            vers[s] = self._versions[s * LINE]
+            store_release_py(lock, 0)
+        return w, vers, v
+
+    def restore(self, weights, shard_versions, version):
+        """Set the weights and versions (from :meth:`snapshot`, e.g. a checkpoint).
+        Only while no process pushes; worker slots are left as they are."""
+        self._check_open()
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (self.n_params,) or not np.isfinite(w).all():
+            raise ValueError(f"weights: expected {self.n_params} finite floats, got shape "
+                             f"{w.shape}")
+        vers = np.asarray(shard_versions)
+        if vers.shape != (self.n_shards,) or vers.dtype.kind not in "iu" or (vers < 0).any():
+            raise ValueError(f"shard_versions: expected {self.n_shards} ints >= 0, got "
+                             f"{vers!r}")
+        version = int(version)
+        if not 0 <= version <= int(vers.min()):
+            raise ValueError(f"version: must be in [0, min(shard_versions)], got {version}")
+        if (self._locks[::LINE] != 0).any():
+            raise RuntimeError("restore: a shard is locked; restore only while no one pushes")
+        self.weights[:] = w
+        self._versions[::LINE] = vers
+        self._global[0] = version
+
+    def staleness_histogram(self, worker=None) -> np.ndarray:
+        """Counts of push staleness in log2 bins (see the module notes), of one
+        worker or summed over all."""
+        self._check_open()
+        if worker is None:
+            return self._hist.sum(axis=0)
+        return self._hist[self._worker(worker)].copy()
+
     def pull(self, worker=None, out=None):
         """(weights, version): a copy of the weights and the global version read
         before copying (an asynchronous read: updates may land during the copy,
@@ -280,6 +350,8 @@ class ParameterStore:
             fetch_add_py(s, 1, 1)
             fetch_add_py(s, 5, max(stale, 0))
             fetch_add_py(s, 6, len(res.deferred))
+            fetch_add_py(self._hist[wid], staleness_bin(stale), 1)
+            self._slotsf[wid, F_APPLIED] += scale      # this worker's process only
             s[3] = time.monotonic_ns()
         if not res.deferred:
             fetch_add_py(self._global, 0, 1)
@@ -331,10 +403,14 @@ class ParameterStore:
 
     def slot(self, worker) -> dict:
         """A copy of a worker's slot (pulled_version, pushes, compute_ns,
-        heartbeat_ns, status, staleness_sum, deferred, dropped)."""
+        heartbeat_ns, status, staleness_sum, deferred, dropped, stolen, spells, and
+        applied_weight: the sum of the scales its pushes were applied with)."""
         self._check_open()
-        row = self._slots[self._worker(worker)]
-        return {k: int(row[i]) for i, k in enumerate(SLOT_FIELDS)}
+        k = self._worker(worker)
+        row = self._slots[k]
+        d = {f: int(row[i]) for i, f in enumerate(SLOT_FIELDS)}
+        d["applied_weight"] = float(self._slotsf[k, F_APPLIED])
+        return d
 
     def record(self, worker, *, compute_ns=None, status=None):
         """Add compute time / set the status word of a worker's slot."""
@@ -390,6 +466,22 @@ def _fetch_add_at(arr, i, v):
 @njit(cache=True, nogil=True)
 def _cas_at(arr, expected, desired):
     return cas_acquire(arr, expected, desired)
+
+
+@njit(cache=True, nogil=True)
+def _store_at(arr, v):
+    store_release(arr, v)
+
+
+def store_release_py(arr, v):
+    """arr[0] = v with release order (int64)."""
+    _store_at(arr, v)
+
+
+def staleness_bin(stale: int) -> int:
+    """Histogram bin of a staleness: 0 for <= 0, else bit_length (1; 2-3; 4-7;
+    ...), capped at the last bin."""
+    return min(max(int(stale), 0).bit_length(), HIST_BINS - 1)
 
 
 def fetch_add_py(arr, i, v):
