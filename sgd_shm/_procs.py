@@ -41,19 +41,14 @@ def worker_epoch(W, b, q, V, prob, order, lo, hi, fp, ip, out, progress, wid, sc
            cum_eta, clock, hist)
 
 
-def _worker_main(conn, wid, W, b, q, V, order, progress, scale_tab, eta_tab, cum_eta, clock, hists,
-                 prob, ip):
+def _serve(conn, wid, step, views, static):
+    """A worker's loop: each message but "stop" is one call of ``step``."""
     try:
         while True:
             msg = conn.recv()
             if msg[0] == "stop":
                 return
-            _, lo, hi, fp, L = msg               # L: global steps in this segment
-            out = np.zeros(K.N_OUT)
-            worker_epoch(W, b, q, V, prob, order, lo, hi, fp, ip, out, progress, wid,
-                         scale_tab[:L + 1], eta_tab[:L], cum_eta[:L + 1], clock,
-                         hists[wid, :hists.shape[1] - 16])
-            conn.send(("ok", out))
+            conn.send(("ok", step(wid, views, static, *msg[1:])))
     except (EOFError, KeyboardInterrupt):
         return
     except BaseException:
@@ -67,39 +62,38 @@ class WorkerError(RuntimeError):
     """A Hogwild worker process raised or died."""
 
 
-class ProcessPool:
-    def __init__(self, sgd, prob, n_workers):
-        k, d = sgd.W.shape
-        n = prob.n_samples
-        shapes = [((k, d), np.float64), ((k,), np.float64), (sgd.q.shape, np.float64),
-                  (sgd.V.shape, np.float64),
-                  ((n,), np.int64), ((16 * n_workers,), np.int64), ((n + 1,), np.float64),
-                  ((n,), np.float64), ((n + 1,), np.float64), ((16,), np.int64),
-                  ((n_workers, sgd.staleness.shape[0] + 16), np.int64)]
+class SharedWorkers:
+    """Forked ``multiprocess`` workers around one shared segment.
+
+    ``arrays``: {name: (shape, dtype)} laid out in one :class:`Segment` (each on
+    its own cache lines) and exposed as ``self.views``. Each worker loops on
+    ``step(wid, views, static, *args) -> result`` for every :meth:`run`;
+    ``static`` (the data) is inherited by fork, never copied into the segment.
+    :meth:`start` forks them once the caller has filled the arrays; :meth:`close` stops the workers and unlinks the segment."""
+
+    def __init__(self, arrays, step, static):
+        names = list(arrays)
+        shapes = [arrays[k] for k in names]
         offsets, size = _layout(shapes)
         self.seg = Segment.create(size, shared=True)
-        self.sgd = sgd
         self.procs, self.conns = [], []
+        self.views = {}
         try:
-            views = [np.ndarray(shape, dtype=dt, buffer=self.seg.buf, offset=off)
-                     for (shape, dt), off in zip(shapes, offsets)]
-            (self.W, self.b, self.q, self.V, self.order, self.progress, self.scale_tab, self.eta_tab,
-             self.cum_eta, self.clock, self.hists) = views
-            self.W[...] = sgd.W
-            self.b[...] = sgd.b
-            self.q[...] = sgd.q
-            self.V[...] = sgd.V
-            self._private = (sgd.W, sgd.b, sgd.q, sgd.V)
-            sgd.W, sgd.b, sgd.q, sgd.V = self.W, self.b, self.q, self.V
-            ctx = mp.get_context("fork")
+            self.views = {k: np.ndarray(shape, dtype=dt, buffer=self.seg.buf, offset=off)
+                          for k, (shape, dt), off in zip(names, shapes, offsets)}
+            self._step, self._static = step, static
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self, n_workers):
+        """Fork the workers (after the caller filled the shared arrays)."""
+        ctx = mp.get_context("fork")
+        try:
             for _ in range(n_workers):
                 parent, child = ctx.Pipe()
-                p = ctx.Process(target=_worker_main,
-                                args=(child, len(self.procs), self.W, self.b, self.q, self.V,
-                                      self.order,
-                                      self.progress, self.scale_tab, self.eta_tab, self.cum_eta,
-                                      self.clock, self.hists, prob, sgd.ip),
-                                daemon=True)
+                p = ctx.Process(target=_serve, args=(child, len(self.procs), self._step,
+                                                     self.views, self._static), daemon=True)
                 p.start()
                 child.close()
                 self.procs.append(p)
@@ -108,18 +102,12 @@ class ProcessPool:
             self.close()
             raise
 
-    def run_epoch(self, order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists):
-        """Run one segment: worker w does positions [lo[w], hi[w]) of ``order``."""
-        L = eta_tab.shape[0]
-        self.order[...] = order
-        self.scale_tab[:L + 1] = scale_tab
-        self.eta_tab[:L] = eta_tab
-        self.cum_eta[:L + 1] = cum_eta
-        self.progress[...] = 0
-        self.hists[...] = 0
+    def run(self, args_of):
+        """Send worker w the arguments ``args_of(w)``, wait for all; returns their
+        results. Raises :class:`WorkerError` if one raised or died."""
         for w, conn in enumerate(self.conns):
-            conn.send(("epoch", int(lo[w]), int(hi[w]), fp, L))
-        errors = []
+            conn.send(("run", *args_of(w)))
+        errors, results = [], [None] * len(self.conns)
         for w, (conn, p) in enumerate(zip(self.conns, self.procs)):
             while not conn.poll(0.2):
                 if not p.is_alive():
@@ -133,13 +121,13 @@ class ProcessPool:
                     errors.append(f"worker {w} (pid {p.pid}) died with exit code {p.exitcode}")
                     continue
                 if status == "ok":
-                    outs[w] = payload
+                    results[w] = payload
                 else:
                     errors.append(f"worker {w} raised:\n{payload}")
-        hists += self.hists[:, :hists.shape[1]]
         if errors:
             raise WorkerError("Hogwild worker failure; training stopped and shared memory "
                               "released.\n" + "\n".join(errors))
+        return results
 
     def close(self):
         for conn in self.conns:
@@ -154,15 +142,130 @@ class ProcessPool:
                 p.join()
         for conn in self.conns:
             conn.close()
+        self.procs, self.conns = [], []
+        self.views = {}
+        self.seg.close()
+
+
+_HOGWILD = ("W", "b", "q", "V", "order", "progress", "scale_tab", "eta_tab", "cum_eta",
+            "clock", "hists")
+
+
+def _hogwild_step(wid, v, static, lo, hi, fp, L):
+    prob, ip = static
+    out = np.zeros(K.N_OUT)
+    hists = v["hists"]
+    worker_epoch(v["W"], v["b"], v["q"], v["V"], prob, v["order"], lo, hi, fp, ip, out,
+                 v["progress"], wid, v["scale_tab"][:L + 1], v["eta_tab"][:L],
+                 v["cum_eta"][:L + 1], v["clock"], hists[wid, :hists.shape[1] - 16])
+    return out
+
+
+class ProcessPool:
+    """The Hogwild linear models' worker processes: weights, intercepts, L1
+    memory and the schedule tables live in the shared segment for one fit."""
+
+    def __init__(self, sgd, prob, n_workers):
+        k, d = sgd.W.shape
+        n = prob.n_samples
+        shapes = [((k, d), np.float64), ((k,), np.float64), (sgd.q.shape, np.float64),
+                  (sgd.V.shape, np.float64),
+                  ((n,), np.int64), ((16 * n_workers,), np.int64), ((n + 1,), np.float64),
+                  ((n,), np.float64), ((n + 1,), np.float64), ((16,), np.int64),
+                  ((n_workers, sgd.staleness.shape[0] + 16), np.int64)]
+        self.sgd = sgd
+        self.pool = SharedWorkers(dict(zip(_HOGWILD, shapes)), _hogwild_step,
+                                  (prob, sgd.ip))
+        try:
+            v = self.pool.views
+            for name in ("W", "b", "q", "V"):
+                v[name][...] = getattr(sgd, name)
+            self._private = (sgd.W, sgd.b, sgd.q, sgd.V)
+            sgd.W, sgd.b, sgd.q, sgd.V = v["W"], v["b"], v["q"], v["V"]
+            self.pool.start(n_workers)
+        except BaseException:
+            self.close()
+            raise
+
+    def run_epoch(self, order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists):
+        """Run one segment: worker w does positions [lo[w], hi[w]) of ``order``."""
+        v = self.pool.views
+        L = eta_tab.shape[0]
+        v["order"][...] = order
+        v["scale_tab"][:L + 1] = scale_tab
+        v["eta_tab"][:L] = eta_tab
+        v["cum_eta"][:L + 1] = cum_eta
+        v["progress"][...] = 0
+        v["hists"][...] = 0
+        try:
+            for w, out in enumerate(self.pool.run(
+                    lambda w: (int(lo[w]), int(hi[w]), fp, L))):
+                outs[w] = out
+        finally:
+            hists += v["hists"][:, :hists.shape[1]]
+
+    def close(self):
         if hasattr(self, "_private"):
+            v = self.pool.views
             W, b, q, V = self._private
-            W[...] = self.W
-            b[...] = self.b
-            q[...] = self.q
-            V[...] = self.V
+            W[...] = v["W"]
+            b[...] = v["b"]
+            q[...] = v["q"]
+            V[...] = v["V"]
             self.sgd.W, self.sgd.b, self.sgd.q, self.sgd.V = W, b, q, V
             del self._private
-        self.W = self.b = self.q = self.V = self.order = None
-        self.progress = self.scale_tab = self.eta_tab = self.cum_eta = None
-        self.clock = self.hists = None
-        self.seg.close()
+        self.pool.close()
+
+
+def _mf_step(wid, v, static, lo, hi, lr, reg, reg_bias, mu, fit_bias):
+    from sgd_shm import _mf
+    users, items, ratings = static
+    out = np.zeros(_mf.MN_OUT)
+    mf_epoch(v["P"], v["Q"], v["bu"], v["bi"], users, items, ratings, v["order"], lo, hi, lr,
+             reg, reg_bias, mu, fit_bias, out)
+    return out
+
+
+def mf_epoch(*args):
+    """One worker's slice of a matrix-factorization epoch (replaceable in tests)."""
+    from sgd_shm import _mf
+    _mf.mf_run(*args)
+
+
+class MFPool:
+    """Matrix factorization's worker processes: the factor matrices, biases and
+    the epoch's order live in the shared segment for one fit; the ratings are
+    inherited by fork. ``close`` copies the factors back to the estimator."""
+
+    def __init__(self, est, users, items, ratings, n_workers):
+        self.est = est
+        names = ("user_factors_", "item_factors_", "user_bias_", "item_bias_")
+        arrays = {"P": (est.user_factors_.shape, np.float64),
+                  "Q": (est.item_factors_.shape, np.float64),
+                  "bu": (est.user_bias_.shape, np.float64),
+                  "bi": (est.item_bias_.shape, np.float64),
+                  "order": ((users.shape[0],), np.int64)}
+        self.pool = SharedWorkers(arrays, _mf_step, (users, items, ratings))
+        try:
+            v = self.pool.views
+            self._private = [getattr(est, k) for k in names]
+            for key, name in zip(("P", "Q", "bu", "bi"), names):
+                v[key][...] = getattr(est, name)
+                setattr(est, name, v[key])
+            self._names = names
+            self.pool.start(n_workers)
+        except BaseException:
+            self.close()
+            raise
+
+    def run_epoch(self, order, bounds, *params):
+        self.pool.views["order"][...] = order
+        return self.pool.run(lambda w: (int(bounds[w]), int(bounds[w + 1]), *params))
+
+    def close(self):
+        if hasattr(self, "_private"):
+            for priv, name in zip(self._private, self._names):
+                priv[...] = getattr(self.est, name)
+                setattr(self.est, name, priv)
+            del self._private
+        self.pool.close()

@@ -15,6 +15,8 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
@@ -55,8 +57,10 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
     max_iter : epochs.
     decay : factor applied to the learning rate after each epoch (1.0 keeps it constant).
     init_std : standard deviation of the initial factors.
-    n_workers : threads updating the factors without locks.
-    backend : "threads" (the only backend of this model so far).
+    n_workers : workers updating the factors without locks.
+    backend : "threads" (nogil Numba kernels on one process's arrays) or "processes"
+        (``multiprocess`` workers on factors in a shared-memory segment that lives
+        for one fit or partial_fit call and is always released).
     random_state : seeds the initialisation and the shuffling.
     """
 
@@ -85,9 +89,8 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         _check_param("decay", self.decay, float, 0.0, 1.0, lo_open=True)
         _check_param("init_std", self.init_std, float, 0.0)
         _check_param("n_workers", self.n_workers, int, 1)
-        if self.backend != "threads":
-            raise ValueError(f"backend must be 'threads' for MatrixFactorization (the processes "
-                             f"backend covers the linear models only so far), got {self.backend!r}")
+        if self.backend not in ("threads", "processes"):
+            raise ValueError(f"backend must be 'threads' or 'processes', got {self.backend!r}")
 
     def _data(self, X, y):
         X = _check_pairs(X)
@@ -117,9 +120,29 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         self.n_iter_ = 0
         self._rng = np.random.default_rng(rng.randint(2**31 - 1))
         self._lr = float(self.learning_rate)
-        for _ in range(self.max_iter):
-            self._epoch(X, y)
+        with self._session(X, y):
+            for _ in range(self.max_iter):
+                self._epoch(X, y)
         return self
+
+    @contextlib.contextmanager
+    def _session(self, X, y):
+        """Workers for a run of epochs: with the processes backend, a pool of
+        worker processes on shared factors, always released."""
+        self._users = np.ascontiguousarray(X[:, 0])
+        self._items = np.ascontiguousarray(X[:, 1])
+        pool = self._pool = None
+        try:
+            if self.backend == "processes":
+                from sgd_shm._procs import MFPool
+                nw = max(1, min(int(self.n_workers), X.shape[0]))
+                pool = self._pool = MFPool(self, self._users, self._items, y, nw)
+            yield
+        finally:
+            self._pool = None
+            del self._users, self._items
+            if pool is not None:
+                pool.close()
 
     def partial_fit(self, X, y):
         """One more epoch over (X, y); the first call initialises like fit with max_iter=1."""
@@ -135,7 +158,8 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         if X[:, 0].max() >= self.n_users_ or X[:, 1].max() >= self.n_items_:
             raise ValueError(f"partial_fit got ids beyond the fitted model ({self.n_users_} "
                              f"users, {self.n_items_} items); fit again on data with every id")
-        self._epoch(X, y)
+        with self._session(X, y):
+            self._epoch(X, y)
         return self
 
     def _epoch(self, X, y):
@@ -144,15 +168,17 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         order = self._rng.permutation(n).astype(np.int64)
         bounds = np.linspace(0, n, nw + 1).astype(np.int64)
         outs = np.zeros((nw, _mf.MN_OUT + 13))        # padded rows
-        users = np.ascontiguousarray(X[:, 0])
-        items = np.ascontiguousarray(X[:, 1])
-
-        def work(w):
-            _mf.mf_run(self.user_factors_, self.item_factors_, self.user_bias_, self.item_bias_,
-                       users, items, y, order, bounds[w], bounds[w + 1], self._lr,
-                       float(self.reg), float(self.reg_bias), self.global_mean_,
-                       bool(self.fit_bias), outs[w])
-        run_workers(work, nw)
+        params = (self._lr, float(self.reg), float(self.reg_bias), self.global_mean_,
+                  bool(self.fit_bias))
+        if self._pool is not None:
+            for w, out in enumerate(self._pool.run_epoch(order, bounds, *params)):
+                outs[w, :_mf.MN_OUT] = out
+        else:
+            def work(w):
+                _mf.mf_run(self.user_factors_, self.item_factors_, self.user_bias_,
+                           self.item_bias_, self._users, self._items, y, order, bounds[w],
+                           bounds[w + 1], *params, outs[w])
+            run_workers(work, nw)
         if outs[:, _mf.MO_DIVERGED].any() or not np.isfinite(self.user_factors_).all():
             raise DivergenceError("matrix factorization diverged (a prediction became inf/NaN); "
                                   "lower learning_rate or raise reg")

@@ -7,9 +7,11 @@ from sgd_shm import MatrixFactorization
 from sgd_shm.data import make_ratings
 
 
-def test_one_worker_epoch_equals_serial_oracle():
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_one_worker_epoch_equals_serial_oracle(backend, no_shm_leak):
     X, y = make_ratings(50, 40, 800, rank=3, random_state=1)
-    mf = MatrixFactorization(n_factors=4, n_workers=1, max_iter=1, decay=1.0, random_state=2)
+    mf = MatrixFactorization(n_factors=4, n_workers=1, max_iter=1, decay=1.0, random_state=2,
+                             backend=backend)
     mf.fit(X, y)                                   # initialises; we replay epoch 2 by hand
     P, Q = mf.user_factors_.copy(), mf.item_factors_.copy()
     bu, bi = mf.user_bias_.copy(), mf.item_bias_.copy()
@@ -25,14 +27,16 @@ def test_one_worker_epoch_equals_serial_oracle():
     np.testing.assert_allclose(mf.user_bias_, bu, rtol=1e-10, atol=1e-12)
 
 
-def test_learns_low_rank_ratings_with_two_workers():
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_learns_low_rank_ratings_with_two_workers(backend, no_shm_leak):
     X, y = make_ratings(3000, 800, 150_000, rank=5, noise=0.3, random_state=0)
     idx = np.random.default_rng(0).permutation(len(y))
     tr, te = idx[:120_000], idx[120_000:]
     base = np.sqrt(np.mean((y[te] - y[tr].mean()) ** 2))
     r = {}
     for nw in (1, 2):
-        mf = MatrixFactorization(n_factors=5, n_workers=nw, max_iter=15, random_state=0)
+        mf = MatrixFactorization(n_factors=5, n_workers=nw, max_iter=15, random_state=0,
+                                 backend=backend)
         r[nw] = mf.fit(X[tr], y[tr]).rmse(X[te], y[te])
         assert mf.loss_curve_[-1] < mf.loss_curve_[0]
     assert r[1] < 0.8 * base, f"test RMSE {r[1]:.3f} vs predicting the mean {base:.3f}"
@@ -67,10 +71,37 @@ def test_bad_input(X, y, exc, match):
 
 def test_bad_parameters_and_divergence():
     X, y = make_ratings(30, 20, 300, random_state=3)
-    with pytest.raises(ValueError, match="backend must be 'threads'"):
-        MatrixFactorization(backend="processes").fit(X, y)
+    with pytest.raises(ValueError, match="backend must be 'threads' or 'processes'"):
+        MatrixFactorization(backend="gpu").fit(X, y)
     with pytest.raises(ValueError, match="learning_rate must be > 0"):
         MatrixFactorization(learning_rate=0.0).fit(X, y)
     from sgd_shm import DivergenceError
     with pytest.raises(DivergenceError, match="diverged"):
         MatrixFactorization(learning_rate=1e6, decay=1.0, max_iter=5, random_state=0).fit(X, y)
+
+
+def test_processes_worker_failure_releases_everything(monkeypatch, no_shm_leak):
+    """A worker that raises or is SIGKILLed stops the fit with a WorkerError; the
+    shared segment is gone and the estimator keeps private factors."""
+    import os
+    import signal
+
+    from sgd_shm import _procs
+    X, y = make_ratings(200, 100, 5000, random_state=4)
+
+    def boom(*args):
+        raise RuntimeError("injected failure")
+    monkeypatch.setattr(_procs, "mf_epoch", boom)      # forked workers inherit it
+    mf = MatrixFactorization(n_workers=2, backend="processes", max_iter=2)
+    with pytest.raises(_procs.WorkerError, match="injected failure"):
+        mf.fit(X, y)
+
+    def die(*args):
+        os.kill(os.getpid(), signal.SIGKILL)
+    monkeypatch.setattr(_procs, "mf_epoch", die)
+    with pytest.raises(_procs.WorkerError, match="died"):
+        mf.fit(X, y)
+    monkeypatch.undo()
+    mf.fit(X, y)                                        # and it works again
+    assert mf.user_factors_.flags.owndata               # private again, not a shm view
+    assert np.isfinite(mf.user_factors_).all() and mf.n_iter_ == 2
