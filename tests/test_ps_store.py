@@ -78,15 +78,20 @@ def LINE_OF(shard):
     return shard * LINE
 
 
-def test_dead_holder_does_not_block(no_shm_leak):
-    s = ParameterStore(12, n_shards=3, n_workers=1)
+def _kill_while_holding(store, shard):
+    """A forked process takes shard's lock and is SIGKILLed holding it."""
     ctx = mp.get_context("fork")
     ready = ctx.Event()
-    p = ctx.Process(target=ps_hold_lock_and_die, args=(s, 2, ready))
+    p = ctx.Process(target=ps_hold_lock_and_die, args=(store, shard, ready))
     p.start()
     assert ready.wait(30)
     os.kill(p.pid, signal.SIGKILL)
     p.join(30)
+
+
+def test_dead_holder_does_not_block(no_shm_leak):
+    s = ParameterStore(12, n_shards=3, n_workers=1)
+    _kill_while_holding(s, 2)
     res = s.push(np.ones(12), 0, lr=1.0, worker=0, wait=WaitPolicy(spins=10, yields=2))
     assert res.deferred == [] and s.version == 1   # the dead pid's lock was taken over
     np.testing.assert_array_equal(s.weights, -np.ones(12))
@@ -184,12 +189,6 @@ def test_snapshot_and_restore(no_shm_leak):
             s.restore(w[:-1], vers, v)
         with pytest.raises(ValueError, match="shard_versions"):
             s.restore(w, vers[:2], v)
-        ctx = mp.get_context("fork")
-        ready = ctx.Event()
-        p = ctx.Process(target=ps_hold_lock_and_die, args=(s, 2, ready))
-        p.start()
-        assert ready.wait(30)
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(30)
+        _kill_while_holding(s, 2)
         w2, vers2, _ = s.snapshot()                 # takes over the dead holder's lock
         assert (vers2 == vers).all() and s._check()

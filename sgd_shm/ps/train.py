@@ -125,6 +125,19 @@ class TrainResult:
 
 
 # ---- gradient and loss kernels (the Hogwild kernels' loss derivatives) ----------------
+@nb.njit(cache=True, nogil=True, inline="always")
+def _row_dot(indptr, indices, data, Xd, r, w):
+    """x_r . w for a CSR row (indptr has entries) or a row of the dense Xd."""
+    p = 0.0
+    if indptr.size > 0:
+        for jj in range(indptr[r], indptr[r + 1]):
+            p += data[jj] * w[indices[jj]]
+    else:
+        for j in range(w.size):
+            p += Xd[r, j] * w[j]
+    return p
+
+
 @nb.njit(cache=True, nogil=True)
 def _batch_grad(loss, indptr, indices, data, Xd, ys, rows, w, alpha, g):
     """g = mean over rows of dloss(x.w, y) x + alpha w. CSR when indptr has
@@ -134,13 +147,7 @@ def _batch_grad(loss, indptr, indices, data, Xd, ys, rows, w, alpha, g):
     inv = 1.0 / rows.size
     sparse = indptr.size > 0
     for r in rows:
-        p = 0.0
-        if sparse:
-            for jj in range(indptr[r], indptr[r + 1]):
-                p += data[jj] * w[indices[jj]]
-        else:
-            for j in range(w.size):
-                p += Xd[r, j] * w[j]
+        p = _row_dot(indptr, indices, data, Xd, r, w)
         d = min(max(K._dloss(loss, p, ys[r]), -K.MAX_DLOSS), K.MAX_DLOSS) * inv
         if sparse:
             for jj in range(indptr[r], indptr[r + 1]):
@@ -153,17 +160,9 @@ def _batch_grad(loss, indptr, indices, data, Xd, ys, rows, w, alpha, g):
 @nb.njit(cache=True, nogil=True)
 def _mean_loss(loss, indptr, indices, data, Xd, ys, w, alpha):
     n = ys.size
-    sparse = indptr.size > 0
     tot = 0.0
     for r in range(n):
-        p = 0.0
-        if sparse:
-            for jj in range(indptr[r], indptr[r + 1]):
-                p += data[jj] * w[indices[jj]]
-        else:
-            for j in range(w.size):
-                p += Xd[r, j] * w[j]
-        tot += K._loss(loss, p, ys[r])
+        tot += K._loss(loss, _row_dot(indptr, indices, data, Xd, r, w), ys[r])
     return tot / n + 0.5 * alpha * (w @ w)
 
 
