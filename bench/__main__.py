@@ -13,6 +13,8 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   mis            greedy MIS / matching: wasted work vs q, k and n; time vs threads
                  beside sequential greedy (Numba) and networkx
   conflict       competitive ratios of the ski-rental conflict policies (simulator)
+  mf             Hogwild matrix factorization: seconds per epoch vs workers, threads and
+                 processes, train and test RMSE
   ps             parameter server, worker 0 slowed 4x: BSP, ASP, SSP, SaPS time to a
                  target loss, final loss, detections
   stm            TL2 bank transfers: commits/s and abort rate vs workers, global vs
@@ -292,6 +294,18 @@ def cmd_stm(args):
     print(f"\nwrote {path}")
 
 
+def cmd_mf(args):
+    from bench import mf
+    hdr = common.header(args)
+    common.print_header(hdr)
+    rows, extra = mf.run(_workers(args), args.reps, args.seed, users=args.mf_users,
+                         items=args.mf_items, ratings=args.mf_ratings, epochs=args.mf_epochs)
+    print()
+    print(mf.summary_markdown({"header": hdr, "results": rows, **extra}))
+    path = common.write_json("mf", hdr, rows, extra)
+    print(f"\nwrote {path}")
+
+
 def cmd_ps(args):
     from bench import ps
     hdr = common.header(args)
@@ -317,7 +331,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
-                                         "hogwild", "mis", "conflict", "stm", "ps", "all", "plot"])
+                                         "hogwild", "mis", "conflict", "stm", "mf", "ps", "all",
+                                         "plot"])
     ap.add_argument("--workers", default=None,
                     help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
@@ -351,6 +366,10 @@ def main(argv=None):
                     help="vertices for the networkx comparison (default 100k)")
     ap.add_argument("--stm-tx", type=int, default=100_000,
                     help="transactions per worker per TL2 run (default 100k)")
+    ap.add_argument("--mf-users", type=int, default=100_000, help="MF users (default 100k)")
+    ap.add_argument("--mf-items", type=int, default=10_000, help="MF items (default 10k)")
+    ap.add_argument("--mf-ratings", type=int, default=2_000_000, help="MF ratings (default 2M)")
+    ap.add_argument("--mf-epochs", type=int, default=3, help="MF epochs per fit (default 3)")
     ap.add_argument("--ps-workers", type=int, default=4, help="parameter-server workers (default 4)")
     ap.add_argument("--ps-samples", type=int, default=20_000, help="rows of the PS problem (default 20000)")
     ap.add_argument("--ps-features", type=int, default=2_000, help="columns of the PS problem (default 2000)")
@@ -363,7 +382,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
                  "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
-                 "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features"):
+                 "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
+                 "mf_users", "mf_items", "mf_ratings", "mf_epochs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("ps_seconds", "ps_target", "ps_tight"):
@@ -393,6 +413,8 @@ def main(argv=None):
         cmd_conflict(args)
     if args.scenario in ("stm", "all"):
         cmd_stm(args)
+    if args.scenario in ("mf", "all"):
+        cmd_mf(args)
     if args.scenario in ("ps", "all"):
         cmd_ps(args)
     if args.scenario in ("plot", "all"):

@@ -11,6 +11,7 @@ from bench.common import fmt_rate
 
 # scenarios whose module writes its own markdown; heading None: it has one
 SCENARIO_TABLES = (("mis", None),
+                   ("mf", "### Hogwild matrix factorization"),
                    ("ps", "### Parameter server with a straggler"),
                    ("stm", "### TL2 STM: bank transfers, commits/s"),
                    ("conflict", "### Conflict policies: empirical competitive ratios (simulator)"))

@@ -17,11 +17,13 @@ def test_bench_all_tiny(tmp_path):
                         "--waste-seeds", "2", "--nx-n", "500", "--quick", "--stm-tx", "300",
                         "--ps-workers", "2", "--ps-samples", "2000", "--ps-features", "200",
                         "--ps-seconds", "0.6", "--ps-target", "0.69",
+                        "--mf-users", "300", "--mf-items", "100", "--mf-ratings", "5000",
+                        "--mf-epochs", "2",
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
-                 "conflict", "stm", "ps"):
+                 "conflict", "stm", "mf", "ps"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
@@ -42,9 +44,14 @@ def test_bench_all_tiny(tmp_path):
     assert all(r["ratio"] > 0 for r in stm["ratios"])
     ps = json.loads((tmp_path / "ps.json").read_text())
     assert {r["policy"] for r in ps["results"]} == {"bsp", "asp", "ssp", "saps"}
-    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 9
+    mf = json.loads((tmp_path / "mf.json").read_text())
+    assert {(r["backend"], r["workers"]) for r in mf["results"]} == {
+        ("threads", 1), ("threads", 2), ("processes", 1), ("processes", 2)}
+    assert all(r["test_rmse_median"] < mf["problem"]["mean_baseline_test_rmse"] * 1.5
+               for r in mf["results"])
+    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 10
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
-                "hogwild.png", "mis.png", "conflict.png", "stm.png", "ps.png"):
+                "hogwild.png", "mis.png", "conflict.png", "stm.png", "mf.png", "ps.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 
