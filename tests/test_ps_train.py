@@ -243,3 +243,7 @@ def test_bad_input(data):
         train(Xd, y[:50])
     with pytest.raises(ValueError, match="faults"):
         train(X, y, n_workers=2, faults={2: 0.1})
+    with pytest.raises(ValueError, match="n_workers: X has only 3 rows"):
+        train(X[:3], np.array([1.0, -1.0, 1.0]), n_workers=4)
+    with pytest.raises(ValueError, match="checkpoint: folder"):
+        train(X, y, checkpoint="/nonexistent-folder/ps.ckpt")

@@ -20,7 +20,9 @@ from sgd_shm.ps.train import POLICIES, curves_of, plot_losses, train
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sgd_shm", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Also: python -m sgd_shm hogwild --help (lock-free "
+                                        "Hogwild SGD beside scikit-learn's SGDClassifier)")
     ap.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     ap.add_argument("--slow", type=float, default=4.0,
                     help="slowdown factor of worker 0 (default 4; 1 for none)")

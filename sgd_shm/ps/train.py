@@ -533,6 +533,13 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
     ys = _labels(y)
     if X.shape[0] != ys.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but y has {ys.shape[0]}")
+    if X.shape[0] < n_workers:
+        raise ValueError(f"n_workers: X has only {X.shape[0]} rows, fewer than the {n_workers} "
+                         "workers (each needs a partition); use fewer workers")
+    if checkpoint is not None:
+        folder = os.path.dirname(os.path.abspath(os.fspath(checkpoint)))
+        if not os.path.isdir(folder):
+            raise ValueError(f"checkpoint: folder {folder!r} does not exist; create it first")
     factors = _factors(slowdown, n_workers)
     spells = _transient(transient)
     for name, v in (("max_seconds", max_seconds), ("lr", lr), ("sample_every", sample_every),
