@@ -69,7 +69,8 @@ class SharedWorkers:
     its own cache lines) and exposed as ``self.views``. Each worker loops on
     ``step(wid, views, static, *args) -> result`` for every :meth:`run`;
     ``static`` (the data) is inherited by fork, never copied into the segment.
-    :meth:`start` forks them once the caller has filled the arrays; :meth:`close` stops the workers and unlinks the segment."""
+    :meth:`start` forks them once the caller has filled the arrays; :meth:`close`
+    stops the workers and unlinks the segment."""
 
     def __init__(self, arrays, step, static):
         names = list(arrays)

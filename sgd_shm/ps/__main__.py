@@ -29,7 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help=f"comma-separated, from {', '.join(POLICIES)} (default all)")
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds per policy (default 5)")
-    ap.add_argument("--target", type=float, default=0.53, help="target training loss (default 0.53)")
+    ap.add_argument("--target", type=float, default=0.53,
+                    help="target training loss (default 0.53)")
     ap.add_argument("--samples", type=int, default=20_000)
     ap.add_argument("--features", type=int, default=2_000)
     ap.add_argument("--seed", type=int, default=0)

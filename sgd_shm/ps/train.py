@@ -16,7 +16,10 @@ takes minibatches from its own partition's queue; whoever finds a queue empty
 refills it with the partition's next epoch (claimed by a compare-and-swap on the
 partition's epoch counter, so each epoch is enqueued once). Every minibatch of
 every epoch is therefore applied at most once, and exactly once unless the run
-stops (or its worker dies) before it is reached; ``result.batches`` checks this.
+stops before it is reached; ``result.batches`` checks this. A worker that is
+SIGKILLed loses the minibatch it was computing, and, if it dies between claiming
+a refill and enqueueing it, what it had not yet enqueued of that epoch (those
+are counted as ``lost``; training goes on with the next epoch).
 
 Policies (``s`` = ``staleness``):
 
@@ -180,9 +183,9 @@ def _parts(X):
 class _Work:
     """Partitions, their minibatch queues and the shared counters behind them.
 
-    Shared (one segment, inherited by fork): per-partition epoch counters and
-    lags (written off deficits, set by the coordinator), each in its own line;
-    per worker, how many times it applied each minibatch
+    Shared (one segment, inherited by fork): the stop flag; per-partition epoch
+    counters and lags (written off deficits, set by the coordinator), each in its
+    own line; per worker, how many times it applied each minibatch
     (written by that worker only)."""
 
     def __init__(self, n_rows, n_workers, batch_size, rng):
@@ -195,9 +198,13 @@ class _Work:
         self.boff = np.concatenate([[0], np.cumsum(self.nb)])
         self.n_workers = n_workers
         total = int(self.boff[-1])
-        size = _shm.HEADER_SIZE + 8 * (2 * LINE * n_workers + n_workers * total)
+        size = _shm.HEADER_SIZE + 8 * (LINE + 2 * LINE * n_workers + n_workers * total)
         self._seg = _shm.Segment.create(size, shared=True)
         off = _shm.HEADER_SIZE
+        # the run's stop flag: a word, not a multiprocessing Event, whose internal lock
+        # a worker SIGKILLed inside is_set() would leave held (measured: a deadlock)
+        self.stop = np.frombuffer(self._seg.buf, np.int64, 1, offset=off)
+        off += 8 * LINE
         self.epochs = np.frombuffer(self._seg.buf, np.int64, LINE * n_workers, offset=off)
         off += 8 * LINE * n_workers
         self.lag = np.frombuffer(self._seg.buf, np.int64, LINE * n_workers, offset=off)
@@ -250,7 +257,8 @@ class _Work:
         """The exactly-once check at quiescence: every minibatch was applied once
         per epoch enqueued, less those still queued. Returns per-partition
         epochs, applied minibatches, stolen ones, and ``lost``: (partition,
-        batch) applications missing (0 unless a worker died holding one).
+        batch) applications missing (0 unless a worker was killed: see the
+        module notes).
         Raises AssertionError if any minibatch was applied too often."""
         applied = self.taken.sum(axis=0)
         lost = 0
@@ -277,7 +285,7 @@ class _Work:
         for q in self.queues:
             q.close()
         self.queues = []
-        for a in ("epochs", "lag", "taken"):
+        for a in ("stop", "epochs", "lag", "taken"):
             self.__dict__.pop(a, None)
         if getattr(self, "_seg", None) is not None:
             self._seg.close()
@@ -301,7 +309,7 @@ class _Job:
     fixed_grad: np.ndarray | None
 
 
-def _worker(store, job, k, seed, stop):
+def _worker(store, job, k, seed):
     rng = np.random.default_rng(seed)
     n, work, slots = job.n_workers, job.work, store._slots
     indptr, indices, data, Xd = job.X
@@ -312,14 +320,15 @@ def _worker(store, job, k, seed, stop):
     if job.transient is not None:
         next_spell = time.perf_counter() + rng.exponential(1.0 / job.transient[0])
     own_ep = work.epochs[k * LINE:k * LINE + 1]
-    while not stop.is_set():
+    stop = work.stop                      # a plain shared word: no lock a SIGKILL can strand
+    while not stop[0]:
         if job.policy in ("bsp", "ssp"):
             need = my_pushes - (0 if job.policy == "bsp" else job.s)
-            while not stop.is_set() and min(
+            while not stop[0] and min(
                     (int(slots[j, 1]) for j in range(n) if int(slots[j, 4]) != DEAD),
                     default=need) < need:
                 time.sleep(0.0002)
-            if stop.is_set():
+            if stop[0]:
                 break
         it = None
         if steal and int(slots[k, 4]) != FLAGGED:
@@ -613,10 +622,9 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
             written.append((t_off + now, os.fspath(checkpoint)))
 
         ctx = mp.get_context("fork")
-        stop = ctx.Event()
         seeds = rng.integers(0, 2**63 - 1, n_workers)
         procs = [ctx.Process(target=_worker, name=f"ps-worker-{k}",
-                             args=(store, job, k, int(seeds[k]), stop), daemon=True)
+                             args=(store, job, k, int(seeds[k])), daemon=True)
                  for k in range(n_workers)]
         if progress:
             from tqdm import tqdm
@@ -672,7 +680,7 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                 if now >= max_seconds or len(killed) == n_workers:
                     break
         finally:
-            stop.set()
+            work.stop[0] = 1
             for p in procs:
                 if p.pid is None:
                     continue
