@@ -17,7 +17,7 @@ import traceback
 import multiprocess as mp
 import numpy as np
 
-from relaxed.shm import Segment
+from relaxed.shm import HEADER_SIZE, Segment
 from sgd_shm import _kernels as K
 
 _ALIGN = 64
@@ -31,6 +31,24 @@ def _layout(shapes):
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         pos += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN + _ALIGN    # a line of padding
     return offsets, max(pos, 64)
+
+
+def shared_arrays(arrays):
+    """One shared :class:`Segment` holding ``arrays`` ({name: (shape, dtype)}),
+    each on cache lines of its own; returns (segment, {name: array view}).
+    Forked processes inherit the views; close the segment (after dropping the
+    views) to unlink it."""
+    names = list(arrays)
+    shapes = [arrays[k] for k in names]
+    offsets, size = _layout(shapes)
+    seg = Segment.create(max(size, HEADER_SIZE), shared=True)
+    try:
+        views = {k: np.ndarray(shape, dtype=dt, buffer=seg.buf, offset=off)
+                 for k, (shape, dt), off in zip(names, shapes, offsets)}
+    except BaseException:
+        seg.close()
+        raise
+    return seg, views
 
 
 def worker_epoch(W, b, q, V, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab, eta_tab,
@@ -73,19 +91,9 @@ class SharedWorkers:
     stops the workers and unlinks the segment."""
 
     def __init__(self, arrays, step, static):
-        names = list(arrays)
-        shapes = [arrays[k] for k in names]
-        offsets, size = _layout(shapes)
-        self.seg = Segment.create(size, shared=True)
         self.procs, self.conns = [], []
-        self.views = {}
-        try:
-            self.views = {k: np.ndarray(shape, dtype=dt, buffer=self.seg.buf, offset=off)
-                          for k, (shape, dt), off in zip(names, shapes, offsets)}
-            self._step, self._static = step, static
-        except BaseException:
-            self.close()
-            raise
+        self.seg, self.views = shared_arrays(arrays)
+        self._step, self._static = step, static
 
     def start(self, n_workers):
         """Fork the workers (after the caller filled the shared arrays)."""

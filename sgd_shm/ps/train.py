@@ -81,8 +81,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from relaxed import MultiQueue
-from relaxed import shm as _shm
 from sgd_shm import _kernels as K
+from sgd_shm._procs import shared_arrays
 from sgd_shm.ps.store import LINE, ParameterStore, _cas_py, fetch_add_py
 
 POLICIES = ("bsp", "asp", "ssp", "saps")
@@ -198,19 +198,14 @@ class _Work:
         self.boff = np.concatenate([[0], np.cumsum(self.nb)])
         self.n_workers = n_workers
         total = int(self.boff[-1])
-        size = _shm.HEADER_SIZE + 8 * (LINE + 2 * LINE * n_workers + n_workers * total)
-        self._seg = _shm.Segment.create(size, shared=True)
-        off = _shm.HEADER_SIZE
-        # the run's stop flag: a word, not a multiprocessing Event, whose internal lock
-        # a worker SIGKILLed inside is_set() would leave held (measured: a deadlock)
-        self.stop = np.frombuffer(self._seg.buf, np.int64, 1, offset=off)
-        off += 8 * LINE
-        self.epochs = np.frombuffer(self._seg.buf, np.int64, LINE * n_workers, offset=off)
-        off += 8 * LINE * n_workers
-        self.lag = np.frombuffer(self._seg.buf, np.int64, LINE * n_workers, offset=off)
-        off += 8 * LINE * n_workers
-        self.taken = np.frombuffer(self._seg.buf, np.int64, n_workers * total,
-                                   offset=off).reshape(n_workers, total)
+        # the run's stop flag is a word, not a multiprocessing Event, whose internal
+        # lock a worker SIGKILLed inside is_set() would leave held (measured: a deadlock)
+        self._seg, v = shared_arrays({"stop": ((1,), np.int64),
+                                      "epochs": ((LINE * n_workers,), np.int64),
+                                      "lag": ((LINE * n_workers,), np.int64),
+                                      "taken": ((n_workers, total), np.int64)})
+        self.stop, self.epochs, self.lag, self.taken = (v["stop"], v["epochs"], v["lag"],
+                                                        v["taken"])
         self.queues = []
         try:
             for p in range(n_workers):
