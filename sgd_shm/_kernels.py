@@ -286,54 +286,54 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     out[O_SCALE] = s
 
 
-def epoch_steps(fp, ip, n_steps):
-    """Step sizes of the epoch's global steps 1..n (from fp's t_start) and the log of
-    their L2 factors max(0, 1 − η·α₂) (−inf where the factor is zero)."""
-    t = fp[F_T_START] + np.arange(1, n_steps + 1, dtype=np.float64)
-    lr = int(ip[I_LR])
-    if lr == CONSTANT:
-        eta = np.full(n_steps, fp[F_ETA0])
-    elif lr == OPTIMAL:
-        eta = 1.0 / (fp[F_ALPHA_LR] * (fp[F_T0] + t - 1.0))
-    else:
-        eta = fp[F_ETA0] / t ** fp[F_POWER_T]
-    logf = np.zeros(n_steps)
-    if fp[F_ALPHA2] > 0:
-        f = 1.0 - eta * fp[F_ALPHA2]
-        with np.errstate(divide="ignore"):
-            logf = np.log(np.maximum(f, 0.0))
-    return np.ascontiguousarray(eta), logf
+@nb.njit(cache=True)
+def epoch_etas(fp, ip, n_steps):
+    """Step sizes of the epoch's global steps 1..n (from fp's t_start)."""
+    eta = np.empty(n_steps)
+    lr = ip[I_LR]
+    t_start = fp[F_T_START]
+    for k in range(n_steps):
+        t = t_start + k + 1.0
+        if lr == CONSTANT:
+            eta[k] = fp[F_ETA0]
+        elif lr == OPTIMAL:
+            eta[k] = 1.0 / (fp[F_ALPHA_LR] * (fp[F_T0] + t - 1.0))
+        else:
+            eta[k] = fp[F_ETA0] / t ** fp[F_POWER_T]
+    return eta
 
 
 #: the driver folds the weight scale into the weights before it falls below this
 MIN_SCALE = 1e-9
 
 
-def next_segment(logf, g0):
-    """End (exclusive) of the segment of global steps starting at g0, and whether its
-    first step's L2 factor is zero (then the weights are zeroed before it)."""
-    n = logf.shape[0]
-    zero_first = bool(np.isneginf(logf[g0]))
-    rest = logf[g0:].copy()
-    if zero_first:
-        rest[0] = 0.0
-    rel = np.cumsum(rest)
-    bad = np.flatnonzero((rel < np.log(MIN_SCALE)) | np.isneginf(rest))
-    end = g0 + (int(bad[0]) if bad.size else n - g0)
-    return max(end, g0 + 1), zero_first
-
-
-def segment_tables(eta, logf, g0, g1, zero_first):
-    """Scale after 0..L steps of the segment (relative to its start), the step sizes of
-    its L steps, and their cumulative sum (L1 total)."""
-    lf = logf[g0:g1].copy()
-    if zero_first:
-        lf[0] = 0.0                          # the zeroing was done by the driver
-    scale = np.ones(g1 - g0 + 1)
-    scale[1:] = np.exp(np.cumsum(lf))
-    cum = np.zeros(g1 - g0 + 1)
-    np.cumsum(eta[g0:g1], out=cum[1:])
-    return scale, np.ascontiguousarray(eta[g0:g1]), cum
+@nb.njit(cache=True)
+def segment(fp, eta, g0, scale, cum):
+    """The segment of global steps [g0, g1) that starts at g0: it ends before the
+    step whose L2 factor 1 − η·α₂ would take the weight scale (relative to the
+    segment's start) below MIN_SCALE, or is <= 0; it holds at least one step.
+    Fills scale[0..L] (the scale after 0..L of its steps, a running product as
+    scikit-learn keeps it) and cum[0..L] (the cumulative step sizes: the L1 total)
+    and returns (g1, zero_first): zero_first when step g0's own factor is <= 0
+    (the driver then zeroes the weights and the step counts with factor 1)."""
+    n = eta.shape[0]
+    a2 = fp[F_ALPHA2]
+    zero_first = a2 > 0.0 and 1.0 - eta[g0] * a2 <= 0.0
+    scale[0] = 1.0
+    cum[0] = 0.0
+    s = 1.0
+    k = g0
+    while k < n:
+        f = 1.0 - eta[k] * a2 if a2 > 0.0 else 1.0
+        if k == g0 and zero_first:
+            f = 1.0
+        if k > g0 and (f <= 0.0 or s * f < MIN_SCALE):
+            break
+        s *= f
+        scale[k - g0 + 1] = s
+        cum[k - g0 + 1] = cum[k - g0] + eta[k]
+        k += 1
+    return k, zero_first
 
 
 def optimal_t0(alpha: float, loss: int) -> float:

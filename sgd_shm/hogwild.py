@@ -195,7 +195,7 @@ class HogwildSGD:
             raise ValueError("epoch() got other data than its session(); open a new session")
         n = prob.n_samples
         nw = max(1, min(self.n_workers, n))
-        order = self.rng.permutation(n).astype(np.int64)
+        order = self.rng.permutation(n).astype(np.int64, copy=False)
         bounds = np.linspace(0, n, nw + 1).astype(np.int64)
         lens = np.diff(bounds)
         outs = np.zeros((nw, K.N_OUT))
@@ -203,13 +203,15 @@ class HogwildSGD:
         hists = np.zeros((nw, nbins + 16), dtype=np.int64)      # padded rows
         fp = self.fp.copy()
         fp[K.F_NW] = nw
-        eta, logf = K.epoch_steps(self.fp, self.ip, n)
+        eta = K.epoch_etas(self.fp, self.ip, n)
+        scale_buf, cum_buf = np.empty(n + 1), np.empty(n + 1)
         g0 = 0
         while g0 < n:
-            g1, zero_first = K.next_segment(logf, g0)
+            g1, zero_first = K.segment(self.fp, eta, g0, scale_buf, cum_buf)
             if zero_first:                   # eta·alpha >= 1: this step zeroes the weights
                 self.W[...] = 0.0
-            scale_tab, eta_tab, cum_eta = K.segment_tables(eta, logf, g0, g1, zero_first)
+            L = g1 - g0
+            scale_tab, eta_tab, cum_eta = scale_buf[:L + 1], eta[g0:g1], cum_buf[:L + 1]
             lo = bounds[:-1] + lens * g0 // n
             hi = bounds[:-1] + lens * g1 // n
             seg_outs = np.zeros((nw, K.N_OUT))

@@ -165,7 +165,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
     def _epoch(self, X, y):
         n = X.shape[0]
         nw = max(1, min(int(self.n_workers), n))
-        order = self._rng.permutation(n).astype(np.int64)
+        order = self._rng.permutation(n).astype(np.int64, copy=False)
         bounds = np.linspace(0, n, nw + 1).astype(np.int64)
         outs = np.zeros((nw, _mf.MN_OUT + 13))        # padded rows
         params = (self._lr, float(self.reg), float(self.reg_bias), self.global_mean_,

@@ -176,3 +176,31 @@ def greedy_matching_naive(n, edges, priorities):
         if mate[u] == -1 and mate[v] == -1:
             mate[u], mate[v] = v, u
     return mate
+
+
+def schedule_segments(etas, alpha2, min_scale=1e-9):
+    """The L2 schedule by logs (the kit's first implementation): per segment
+    (g0, g1, zero_first, scale after 0..L steps, cumulative step sizes). A
+    segment ends before the step whose factor 1 - eta*alpha2 is <= 0 or would
+    take the scale below min_scale (it keeps at least one step); a first step
+    with factor <= 0 counts as 1 (the driver zeroes the weights instead)."""
+    etas = np.asarray(etas, dtype=np.float64)
+    n = etas.size
+    with np.errstate(divide="ignore"):
+        logf = (np.log(np.maximum(1.0 - etas * alpha2, 0.0)) if alpha2 > 0
+                else np.zeros(n))
+    out, g0 = [], 0
+    while g0 < n:
+        zero_first = bool(np.isneginf(logf[g0]))
+        rest = logf[g0:].copy()
+        if zero_first:
+            rest[0] = 0.0
+        rel = np.cumsum(rest)
+        bad = np.flatnonzero((rel < np.log(min_scale)) | np.isneginf(rest))
+        g1 = max(g0 + (int(bad[0]) if bad.size else n - g0), g0 + 1)
+        lf = rest[:g1 - g0]
+        scale = np.concatenate([[1.0], np.exp(np.cumsum(lf))])
+        cum = np.concatenate([[0.0], np.cumsum(etas[g0:g1])])
+        out.append((g0, g1, zero_first, scale, cum))
+        g0 = g1
+    return out

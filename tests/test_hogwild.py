@@ -12,7 +12,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import check_estimator
 
-from naive import serial_sgd_epoch
+from naive import schedule_segments, serial_sgd_epoch
 from sgd_shm import DivergenceError, HogwildClassifier, HogwildRegressor
 from sgd_shm import _kernels as K
 from sgd_shm.hogwild import HogwildSGD, Problem
@@ -267,7 +267,7 @@ def test_locked_baseline_equals_hogwild_on_one_worker_and_releases_its_lock():
     # the same steps; the intercept is added per sample under the lock and per 32 samples
     # without it, so the sums may differ in the last bits
     np.testing.assert_allclose(runs[False][0], runs[True][0], rtol=1e-12)
-    np.testing.assert_allclose(runs[False][1], runs[True][1], rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(runs[False][1], runs[True][1], rtol=1e-9, atol=1e-11)
     s = HogwildSGD(300, 1, loss="log_loss", n_workers=2, locked=True, seed=5)
     for _ in range(3):
         s.epoch(prob)
@@ -468,3 +468,44 @@ def test_momentum_estimator_threads_and_processes(no_shm_leak):
         assert clf.score(X, y) > 0.95
     with pytest.raises(ValueError, match="momentum must be < 1"):
         HogwildClassifier(momentum=1.0).fit(X, y)
+
+
+@pytest.mark.parametrize("lr, eta0, alpha, t_start, n", [
+    ("optimal", 0.0, 1e-4, 0.0, 5000),
+    ("constant", 0.1, 0.5, 0.0, 2000),       # factor 0.95: scale crosses 1e-9, several segments
+    ("constant", 3.0, 0.5, 0.0, 50),         # eta*alpha >= 1: every step zeroes the weights
+    ("constant", 0.1, 0.3, 100.0, 2000),
+    ("invscaling", 0.5, 0.01, 7.0, 4000),
+    ("constant", 0.01, 0.0, 0.0, 100),       # no L2: one segment, scale 1
+])
+def test_schedule_tables_equal_the_log_oracle(lr, eta0, alpha, t_start, n):
+    """The per-epoch step-size and L2-scale tables (a running product in Numba)
+    against the first implementation by logs and exponentials (tests/naive.py):
+    the same segments, the same zeroing steps, scales to 1e-12."""
+    from sgd_shm import _kernels as K
+    sgd = HogwildSGD(10, 1, loss="hinge", alpha=alpha, learning_rate=lr, eta0=eta0)
+    sgd.fp[K.F_T_START] = t_start
+    eta = K.epoch_etas(sgd.fp, sgd.ip, n)
+    t = t_start + np.arange(1, n + 1)
+    if lr == "optimal":
+        ref_eta = 1.0 / (alpha * (sgd.fp[K.F_T0] + t - 1.0))
+    elif lr == "constant":
+        ref_eta = np.full(n, eta0)
+    else:
+        ref_eta = eta0 / t ** sgd.fp[K.F_POWER_T]
+    np.testing.assert_allclose(eta, ref_eta, rtol=1e-15)
+    scale, cum = np.empty(n + 1), np.empty(n + 1)
+    got, g0 = [], 0
+    while g0 < n:
+        g1, zero_first = K.segment(sgd.fp, eta, g0, scale, cum)
+        got.append((g0, g1, zero_first, scale[:g1 - g0 + 1].copy(), cum[:g1 - g0 + 1].copy()))
+        g0 = g1
+    ref = schedule_segments(eta, sgd.fp[K.F_ALPHA2])
+    assert [(a, b, z) for a, b, z, _, _ in got] == [(a, b, z) for a, b, z, _, _ in ref]
+    for (_, _, _, s1, c1), (_, _, _, s2, c2) in zip(got, ref):
+        np.testing.assert_allclose(s1, s2, rtol=1e-12)
+        np.testing.assert_allclose(c1, c2, rtol=1e-12)
+    if lr == "constant" and eta0 == 0.1:
+        assert len(got) > 2
+    if lr == "constant" and eta0 * alpha >= 1:
+        assert all(z for _, _, z, _, _ in got) and all(b - a == 1 for a, b, _, _, _ in got)
