@@ -20,7 +20,7 @@ import contextlib
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm import _mf
 from sgd_shm.estimators import _check_param
@@ -92,7 +92,10 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         if self.backend not in ("threads", "processes"):
             raise ValueError(f"backend must be 'threads' or 'processes', got {self.backend!r}")
 
-    def _data(self, X, y):
+    def _data(self, X, y, reset=True):
+        # scikit-learn's checks first (sparse, complex, NaN/inf, empty input, y None: its
+        # messages), then the (user id, item id) contract
+        X, y = validate_data(self, X, y, reset=reset, dtype="numeric", y_numeric=True)
         X = _check_pairs(X)
         y = np.asarray(y, dtype=np.float64)
         if y.shape != (X.shape[0],):
@@ -154,7 +157,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
             finally:
                 self.max_iter = saved
         self._validate_params()
-        X, y = self._data(X, y)
+        X, y = self._data(X, y, reset=False)
         if X[:, 0].max() >= self.n_users_ or X[:, 1].max() >= self.n_items_:
             raise ValueError(f"partial_fit got ids beyond the fitted model ({self.n_users_} "
                              f"users, {self.n_items_} items); fit again on data with every id")
@@ -193,7 +196,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         """Predicted ratings of the (user, item) pairs in X; users or items not seen in
         fit get the global mean plus whatever biases are known (cold start)."""
         check_is_fitted(self, "user_factors_")
-        X = _check_pairs(X)
+        X = _check_pairs(validate_data(self, X, reset=False, dtype="numeric"))
         u, i = X[:, 0], X[:, 1]
         ku, ki = u < self.n_users_, i < self.n_items_
         pred = np.full(X.shape[0], self.global_mean_)

@@ -60,9 +60,9 @@ def test_cold_start_and_partial_fit():
     (np.array([[0, -1]]), np.array([3.0]), ValueError, "negative ids"),
     (np.array([[0.5, 1]]), np.array([3.0]), ValueError, "integer ids"),
     (np.array([[0, 1, 2]]), np.array([3.0]), ValueError, "shape"),
-    (np.array([["a", "b"]]), np.array([3.0]), TypeError, "integer ids"),
+    (np.array([["a", "b"]]), np.array([3.0]), ValueError, "string"),
     (np.array([[0, 1]]), np.array([np.nan]), ValueError, "NaN"),
-    (np.array([[0, 1]]), np.array([1.0, 2.0]), ValueError, "y must have shape"),
+    (np.array([[0, 1]]), np.array([1.0, 2.0]), ValueError, "inconsistent numbers of samples"),
 ])
 def test_bad_input(X, y, exc, match):
     with pytest.raises(exc, match=match):
@@ -105,3 +105,70 @@ def test_processes_worker_failure_releases_everything(monkeypatch, no_shm_leak):
     mf.fit(X, y)                                        # and it works again
     assert mf.user_factors_.flags.owndata               # private again, not a shm view
     assert np.isfinite(mf.user_factors_).all() and mf.n_iter_ == 2
+
+
+#: scikit-learn's checks that fit on real-valued matrices (3-10 columns, non-integer or
+#: negative entries): MatrixFactorization's X is (user id, item id) pairs, so it refuses
+#: them (with its ValueError). The properties they test are checked on id data below.
+NOT_ID_PAIRS = "the check fits on a real-valued matrix; X here must be (user id, item id) pairs"
+EXPECTED_FAILURES = {name: NOT_ID_PAIRS for name in (
+    "check_dict_unchanged", "check_dont_overwrite_parameters", "check_dtype_object",
+    "check_estimators_dtypes", "check_estimators_fit_returns_self", "check_estimators_nan_inf",
+    "check_estimators_overwrite_params", "check_estimators_partial_fit_n_features",
+    "check_estimators_pickle", "check_f_contiguous_array_estimator", "check_fit2d_1feature",
+    "check_fit2d_1sample", "check_fit2d_predict1d", "check_fit_check_is_fitted",
+    "check_fit_idempotent", "check_fit_score_takes_y", "check_methods_sample_order_invariance",
+    "check_methods_subset_invariance", "check_n_features_in",
+    "check_n_features_in_after_fitting", "check_non_transformer_estimators_n_iter",
+    "check_pipeline_consistency", "check_positive_only_tag_during_fit",
+    "check_readonly_memmap_input", "check_regressor_data_not_an_array",
+    "check_regressors_int", "check_regressors_no_decision_function",
+    "check_regressors_train", "check_supervised_y_2d")}
+
+
+def test_sklearn_estimator_checks():
+    """The checks that apply pass (cloning, params, tags, sparse/complex/empty input and
+    y=None refused with scikit-learn's messages, unfitted errors, ...); the others are
+    listed above with the reason."""
+    import warnings
+
+    from sklearn.utils.estimator_checks import check_estimator
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = check_estimator(MatrixFactorization(max_iter=2, n_workers=1),
+                              expected_failed_checks=EXPECTED_FAILURES, on_fail=None)
+    assert not [r["check_name"] for r in res if r["status"] == "failed"]
+    assert sum(r["status"] == "passed" for r in res) >= 15
+
+
+def test_estimator_properties_on_id_data(tmp_path):
+    """What the skipped checks test, on (user, item) data: fit returns self, a refit
+    with the same seed is identical, pickling keeps predictions, predictions do not
+    depend on row order or batch, read-only input is fine, predict does not change
+    the estimator, and the feature count is enforced with scikit-learn's message."""
+    import pickle
+    X, y = make_ratings(200, 80, 4000, random_state=5)
+    mf = MatrixFactorization(n_factors=3, max_iter=3, n_workers=1, random_state=1)
+    assert mf.fit(X, y) is mf and mf.n_features_in_ == 2
+    p = mf.predict(X)
+    again = MatrixFactorization(n_factors=3, max_iter=3, n_workers=1, random_state=1)
+    np.testing.assert_array_equal(again.fit(X, y).predict(X), p)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(mf)).predict(X), p)
+    perm = np.random.default_rng(0).permutation(len(y))
+    np.testing.assert_array_equal(mf.predict(X[perm]), p[perm])
+    np.testing.assert_array_equal(mf.predict(X[:17]), p[:17])
+    before = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in mf.__dict__.items()}
+    mf.predict(X)
+    for k, v in before.items():
+        assert np.array_equal(mf.__dict__[k], v) if isinstance(v, np.ndarray) \
+            else mf.__dict__[k] == v, k
+    Xr, yr = X.copy(), y.copy()
+    Xr.setflags(write=False)
+    yr.setflags(write=False)
+    MatrixFactorization(n_factors=3, max_iter=1, random_state=1).fit(Xr, yr)
+    with pytest.raises(ValueError, match="X has 3 features, but MatrixFactorization is "
+                                         "expecting 2"):
+        mf.predict(np.c_[X, X[:, :1]])
+    import scipy.sparse as sp
+    with pytest.raises(TypeError, match="[Ss]parse"):
+        MatrixFactorization().fit(sp.csr_matrix(X), y)
