@@ -192,3 +192,30 @@ def test_snapshot_and_restore(no_shm_leak):
         _kill_while_holding(s, 2)
         w2, vers2, _ = s.snapshot()                 # takes over the dead holder's lock
         assert (vers2 == vers).all() and s._check()
+
+
+def test_wait_policy_from_ski_rental_conflict_policies():
+    """A relaxed.conflict policy decides how long a push yields on a held shard before
+    deferring it: "abort" and a finite deterministic delay defer, "wait" waits until
+    the holder lets go (here a thread that releases after 30 ms)."""
+    from sgd_shm.ps.store import LINE, store_release_py
+    g = np.ones(8)
+    with ParameterStore(8, n_shards=2, n_workers=1) as s:
+        s._lock_shard_for_test(1)
+        for pol in ("abort", WaitPolicy(conflict="deterministic", B=1e-3).conflict):
+            res = s.push(g, 0, lr=LR, wait=WaitPolicy(spins=10, conflict=pol))
+            assert res.applied == [0] and res.deferred == [1], pol
+            s.push_deferred(res, wait=WaitPolicy(spins=10, conflict="abort"))
+            assert res.deferred == [1]
+        lock = s._locks[LINE:LINE + 1]
+        t = threading.Timer(0.03, store_release_py, args=(lock, 0))
+        t.start()
+        res = s.push(g, 0, lr=LR, wait=WaitPolicy(spins=10, conflict="wait"))
+        t.join()
+        assert res.deferred == [] and res.applied == [0, 1]
+    with pytest.raises(ValueError, match="requestor-wins"):
+        WaitPolicy(conflict="rw-deterministic")
+    with pytest.raises(TypeError, match="conflict"):
+        WaitPolicy(conflict=2.0)
+    assert WaitPolicy(conflict="randomized", B=1e-4).budget() <= 1e-4
+    assert WaitPolicy().budget() is None

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sgd_shm.data import make_rcv1_like
-from sgd_shm.ps import load_checkpoint, train
+from sgd_shm.ps import WaitPolicy, load_checkpoint, train
 train_mod = importlib.import_module("sgd_shm.ps.train")   # the module, not the function
 
 
@@ -49,23 +49,29 @@ def test_every_policy_trains(data, policy, no_shm_leak):
     assert hist.shape == (3, 32) and hist.sum() == r.updates
 
 
-@pytest.mark.parametrize("policy", ["asp", "bsp", "ssp", "saps"])
-def test_closed_form_under_every_policy(data, policy, tmp_path):
+@pytest.mark.parametrize("policy, wait", [("asp", None), ("bsp", None), ("ssp", None),
+                                          ("saps", None), ("asp", "randomized"),
+                                          ("saps", "abort")])
+def test_closed_form_under_every_policy(data, policy, wait, tmp_path):
     """Every worker pushes the same g: the weights end at exactly -lr * g times
     the number of pushes (times their scales, for SaPS's down-weighted ones),
-    and every shard's version and the global version equal the pushes."""
+    and every shard's version and the global version equal the pushes; also
+    when pushes wait on held shards by a ski-rental policy and defer."""
     X, y = data
     d = X.shape[1]
     g = np.where(np.arange(d) % 3 == 0, 1.0, 0.5)     # powers of two: sums are exact
     lr = 2.0 ** -16
     r = train(X, y, n_workers=3, policy=policy, max_seconds=0.6, seed=1, lr=lr,
               slowdown={0: 4.0}, _fixed_gradient=g, window=0.2,
-              checkpoint=tmp_path / "end", checkpoint_every=100.0)
+              checkpoint=tmp_path / "end", checkpoint_every=100.0,
+              wait=None if wait is None else WaitPolicy(spins=50, conflict=wait))
     k = r.updates
     assert k == sum(w["pushes"] for w in r.workers) > 30
     weight = sum(w["applied_weight"] for w in r.workers)
     ck = load_checkpoint(tmp_path / "end")             # written after the workers stopped
     assert ck["version"] == k and (ck["shard_versions"] == k).all()
+    if wait == "abort":                  # held shards were deferred and applied later
+        assert sum(w["deferred"] for w in r.workers) > 0
     if policy == "saps":
         np.testing.assert_allclose(ck["weights"], -lr * weight * g, rtol=1e-12)
     else:
@@ -266,5 +272,7 @@ def test_bad_input(data):
         train(X, y, n_workers=2, faults={2: 0.1})
     with pytest.raises(ValueError, match="n_workers: X has only 3 rows"):
         train(X[:3], np.array([1.0, -1.0, 1.0]), n_workers=4)
+    with pytest.raises(TypeError, match="wait"):
+        train(X, y, wait="randomized")
     with pytest.raises(ValueError, match="checkpoint: folder"):
         train(X, y, checkpoint="/nonexistent-folder/ps.ckpt")

@@ -63,16 +63,59 @@ class WaitPolicy:
     """How a push waits on a locked shard: ``spins`` busy polls, then ``yields``
     polls with ``os.sched_yield`` between them, then it defers the shard. Set
     ``defer=False`` to keep yielding until the lock is free (still taking over a
-    lock whose holder died)."""
+    lock whose holder died).
+
+    ``conflict``: a ski-rental conflict policy (:mod:`relaxed.conflict`, or its
+    name with abort cost ``B`` seconds) decides instead how long to keep yielding
+    after the spins: each wait draws its delay from the policy ("deterministic":
+    B; "randomized": the e/(e-1)-competitive density on [0, B]; "backoff";
+    "abort": 0; "wait": forever), then defers. Deferring is the abort of this
+    model: the update is kept and retried later, at about the cost B of a
+    retry. Requestor-wins policies do not apply (a push cannot preempt the
+    holder)."""
     spins: int = 2000
     yields: int = 50
     defer: bool = True
+    conflict: object = None
+    B: float = 20e-6
 
     def __post_init__(self):
         for name in ("spins", "yields"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"WaitPolicy.{name} must be an int >= 0, got {v!r}")
+        if self.conflict is not None:
+            from relaxed import conflict as _conflict
+            if not isinstance(self.conflict, (str, _conflict.Policy)):
+                raise TypeError("WaitPolicy.conflict: expected a relaxed.conflict policy or "
+                                f"its name, got {type(self.conflict).__name__}")
+            pol = _conflict.policy(self.conflict, B=float(self.B)) \
+                if isinstance(self.conflict, str) else self.conflict
+            if pol.home_model == "requestor-wins":
+                raise ValueError(f"WaitPolicy.conflict: {pol.name!r} is a requestor-wins "
+                                 "policy; a push cannot abort the shard's holder, use a "
+                                 "requestor-aborts one (deterministic, randomized, backoff, "
+                                 "abort, wait)")
+            object.__setattr__(self, "conflict", pol)
+
+    def budget(self):
+        """Seconds to keep yielding on a held shard before deferring (None: count
+        ``yields`` instead)."""
+        if self.conflict is None:
+            return None
+        return float(self.conflict.delay(_rng()))
+
+
+_RNGS = {}
+
+
+def _rng():
+    """This process's generator for conflict delays (a fork gets its own)."""
+    pid = os.getpid()
+    g = _RNGS.get(pid)
+    if g is None:
+        g = _RNGS[pid] = np.random.default_rng()
+    return g
 
 
 @dataclass
@@ -380,11 +423,14 @@ class ParameterStore:
             done = _try_apply(self.weights, res.grad, lo, hi, res.lr, lock, ver, pid,
                               wait.spins)
             tries = 0
+            budget = wait.budget() if not done else None
+            t0 = time.perf_counter()
             while not done:
                 holder = int(lock[0])
                 if holder and not _pid_alive(holder):
                     _cas_py(lock, holder, 0)     # the holder died mid-update: free its lock
-                elif wait.defer and tries >= wait.yields:
+                elif wait.defer and (tries >= wait.yields if budget is None
+                                     else time.perf_counter() - t0 >= budget):
                     break
                 else:
                     tries += 1

@@ -83,7 +83,7 @@ import scipy.sparse as sp
 from relaxed import MultiQueue
 from sgd_shm import _kernels as K
 from sgd_shm._procs import shared_arrays
-from sgd_shm.ps.store import LINE, ParameterStore, _cas_py, fetch_add_py
+from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy, _cas_py, fetch_add_py
 
 POLICIES = ("bsp", "asp", "ssp", "saps")
 LOSSES = {"log_loss": K.LOG, "hinge": K.HINGE, "modified_huber": K.MODIFIED_HUBER,
@@ -302,6 +302,7 @@ class _Job:
     factors: np.ndarray
     transient: tuple | None
     fixed_grad: np.ndarray | None
+    wait: WaitPolicy
 
 
 def _worker(store, job, k, seed):
@@ -369,9 +370,9 @@ def _worker(store, job, k, seed):
                 scale = job.s / tau
         if not np.isfinite(g).all():
             os._exit(EXIT_DIVERGED)                 # the coordinator reports it
-        res = store.push(g, v, lr=job.lr, worker=k, scale=scale)
+        res = store.push(g, v, lr=job.lr, worker=k, scale=scale, wait=job.wait)
         while res.deferred:                          # finish it even when stopping
-            store.push_deferred(res)
+            store.push_deferred(res, wait=job.wait)
         work.taken[k, work.boff[p] + j] += 1
         if p != k:
             slots[k, 8] += 1
@@ -485,7 +486,7 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
           target_loss=None, loss="log_loss", lr=0.5, alpha=1e-4, batch_size=64,
           staleness=None, n_shards=8, sample_every=0.02, window=0.5, detect_factor=2.0,
           transient=None, faults=None, checkpoint=None, checkpoint_every=5.0, resume=None,
-          seed=None, progress=None, _fixed_gradient=None) -> TrainResult:
+          wait=None, seed=None, progress=None, _fixed_gradient=None) -> TrainResult:
     """Train a linear model (L2-regularised ``loss``) with ``n_workers``
     processes on a shared ParameterStore under ``policy``; the module notes give
     every rule.
@@ -514,6 +515,8 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
         seconds and at the end (atomically). resume : continue from one (same
         number of features): weights, versions, pushes and epochs are restored
         and the clock goes on from its seconds.
+    wait : the :class:`WaitPolicy` of pushes on a held shard lock (spin, yield,
+        defer; or a ski-rental conflict policy: ``WaitPolicy(conflict="randomized")``).
     progress : a progress bar on stderr (default: when stderr is a terminal).
     _fixed_gradient : tests: every worker pushes this vector instead of a
         gradient (the closed-form check).
@@ -559,6 +562,10 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
         if not isinstance(k, (int, np.integer)) or not 0 <= k < n_workers or not t >= 0:
             raise ValueError(f"faults: expected {{worker in [0, {n_workers}): seconds >= 0}}, "
                              f"got {{{k!r}: {t!r}}}")
+    if wait is None:
+        wait = WaitPolicy()
+    elif not isinstance(wait, WaitPolicy):
+        raise TypeError(f"wait: expected a sgd_shm.ps.WaitPolicy, got {type(wait).__name__}")
     s = n_workers if staleness is None else int(staleness)
     if s < 0:
         raise ValueError(f"staleness: must be >= 0, got {staleness}")
@@ -603,7 +610,7 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                 store._slots[:, 1] = ckpt["pushes"]
                 work.restore_epochs(ckpt["epochs"])
         job = _Job(_parts(X), ys, work, n_workers, policy, s, float(lr), float(alpha), lcode,
-                   factors, spells, fixed)
+                   factors, spells, fixed, wait)
         # compile the kernels once, before the fork and the clock
         evaluate(store.weights.copy())
         _batch_grad(lcode, *job.X, ys, work.batch_rows(0, 0), store.weights.copy(),
