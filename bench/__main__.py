@@ -249,6 +249,19 @@ def cmd_hogwild(args):
     for k, v in extra["staleness"].items():
         print(f"  {k:14s} mean tau {v['mean_tau']:.2f}, tau = 0 for {100 * v['frac_tau0']:.1f}% "
               f"of {v['updates']:,} updates, largest bin {v['max_tau_bin']}")
+    if args.torch:
+        from bench import torch_hogwild
+        runs = []
+        for T in _workers(args):
+            t, loss = torch_hogwild.epoch_seconds(hogwild.last_problem["X"],
+                                                  hogwild.last_problem["y"], T,
+                                                  batch=args.torch_batch, seed=args.seed)
+            runs.append({"workers": T, "epoch_s": t, "train_loss": loss})
+            print(f"PyTorch Hogwild (mnist_hogwild style, batch {args.torch_batch}), {T} "
+                  f"process(es): {t:.2f} s per epoch")
+        import torch
+        extra["torch"] = {"version": torch.__version__, "batch": args.torch_batch, "lr": 0.1,
+                          "runs": runs}
     path = common.write_json("hogwild", hdr, rows, extra)
     print(f"\nwrote {path}")
 
@@ -366,6 +379,10 @@ def main(argv=None):
                     help="vertices for the networkx comparison (default 100k)")
     ap.add_argument("--stm-tx", type=int, default=100_000,
                     help="transactions per worker per TL2 run (default 100k)")
+    ap.add_argument("--torch", action="store_true",
+                    help="hogwild: also time PyTorch Hogwild (mnist_hogwild style; needs torch)")
+    ap.add_argument("--torch-batch", type=int, default=32,
+                    help="minibatch of the PyTorch reference (default 32)")
     ap.add_argument("--mf-users", type=int, default=100_000, help="MF users (default 100k)")
     ap.add_argument("--mf-items", type=int, default=10_000, help="MF items (default 10k)")
     ap.add_argument("--mf-ratings", type=int, default=2_000_000, help="MF ratings (default 2M)")
@@ -383,7 +400,7 @@ def main(argv=None):
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
                  "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
                  "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
-                 "mf_users", "mf_items", "mf_ratings", "mf_epochs"):
+                 "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("ps_seconds", "ps_target", "ps_tight"):

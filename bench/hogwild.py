@@ -55,6 +55,10 @@ def _run_sklearn(X, y, epochs, seed):
     return times, losses
 
 
+#: the last problem run() made (for the optional PyTorch reference on the same data)
+last_problem = {}
+
+
 def run(args, workers_list):
     from tqdm import tqdm
 
@@ -63,6 +67,7 @@ def run(args, workers_list):
     t0 = time.perf_counter()
     X, y = make_rcv1_like(args.sgd_samples, args.sgd_features, random_state=args.seed)
     gen_s = time.perf_counter() - t0
+    last_problem.update(X=X, y=y)
     prob = Problem.from_xy(X, y[:, None])
     E = args.epochs
     comps = [("sklearn", 1, None, False)]

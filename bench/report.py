@@ -95,6 +95,13 @@ def summary() -> str:
             for k, v in st.items():
                 lines.append(f"| {k} | {v['mean_tau']:.2f} | {100 * v['frac_tau0']:.1f}% | "
                              f"{v['max_tau_bin']}{'+' if v['max_tau_bin'] == len(v['hist']) - 1 else ''} |")
+        tr = d.get("torch")
+        if tr:
+            lines.append(f"\nPyTorch {tr['version']} Hogwild in the style of its mnist_hogwild "
+                         f"example (`--torch`: shared `nn.Linear`, sparse CSR minibatches of "
+                         f"{tr['batch']}, SGD lr {tr['lr']}, one epoch, measured once): " +
+                         "; ".join(f"{x['workers']} process{'es' if x['workers'] > 1 else ''} "
+                                   f"{x['epoch_s']:.2f} s per epoch" for x in tr["runs"]) + ".")
         parts.append("\n".join(lines))
     d = _load("counter")
     if d:

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -100,3 +102,15 @@ def test_parameter_server_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sgd_shm.ps", "--policies", "gossip"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown" in r.stderr
+
+
+def test_torch_reference_trains():
+    """The optional PyTorch Hogwild reference of ``bench hogwild --torch`` (skipped where
+    torch is not installed: it is not a dependency of the kit)."""
+    pytest.importorskip("torch")
+    from bench.torch_hogwild import epoch_seconds
+    from sgd_shm.data import make_rcv1_like
+    X, y = make_rcv1_like(3000, 300, random_state=0)
+    for workers in (1, 2):
+        t, loss = epoch_seconds(X, y, workers, epochs=2)
+        assert t > 0 and loss < 0.69
