@@ -35,9 +35,8 @@ Policies (``s`` = ``staleness``):
     version at push minus the version its worker pulled. Every sample the
     coordinator takes each worker's mean staleness over its pushes (applied or
     dropped) of the last ``window`` seconds (from the slot's cumulative
-    staleness, push and drop counters;
-    a worker with no push in the window counts as infinitely stale). After a
-    first full window, worker w is flagged while its mean exceeds
+    staleness, push and drop counters; a worker with no push in the window
+    counts as infinitely stale). After a first full window, worker w is flagged while its mean exceeds
     ``detect_factor`` times the median of the other live workers' means and
     exceeds n_workers; it is unflagged when that stops. ``.detections`` lists
     the first time each worker was flagged, ``.events`` every flag and unflag.
