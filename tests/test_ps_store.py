@@ -192,6 +192,10 @@ def test_snapshot_and_restore(no_shm_leak):
         _kill_while_holding(s, 2)
         w2, vers2, _ = s.snapshot()                 # takes over the dead holder's lock
         assert (vers2 == vers).all() and s._check()
+        _kill_while_holding(s, 1)
+        s._lock_shard_for_test(3)                    # a live holder (this process) stays
+        assert s.release_dead_locks() == 1
+        assert s._locks[::16].tolist() == [0, 0, 0, os.getpid()]
 
 
 def test_wait_policy_from_ski_rental_conflict_policies():

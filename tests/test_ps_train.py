@@ -150,6 +150,15 @@ def test_repeated_kills_never_deadlock(data, no_shm_leak):
         assert r.batches["lost"] <= 2 * (1 + _batches_per_partition(X, 3))
 
 
+def test_last_worker_killed(data, no_shm_leak):
+    """The only worker is killed: the run ends at once, reports it, and leaves no
+    lock held (one it died holding is released) and no segment behind."""
+    X, y = data
+    for when in (0.05, 0.2):
+        r = train(X, y, n_workers=1, policy="asp", max_seconds=5.0, seed=8, faults={0: when})
+        assert r.killed == [0] and r.seconds < 5.0
+
+
 def test_checkpoint_and_resume(data, tmp_path, no_shm_leak):
     X, y = data
     path = tmp_path / "ps.ckpt"

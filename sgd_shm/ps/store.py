@@ -480,6 +480,19 @@ class ParameterStore:
                              "weights (lower the learning rate or clip the gradient)")
         return g
 
+    def release_dead_locks(self) -> int:
+        """Free every shard lock whose holder process is dead (a push takes such a
+        lock over anyway; this is for quiescence, e.g. after the last worker was
+        killed). Returns how many were freed."""
+        self._check_open()
+        freed = 0
+        for s in range(self.n_shards):
+            lock = self._locks[s * LINE:s * LINE + 1]
+            holder = int(lock[0])
+            if holder and not _pid_alive(holder) and _cas_py(lock, holder, 0):
+                freed += 1
+        return freed
+
     def _lock_shard_for_test(self, s):
         """Tests: take shard s's lock and keep it (simulates a holder)."""
         lock = self._locks[s * LINE:s * LINE + 1]

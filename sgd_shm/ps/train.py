@@ -704,6 +704,7 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
         final = evaluate(w)
         history.append({"seconds": t_off + now, "version": v, "loss": final})
         batches = work.check()
+        store.release_dead_locks()                   # a worker killed inside a push
         store._check()
     finally:
         if store is not None:
