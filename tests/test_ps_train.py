@@ -159,6 +159,56 @@ def test_last_worker_killed(data, no_shm_leak):
         assert r.killed == [0] and r.seconds < 5.0
 
 
+def test_workers_exit_when_the_coordinator_is_killed(tmp_path):
+    """SIGKILL the process running train(): its worker processes notice and exit
+    instead of spinning on as orphans, and then the resource tracker unlinks the
+    run's segments (it waits for every process that inherited its pipe)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys\n"
+        "from sgd_shm.data import make_rcv1_like\n"
+        "from sgd_shm.ps import train\n"
+        "X, y = make_rcv1_like(4000, 500, random_state=0)\n"
+        "print('ready', flush=True)\n"
+        "train(X, y, n_workers=2, policy=sys.argv[1], max_seconds=60, seed=0)\n")
+    for policy in ("asp", "bsp"):
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        p = subprocess.Popen([sys.executable, str(script), policy], stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": root})
+        assert p.stdout.readline().strip() == "ready"
+        kids = []
+        for _ in range(200):                 # wait for the two workers to be forked
+            time.sleep(0.05)
+            with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+                kids = [int(x) for x in f.read().split()]
+            if len(kids) >= 3:               # the resource tracker and two workers
+                break
+        time.sleep(0.3)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = time.time() + 10
+        alive = kids
+        left = ["?"]
+        while (alive or left) and time.time() < deadline:
+            time.sleep(0.1)
+            alive = [k for k in kids if _running(k)]
+            left = [n for n in os.listdir("/dev/shm") if n.startswith(f"rlx_{p.pid}_")]
+        assert alive == [], f"{policy}: orphans still running: {alive}"
+        assert left == [], f"{policy}: segments left in /dev/shm: {left}"
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def test_checkpoint_and_resume(data, tmp_path, no_shm_leak):
     X, y = data
     path = tmp_path / "ps.ckpt"

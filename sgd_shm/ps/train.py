@@ -302,6 +302,7 @@ class _Job:
     transient: tuple | None
     fixed_grad: np.ndarray | None
     wait: WaitPolicy
+    parent: int                   # the coordinator's pid: a worker exits if it dies
 
 
 def _worker(store, job, k, seed):
@@ -316,12 +317,18 @@ def _worker(store, job, k, seed):
         next_spell = time.perf_counter() + rng.exponential(1.0 / job.transient[0])
     own_ep = work.epochs[k * LINE:k * LINE + 1]
     stop = work.stop                      # a plain shared word: no lock a SIGKILL can strand
+    step = 0
     while not stop[0]:
+        step += 1
+        if step % 64 == 0 and os.getppid() != job.parent:
+            return                                   # the coordinator died: do not linger
         if job.policy in ("bsp", "ssp"):
             need = my_pushes - (0 if job.policy == "bsp" else job.s)
             while not stop[0] and min(
                     (int(slots[j, 1]) for j in range(n) if int(slots[j, 4]) != DEAD),
                     default=need) < need:
+                if os.getppid() != job.parent:
+                    return
                 time.sleep(0.0002)
             if stop[0]:
                 break
@@ -609,7 +616,7 @@ def train(X, y, *, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                 store._slots[:, 1] = ckpt["pushes"]
                 work.restore_epochs(ckpt["epochs"])
         job = _Job(_parts(X), ys, work, n_workers, policy, s, float(lr), float(alpha), lcode,
-                   factors, spells, fixed, wait)
+                   factors, spells, fixed, wait, os.getpid())
         # compile the kernels once, before the fork and the clock
         evaluate(store.weights.copy())
         _batch_grad(lcode, *job.X, ys, work.batch_rows(0, 0), store.weights.copy(),
