@@ -13,6 +13,8 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   mis            greedy MIS / matching: wasted work vs q, k and n; time vs threads
                  beside sequential greedy (Numba) and networkx
   conflict       competitive ratios of the ski-rental conflict policies (simulator)
+  delay          the price of asynchrony: SGD on weights tau steps stale (max or uniform
+                 delay), with momentum, log and squared loss (a deterministic simulation)
   mf             Hogwild matrix factorization: seconds per epoch vs workers, threads and
                  processes, train and test RMSE
   ps             parameter server, worker 0 slowed 4x: BSP, ASP, SSP, SaPS time to a
@@ -307,6 +309,17 @@ def cmd_stm(args):
     print(f"\nwrote {path}")
 
 
+def cmd_delay(args):
+    from bench import delay
+    hdr = common.header(args)
+    common.print_header(hdr)
+    rows, extra = delay.run(args.seed, n=args.delay_samples)
+    print()
+    print(delay.summary_markdown({"header": hdr, "results": rows, **extra}))
+    path = common.write_json("delay", hdr, rows, extra)
+    print(f"\nwrote {path}")
+
+
 def cmd_mf(args):
     from bench import mf
     hdr = common.header(args)
@@ -344,7 +357,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
-                                         "hogwild", "mis", "conflict", "stm", "mf", "ps", "all",
+                                         "hogwild", "mis", "conflict", "stm", "delay", "mf", "ps",
+                                         "all",
                                          "plot"])
     ap.add_argument("--workers", default=None,
                     help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
@@ -383,6 +397,8 @@ def main(argv=None):
                     help="hogwild: also time PyTorch Hogwild (mnist_hogwild style; needs torch)")
     ap.add_argument("--torch-batch", type=int, default=32,
                     help="minibatch of the PyTorch reference (default 32)")
+    ap.add_argument("--delay-samples", type=int, default=20_000,
+                    help="rows of the delay study's problem (default 20000)")
     ap.add_argument("--mf-users", type=int, default=100_000, help="MF users (default 100k)")
     ap.add_argument("--mf-items", type=int, default=10_000, help="MF items (default 10k)")
     ap.add_argument("--mf-ratings", type=int, default=2_000_000, help="MF ratings (default 2M)")
@@ -400,7 +416,8 @@ def main(argv=None):
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
                  "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
                  "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
-                 "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch"):
+                 "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch",
+                 "delay_samples"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("ps_seconds", "ps_target", "ps_tight"):
@@ -430,6 +447,8 @@ def main(argv=None):
         cmd_conflict(args)
     if args.scenario in ("stm", "all"):
         cmd_stm(args)
+    if args.scenario in ("delay", "all"):
+        cmd_delay(args)
     if args.scenario in ("mf", "all"):
         cmd_mf(args)
     if args.scenario in ("ps", "all"):

@@ -107,7 +107,7 @@ def plot_all():
     d = _load("hogwild")
     if d:
         out.append(_hogwild(d))
-    for name in ("mis", "mf", "ps", "stm", "conflict"):   # scenarios that draw their own plot
+    for name in ("mis", "delay", "mf", "ps", "stm", "conflict"):   # they draw their own plot
         d = _load(name)
         if d:
             mod = importlib.import_module(f"bench.{name}")

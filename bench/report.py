@@ -11,6 +11,7 @@ from bench.common import fmt_rate
 
 # scenarios whose module writes its own markdown; heading None: it has one
 SCENARIO_TABLES = (("mis", None),
+                   ("delay", "### The price of asynchrony: SGD on stale weights"),
                    ("mf", "### Hogwild matrix factorization"),
                    ("ps", "### Parameter server with a straggler"),
                    ("stm", "### TL2 STM: bank transfers, commits/s"),

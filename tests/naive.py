@@ -204,3 +204,21 @@ def schedule_segments(etas, alpha2, min_scale=1e-9):
         out.append((g0, g1, zero_first, scale, cum))
         g0 = g1
     return out
+
+
+def delayed_sgd_naive(X, y, order, epochs, lr, alpha, tau, mu, squared):
+    """Serial SGD whose step t uses the gradient at the weights of step
+    max(t - tau, 0) (the bench's max-delay mode), heavy ball mu; returns the weights."""
+    d = X.shape[1]
+    past = [np.zeros(d)]                    # past[t] = weights before step t
+    v = np.zeros(d)
+    for _ in range(epochs):
+        for i in order:
+            ws = past[max(len(past) - 1 - tau, 0)]
+            if squared:
+                g = (X[i] @ ws - y[i]) * X[i] + alpha * ws
+            else:
+                g = -y[i] / (1.0 + np.exp(y[i] * (X[i] @ ws))) * X[i] + alpha * ws
+            v = mu * v + g
+            past.append(past[-1] - lr * v)
+    return past[-1]

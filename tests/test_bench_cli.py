@@ -20,12 +20,12 @@ def test_bench_all_tiny(tmp_path):
                         "--ps-workers", "2", "--ps-samples", "2000", "--ps-features", "200",
                         "--ps-seconds", "0.6", "--ps-target", "0.69",
                         "--mf-users", "300", "--mf-items", "100", "--mf-ratings", "5000",
-                        "--mf-epochs", "2",
+                        "--mf-epochs", "2", "--delay-samples", "2000",
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
-                 "conflict", "stm", "mf", "ps"):
+                 "conflict", "stm", "delay", "mf", "ps"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
@@ -51,9 +51,14 @@ def test_bench_all_tiny(tmp_path):
         ("threads", 1), ("threads", 2), ("processes", 1), ("processes", 2)}
     assert all(r["test_rmse_median"] < mf["problem"]["mean_baseline_test_rmse"] * 1.5
                for r in mf["results"])
-    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 10
+    dl = json.loads((tmp_path / "delay.json").read_text())["results"]
+    assert {(r["loss"], r["mode"]) for r in dl} == {("log", "max"), ("log", "uniform"),
+                                                   ("squared", "max"), ("squared", "uniform")}
+    assert all(r["excess"] == 0.0 for r in dl if r["tau"] == 0)
+    assert (tmp_path / "SUMMARY.md").read_text().count("###") >= 11
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
-                "hogwild.png", "mis.png", "conflict.png", "stm.png", "mf.png", "ps.png"):
+                "hogwild.png", "mis.png", "conflict.png", "stm.png", "mf.png", "ps.png",
+                "delay.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 
@@ -114,3 +119,26 @@ def test_torch_reference_trains():
     for workers in (1, 2):
         t, loss = epoch_seconds(X, y, workers, epochs=2)
         assert t > 0 and loss < 0.69
+
+
+@pytest.mark.parametrize("squared", [False, True])
+@pytest.mark.parametrize("tau, mu", [(0, 0.0), (3, 0.0), (5, 0.9)])
+def test_delay_simulator_equals_the_naive_loop(tau, mu, squared):
+    """bench delay's Numba simulator (max delay) against a plain Python loop that
+    keeps every past weight vector (tests/naive.py): the same final loss."""
+    import numpy as np
+
+    from bench.delay import delayed_sgd, problem
+    from naive import delayed_sgd_naive
+    X, y = problem(300, 4, 0)
+    if squared:
+        y = X @ np.arange(1.0, 5.0)
+    order = np.random.default_rng(1).permutation(300)
+    w = delayed_sgd_naive(X, y, order, 2, 0.01, 1e-3, tau, mu, squared)
+    if squared:
+        ref = np.mean(0.5 * (X @ w - y) ** 2)
+    else:
+        ref = np.mean(np.logaddexp(0.0, -y * (X @ w)))
+    ref += 0.5e-3 * (w @ w)
+    got = delayed_sgd(X, y, order.astype(np.int64), 2, 0.01, 1e-3, tau, False, mu, 0, squared)
+    assert abs(got - ref) <= 1e-12 * max(1.0, abs(ref))
