@@ -31,6 +31,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import threading
@@ -297,53 +298,43 @@ def cmd_conflict(args):
     print(f"\nwrote {common.results_dir() / 'conflict.json'}")
 
 
-def cmd_stm(args):
-    from bench import stm
+def _scenario(args, name, measure):
+    """Print the header, ``measure(module) -> (rows, extra)``, print the module's
+    markdown summary and write bench/results/<name>.json."""
+    mod = importlib.import_module(f"bench.{name}")
     hdr = common.header(args)
     common.print_header(hdr)
-    rows = stm.run(_workers(args), args.reps, args.seed, n_tx=args.stm_tx)
-    d = {"header": hdr, "results": rows}
+    rows, extra = measure(mod)
     print()
-    print(stm.summary_markdown(d))
-    path = common.write_json("stm", hdr, rows, {"ratios": stm.ratios(rows)})
+    print(mod.summary_markdown({"header": hdr, "results": rows, **extra}))
+    path = common.write_json(name, hdr, rows, extra)
     print(f"\nwrote {path}")
+
+
+def cmd_stm(args):
+    def measure(stm):
+        rows = stm.run(_workers(args), args.reps, args.seed, n_tx=args.stm_tx)
+        return rows, {"ratios": stm.ratios(rows)}
+    _scenario(args, "stm", measure)
 
 
 def cmd_delay(args):
-    from bench import delay
-    hdr = common.header(args)
-    common.print_header(hdr)
-    rows, extra = delay.run(args.seed, n=args.delay_samples)
-    print()
-    print(delay.summary_markdown({"header": hdr, "results": rows, **extra}))
-    path = common.write_json("delay", hdr, rows, extra)
-    print(f"\nwrote {path}")
+    _scenario(args, "delay", lambda delay: delay.run(args.seed, n=args.delay_samples))
 
 
 def cmd_mf(args):
-    from bench import mf
-    hdr = common.header(args)
-    common.print_header(hdr)
-    rows, extra = mf.run(_workers(args), args.reps, args.seed, users=args.mf_users,
-                         items=args.mf_items, ratings=args.mf_ratings, epochs=args.mf_epochs)
-    print()
-    print(mf.summary_markdown({"header": hdr, "results": rows, **extra}))
-    path = common.write_json("mf", hdr, rows, extra)
-    print(f"\nwrote {path}")
+    _scenario(args, "mf", lambda mf: mf.run(
+        _workers(args), args.reps, args.seed, users=args.mf_users, items=args.mf_items,
+        ratings=args.mf_ratings, epochs=args.mf_epochs))
 
 
 def cmd_ps(args):
-    from bench import ps
-    hdr = common.header(args)
-    common.print_header(hdr)
-    rows, extra = ps.run(args.ps_workers, args.reps, args.seed, samples=args.ps_samples,
-                         features=args.ps_features, seconds=args.ps_seconds,
-                         target=args.ps_target, tight=args.ps_tight)
-    extra["ratios"] = ps.ratios(rows)
-    print()
-    print(ps.summary_markdown({"header": hdr, "results": rows, **extra}))
-    path = common.write_json("ps", hdr, rows, extra)
-    print(f"\nwrote {path}")
+    def measure(ps):
+        rows, extra = ps.run(args.ps_workers, args.reps, args.seed, samples=args.ps_samples,
+                             features=args.ps_features, seconds=args.ps_seconds,
+                             target=args.ps_target, tight=args.ps_tight)
+        return rows, {**extra, "ratios": ps.ratios(rows)}
+    _scenario(args, "ps", measure)
 
 
 def cmd_plot(args):

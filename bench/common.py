@@ -97,6 +97,15 @@ def write_json(name: str, hdr: dict, rows: list, extra: dict | None = None) -> P
     return path
 
 
+def save_plot(fig, path, dpi=110):
+    """Lay out, write and close a matplotlib figure; returns ``path``."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def fmt_rate(x: float | None) -> str:
     if x is None:
         return "-"

@@ -21,6 +21,8 @@ import math
 import numba as nb
 import numpy as np
 
+from bench import common
+
 TAUS = (0, 1, 2, 4, 8, 16, 32, 64)
 MOMENTA = (0.0, 0.5, 0.9)
 #: a final loss above this many times the tau = 0 loss counts as diverged
@@ -124,10 +126,7 @@ def plot(d, path):
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7)
     fig.suptitle("SGD on stale weights: the price of the delay", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return common.save_plot(fig, path)
 
 
 def summary_markdown(d):

@@ -15,6 +15,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from bench import common
 from sgd_shm import MatrixFactorization
 from sgd_shm.data import make_ratings
 
@@ -75,10 +76,7 @@ def plot(d, path):
                  f"k={p['factors']}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return common.save_plot(fig, path)
 
 
 def summary_markdown(d):

@@ -16,6 +16,7 @@ import time
 import multiprocess as mp
 from tqdm import tqdm
 
+from bench import common
 from relaxed import TL2, conflict
 
 POLICIES = ("randomized", "deterministic", "backoff", "abort", "wait")
@@ -173,10 +174,7 @@ def plot(d, path):
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return common.save_plot(fig, path)
 
 
 def summary_markdown(d):
