@@ -49,6 +49,17 @@ def case(request):
     return dict(n=n, edges=arr, canon=canon, vprio=vprio, eprio=eprio, mis=mis, mate=mate)
 
 
+def _check_stats(st, n_tasks, n_chosen, threads):
+    """The engine's counters: every task decided or skipped exactly once, every pop
+    accounted for (decided, skipped or wasted), per-thread counts adding up."""
+    assert st.decided + st.skipped == n_tasks
+    assert st.iterations == st.decided + st.skipped + st.wasted
+    assert st.extra_iterations == st.wasted
+    assert sum(p["pops"] for p in st.per_thread) == st.iterations
+    assert len(st.per_thread) == threads
+    assert sum(p["in_set"] for p in st.per_thread) == n_chosen
+
+
 @pytest.mark.parametrize("threads", [1, 2, 4])
 @pytest.mark.parametrize("sched,opts", SCHEDULERS, ids=IDS)
 def test_mis_equals_sequential_greedy(case, sched, opts, threads):
@@ -58,13 +69,7 @@ def test_mis_equals_sequential_greedy(case, sched, opts, threads):
                                  seed=seed, **opts)
         np.testing.assert_array_equal(res.mask, case["mis"])
         check_mis(g, res.mask)
-        st = res.stats
-        assert st.decided + st.skipped == case["n"]            # each vertex exactly once
-        assert st.iterations == st.decided + st.skipped + st.wasted
-        assert st.extra_iterations == st.wasted
-        assert sum(p["pops"] for p in st.per_thread) == st.iterations
-        assert len(st.per_thread) == threads
-        assert sum(p["in_set"] for p in st.per_thread) == case["mis"].sum()
+        _check_stats(res.stats, case["n"], case["mis"].sum(), threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
@@ -77,10 +82,7 @@ def test_matching_equals_sequential_greedy(case, sched, opts, threads):
                                       seed=seed, **opts)
         np.testing.assert_array_equal(res.mate, case["mate"])
         check_matching(g, res.mate)
-        st = res.stats
-        assert st.decided + st.skipped == len(case["canon"])
-        assert st.iterations == st.decided + st.skipped + st.wasted
-        assert sum(p["in_set"] for p in st.per_thread) == (case["mate"] >= 0).sum() // 2
+        _check_stats(res.stats, len(case["canon"]), (case["mate"] >= 0).sum() // 2, threads)
 
 
 def test_exact_scheduler_on_one_thread_wastes_nothing(case):
