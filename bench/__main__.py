@@ -241,13 +241,14 @@ def cmd_hogwild(args):
           f"({p['nnz'] / 1e6:.1f}M nonzeros), {args.epochs} epochs, median of {args.reps}; "
           f"target loss {extra['target_train_loss']:.4f} (1.01 x sklearn's final)")
     print(f"{'competitor':20s} {'workers':>7s} {'epoch s':>8s} {'vs sklearn':>10s} "
-          f"{'final loss':>10s} {'time to target s':>16s}")
+          f"{'vs 1 (paired)':>13s} {'final loss':>10s} {'time to target s':>16s}")
     sk = next(r for r in rows if r["competitor"] == "sklearn")
     for r in rows:
         ttt = f"{r['time_to_target_s']:.3f}" if r["time_to_target_s"] is not None else "not reached"
+        sp1 = f"{r['speedup_vs_1']:.2f}x" if "speedup_vs_1" in r and r["workers"] > 1 else "-"
         print(f"{r['competitor']:20s} {r['workers']:7d} {r['epoch_s_median']:8.3f} "
-              f"{sk['epoch_s_median'] / r['epoch_s_median']:9.2f}x {r['final_train_loss']:10.4f} "
-              f"{ttt:>16s}")
+              f"{sk['epoch_s_median'] / r['epoch_s_median']:9.2f}x {sp1:>13s} "
+              f"{r['final_train_loss']:10.4f} {ttt:>16s}")
     print("\nstaleness (updates by other workers between a read and its write):")
     for k, v in extra["staleness"].items():
         print(f"  {k:14s} mean tau {v['mean_tau']:.2f}, tau = 0 for {100 * v['frac_tau0']:.1f}% "
@@ -386,6 +387,9 @@ def main(argv=None):
                     help="transactions per worker per TL2 run (default 100k)")
     ap.add_argument("--torch", action="store_true",
                     help="hogwild: also time PyTorch Hogwild (mnist_hogwild style; needs torch)")
+    ap.add_argument("--cxx", action="store_true",
+                    help="hogwild: also time a plain C++ Hogwild (bench/cxx/hogwild.cpp, built "
+                         "with g++ -O3 -march=native) side by side")
     ap.add_argument("--torch-batch", type=int, default=32,
                     help="minibatch of the PyTorch reference (default 32)")
     ap.add_argument("--delay-samples", type=int, default=20_000,

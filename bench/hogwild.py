@@ -6,10 +6,19 @@ for SGDClassifier with loss='log_loss').
 
 Competitors, same loss, penalty, schedule and number of epochs:
 ``sklearn`` (SGDClassifier, one epoch per ``partial_fit``: it has no threads for a
-binary problem), ``hogwild-threads`` and ``hogwild-processes`` (this kit, 1..T workers),
-and ``locked`` (the same kernel with a spinlock around every sample's step: the
-classic alternative to Hogwild). After each epoch the full training log loss is
-computed outside the timed region.
+binary problem), ``hogwild-threads`` and ``hogwild-processes`` (this kit, 1..T workers,
+default settings: the 1024 hottest features buffered per worker, see
+``sgd_shm._kernels``), ``hogwild-plain`` (threads, ``hot_features=0``: every weight
+shared on every step, the textbook Hogwild) and ``locked`` (the same kernel with a
+spinlock around every sample's step: the classic alternative to Hogwild). After each
+epoch the full training log loss is computed outside the timed region. With ``--cxx``,
+``cxx-hogwild`` is a plain C++ Hogwild (``bench/cxx/hogwild.cpp``: the same algorithm
+with std::thread, no prefetching, no hot buffers), compiled on the spot and run in the
+same repetitions.
+
+Speed-ups against one worker are paired: in every repetition the T-worker run of a
+competitor follows its 1-worker run directly, and the median of the per-repetition
+ratios is reported, so that slow drifts of a shared machine cancel.
 """
 from __future__ import annotations
 
@@ -41,6 +50,12 @@ def _run_kit(prob, X, y, epochs, workers, backend, locked, seed):
     return times, losses
 
 
+def _run_cxx(ref, X, y, epochs, workers, seed):
+    from sgd_shm import _kernels as K
+    times, weights = ref.run(workers, epochs, seed, 1e-4, K.optimal_t0(1e-4, K.LOG))
+    return times, [_train_loss(X, y, coef, icpt) for coef, icpt in weights]
+
+
 def _run_sklearn(X, y, epochs, seed):
     from sklearn.linear_model import SGDClassifier
     clf = SGDClassifier(loss="log_loss", alpha=1e-4, learning_rate="optimal", random_state=seed)
@@ -69,38 +84,62 @@ def run(args, workers_list):
     gen_s = time.perf_counter() - t0
     last_problem.update(X=X, y=y)
     prob = Problem.from_xy(X, y[:, None])
+    probs = {"hogwild-plain": Problem.from_xy(X, y[:, None], hot_features=0)}
     E = args.epochs
     comps = [("sklearn", 1, None, False)]
-    for T in workers_list:
-        comps += [("hogwild-threads", T, "threads", False),
-                  ("hogwild-processes", T, "processes", False),
-                  ("locked", T, "threads", True)]
+    # each competitor's worker counts side by side (paired speed-ups, see above)
+    for name, backend, locked in (("hogwild-threads", "threads", False),
+                                  ("hogwild-processes", "processes", False),
+                                  ("locked", "threads", True)):
+        comps += [(name, T, backend, locked) for T in workers_list]
+    comps += [("hogwild-plain", T, "threads", False) for T in workers_list if T > 1]
+    ref = None
+    if getattr(args, "cxx", False):
+        from bench.cxx_hogwild import Reference
+        ref = Reference(X, y)
+        comps += [("cxx-hogwild", T, "cxx", False) for T in workers_list]
     series = {c: Series(c[0], {"workers": c[1], "epochs": E}) for c in comps}
     curves = {c: [] for c in comps}
-    bar = tqdm(total=(args.reps + 1) * len(comps), desc="hogwild", leave=False)
-    for rep in range(args.reps + 1):                 # rep 0: warm-up (JIT, page faults)
-        for c in comps:
-            name, T, backend, locked = c
-            if name == "sklearn":
-                times, losses = _run_sklearn(X, y, E, args.seed + rep)
-            else:
-                times, losses = _run_kit(prob, X, y, E, T, backend, locked, args.seed + rep)
-            if rep:
-                # epoch rate: samples per second over epochs 2..E (epoch 1 pays first touches)
-                med = float(np.median(times[1:] if E > 1 else times))
-                series[c].rates.append(X.shape[0] / med)
-                curves[c].append({"epoch_s": times, "train_loss": losses})
-            bar.update()
-    bar.close()
+    try:
+        bar = tqdm(total=(args.reps + 1) * len(comps), desc="hogwild", leave=False)
+        for rep in range(args.reps + 1):                 # rep 0: warm-up (JIT, page faults)
+            for c in comps:
+                name, T, backend, locked = c
+                if name == "sklearn":
+                    times, losses = _run_sklearn(X, y, E, args.seed + rep)
+                elif name == "cxx-hogwild":
+                    times, losses = _run_cxx(ref, X, y, E, T, args.seed + rep)
+                else:
+                    times, losses = _run_kit(probs.get(name, prob), X, y, E, T, backend, locked,
+                                             args.seed + rep)
+                if rep:
+                    # epoch rate: samples per second over epochs 2..E (epoch 1 pays first touches)
+                    med = float(np.median(times[1:] if E > 1 else times))
+                    series[c].rates.append(X.shape[0] / med)
+                    curves[c].append({"epoch_s": times, "train_loss": losses})
+                bar.update()
+        bar.close()
+    finally:
+        if ref is not None:
+            ref.close()
     rows = []
     target = None
     base = curves[("sklearn", 1, None, False)]
     if base:
         target = 1.01 * float(np.median([cv["train_loss"][-1] for cv in base]))
+    def epoch_s(c):
+        return [float(np.median(cv["epoch_s"][1:] if E > 1 else cv["epoch_s"])) for cv in curves[c]]
     for c in comps:
         s = series[c].summary()
-        eps = [float(np.median(cv["epoch_s"][1:] if E > 1 else cv["epoch_s"])) for cv in curves[c]]
+        eps = epoch_s(c)
         s["epoch_s_median"] = float(np.median(eps))
+        one = next((o for o in comps if o[1] == 1 and o[2:] == c[2:] and
+                    o[0] == ("hogwild-threads" if c[0] == "hogwild-plain" else c[0])), None)
+        if one is not None and c[0] != "sklearn":
+            # paired: this repetition's 1-worker epoch over this one's
+            ratios = np.asarray(epoch_s(one)) / np.asarray(eps)
+            s["speedup_vs_1"] = float(np.median(ratios))
+            s["speedup_vs_1_range"] = [float(ratios.min()), float(ratios.max())]
         s["final_train_loss"] = float(np.median([cv["train_loss"][-1] for cv in curves[c]]))
         ttt = []
         for cv in curves[c]:

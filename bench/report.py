@@ -74,13 +74,17 @@ def summary() -> str:
         p = d["problem"]
         lines = [f"### Hogwild SGD, {p['n_samples']:,} × {p['n_features']:,} RCV1-like "
                  f"({p['nnz'] / 1e6:.1f}M nonzeros), log loss", "",
-                 "| competitor | workers | s / epoch | speed vs sklearn | train loss after "
-                 f"{d['results'][0]['epochs']} epochs | time to target (s) |",
-                 "|---|---:|---:|---:|---:|---:|"]
+                 "| competitor | workers | s / epoch | speed vs sklearn | vs 1 worker, paired "
+                 f"(range) | train loss after {d['results'][0]['epochs']} epochs | "
+                 "time to target (s) |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
         for r in d["results"]:
             ttt = f"{r['time_to_target_s']:.3f}" if r["time_to_target_s"] is not None else "–"
+            sp1 = (f"{r['speedup_vs_1']:.2f}× ({r['speedup_vs_1_range'][0]:.2f}–"
+                   f"{r['speedup_vs_1_range'][1]:.2f})" if "speedup_vs_1" in r and r["workers"] > 1
+                   else "–")
             lines.append(f"| {r['competitor']} | {r['workers']} | {r['epoch_s_median']:.3f} | "
-                         f"{sk['epoch_s_median'] / r['epoch_s_median']:.2f}× | "
+                         f"{sk['epoch_s_median'] / r['epoch_s_median']:.2f}× | {sp1} | "
                          f"{r['final_train_loss']:.4f} | {ttt} |")
         h = d["header"]
         lines.append(f"\n<sub>`{h['command']}` · {h['date']} · {h['cpu']}, {h['cpu_count']} CPUs · "

@@ -52,11 +52,11 @@ def shared_arrays(arrays):
 
 
 def worker_epoch(W, b, q, V, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab, eta_tab,
-                 cum_eta, clock, hist):
+                 cum_eta, clock, hist, Wh):
     """One worker's slice of an epoch (a module function so tests can replace it)."""
     K._run(W, b, q, V, prob.cols_all, prob.indptr, prob.indices, prob.data, prob.X, prob.Y,
            prob.sw, order, lo, hi, fp, ip, out, _NO_LOCK, progress, wid, scale_tab, eta_tab,
-           cum_eta, clock, hist)
+           cum_eta, clock, hist, prob.hot_end, prob.hot_feat, Wh)
 
 
 def _serve(conn, wid, step, views, static):
@@ -157,7 +157,7 @@ class SharedWorkers:
 
 
 _HOGWILD = ("W", "b", "q", "V", "order", "progress", "scale_tab", "eta_tab", "cum_eta",
-            "clock", "hists")
+            "clock", "hists", "Wh")
 
 
 def _hogwild_step(wid, v, static, lo, hi, fp, L):
@@ -166,7 +166,7 @@ def _hogwild_step(wid, v, static, lo, hi, fp, L):
     hists = v["hists"]
     worker_epoch(v["W"], v["b"], v["q"], v["V"], prob, v["order"], lo, hi, fp, ip, out,
                  v["progress"], wid, v["scale_tab"][:L + 1], v["eta_tab"][:L],
-                 v["cum_eta"][:L + 1], v["clock"], hists[wid, :hists.shape[1] - 16])
+                 v["cum_eta"][:L + 1], v["clock"], hists[wid, :hists.shape[1] - 16], v["Wh"])
     return out
 
 
@@ -181,7 +181,8 @@ class ProcessPool:
                   (sgd.V.shape, np.float64),
                   ((n,), np.int64), ((16 * n_workers,), np.int64), ((n + 1,), np.float64),
                   ((n,), np.float64), ((n + 1,), np.float64), ((16,), np.int64),
-                  ((n_workers, sgd.staleness.shape[0] + 16), np.int64)]
+                  ((n_workers, sgd.staleness.shape[0] + 16), np.int64),
+                  ((k, prob.hot_feat.shape[0]), np.float64)]
         self.sgd = sgd
         self.pool = SharedWorkers(dict(zip(_HOGWILD, shapes)), _hogwild_step,
                                   (prob, sgd.ip))
@@ -196,9 +197,11 @@ class ProcessPool:
             self.close()
             raise
 
-    def run_epoch(self, order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists):
-        """Run one segment: worker w does positions [lo[w], hi[w]) of ``order``."""
+    def run_epoch(self, order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists, Wh):
+        """Run one segment: worker w does positions [lo[w], hi[w]) of ``order``;
+        ``Wh`` (the hot block, when the workers buffer it) goes through the segment."""
         v = self.pool.views
+        v["Wh"][...] = Wh
         L = eta_tab.shape[0]
         v["order"][...] = order
         v["scale_tab"][:L + 1] = scale_tab
@@ -212,6 +215,7 @@ class ProcessPool:
                 outs[w] = out
         finally:
             hists += v["hists"][:, :hists.shape[1]]
+            Wh[...] = v["Wh"]
 
     def close(self):
         if hasattr(self, "_private"):

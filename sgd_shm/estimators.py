@@ -30,7 +30,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm import _kernels as K
-from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem
+from sgd_shm.hogwild import HOT_FEATURES, DivergenceError, HogwildSGD, Problem
 
 __all__ = ["HogwildClassifier", "HogwildRegressor"]
 
@@ -97,8 +97,18 @@ class _BaseHogwild(BaseEstimator):
         if self.momentum >= 1.0:
             raise ValueError(f"momentum must be < 1, got {self.momentum}; 0.9 is usual")
         _check_param("n_workers", self.n_workers, int, 1)
+        _check_param("hot_features", self.hot_features, int, 0)
         if self.backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
+
+    def _hot_features(self):
+        """hot_features where the workers buffer them (several workers, L2 or no
+        penalty, no momentum), else 0: the hot-first layout would go unused."""
+        if (self.n_workers > 1 and self.momentum == 0
+                and (self.penalty in ("l2", None)
+                     or (self.penalty == "elasticnet" and self.l1_ratio == 0))):
+            return self.hot_features
+        return 0
 
     def _penalty_split(self):
         if self.penalty is None:
@@ -227,6 +237,11 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     backend : "threads" (Python threads running nogil Numba kernels on one array) or
         "processes" (``multiprocess`` workers on weights in shared memory, released
         after every fit, also when a worker fails).
+    hot_features : on sparse data, the number of most frequent features whose weights each
+        worker steps in a private copy and adds to the shared weights every 64 of its
+        samples (the others see them at most that late), so that the hottest cache
+        lines do not move between cores on every sample; 0 gives plain Hogwild. Used
+        with penalty "l2" or None and no momentum; otherwise every weight is shared.
     instrument : record per-update staleness (updates applied by other workers between
         a worker's read of the weights and its write, the delay tau) in ``staleness_``,
         a histogram (index = tau; the last bin counts tau >= 63). Costs one contended
@@ -238,7 +253,8 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     def __init__(self, loss="hinge", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
                  learning_rate="optimal", eta0=0.0, power_t=0.5, momentum=0.0, n_workers=2,
-                 backend="threads", instrument=False, random_state=None, verbose=0):
+                 backend="threads", hot_features=HOT_FEATURES, instrument=False,
+                 random_state=None, verbose=0):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -253,6 +269,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         self.momentum = momentum
         self.n_workers = n_workers
         self.backend = backend
+        self.hot_features = hot_features
         self.instrument = instrument
         self.random_state = random_state
         self.verbose = verbose
@@ -280,7 +297,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         if not np.isin(y, self.classes_).all():
             raise ValueError(f"y holds labels not in classes_ {self.classes_.tolist()}")
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
-        prob = Problem.from_xy(X, self._targets(y), sample_weight)
+        prob = Problem.from_xy(X, self._targets(y), sample_weight, self._hot_features())
         n_out = 1 if len(self.classes_) == 2 else len(self.classes_)
         self.coef_ = self._train(prob, reset, n_out, sp.issparse(X), max_iter, stop_early).copy()
         return self
@@ -340,7 +357,8 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
     def __init__(self, loss="squared_error", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
                  learning_rate="invscaling", eta0=0.01, power_t=0.25, momentum=0.0, n_workers=2,
-                 backend="threads", instrument=False, random_state=None, verbose=0):
+                 backend="threads", hot_features=HOT_FEATURES, instrument=False,
+                 random_state=None, verbose=0):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -355,6 +373,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         self.momentum = momentum
         self.n_workers = n_workers
         self.backend = backend
+        self.hot_features = hot_features
         self.instrument = instrument
         self.random_state = random_state
         self.verbose = verbose
@@ -364,7 +383,8 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C",
                              y_numeric=True, reset=reset)
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
-        prob = Problem.from_xy(X, np.asarray(y, dtype=np.float64).reshape(-1, 1), sample_weight)
+        prob = Problem.from_xy(X, np.asarray(y, dtype=np.float64).reshape(-1, 1), sample_weight,
+                               self._hot_features())
         self.coef_ = self._train(prob, reset, 1, sp.issparse(X), max_iter, stop_early)[0].copy()
         return self
 

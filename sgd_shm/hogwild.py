@@ -28,7 +28,12 @@ import scipy.sparse as sp
 
 from sgd_shm import _kernels as K
 
-__all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers"]
+__all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "HOT_FEATURES"]
+
+#: default number of hot coordinates (the most frequent features of sparse data) that
+#: each worker buffers privately and folds into the shared weights every
+#: ``_kernels.HOT_FLUSH`` samples (see ``_kernels``); 0 gives plain Hogwild
+HOT_FEATURES = 1024
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
@@ -64,8 +69,12 @@ def run_workers(work, n_workers):
 
 @dataclass
 class Problem:
-    """Training data in the layout the kernels read: CSR (int64 indices) or a
-    C-contiguous dense matrix, targets Y of shape (n, K), sample weights."""
+    """Training data in the layout the kernels read: CSR (int64 indptr, int32
+    indices) or a C-contiguous dense matrix, targets Y of shape (n, K), sample
+    weights. Sparse rows are stored hot-first: the ``hot_features`` most frequent
+    features (``hot_feat``, most frequent first) carry their slot number instead
+    of the feature id, and ``hot_end[i]`` ends row i's hot part (see ``_kernels``).
+    The caller's matrix is never modified."""
     n_samples: int
     n_features: int
     Y: np.ndarray
@@ -75,13 +84,19 @@ class Problem:
     indices: np.ndarray      # (nnz,) int32 column indices
     data: np.ndarray
     cols_all: np.ndarray     # arange(d) (int32) for dense rows
+    hot_end: np.ndarray      # (n,) int64 when sparse: end of each row's hot part
+    hot_feat: np.ndarray     # (H,) int64: the hot features, by slot (empty when dense)
 
     @property
     def sparse(self) -> bool:
         return self.indptr.shape[0] > 0
 
     @classmethod
-    def from_xy(cls, X, Y, sample_weight=None) -> "Problem":
+    def from_xy(cls, X, Y, sample_weight=None, hot_features=HOT_FEATURES) -> "Problem":
+        if isinstance(hot_features, bool) or not isinstance(hot_features, (int, np.integer)):
+            raise TypeError(f"hot_features must be an int, got {type(hot_features).__name__}")
+        if hot_features < 0:
+            raise ValueError(f"hot_features must be >= 0 (0: plain Hogwild), got {hot_features}")
         Y = np.ascontiguousarray(Y, dtype=np.float64)
         if Y.ndim != 2 or Y.shape[0] != X.shape[0]:
             raise ValueError(f"Y must have shape (n_samples, n_outputs), got {Y.shape}")
@@ -95,16 +110,31 @@ class Problem:
                 X.sum_duplicates()
             # int32 column indices: rows are read in shuffled order, so bytes per
             # nonzero matter more than anything else in the epoch
-            data = np.ascontiguousarray(X.data)
-            if not data.flags.writeable:      # the kernels take writeable arrays only
-                data = data.copy()
-            return cls(n, d, Y, sw, np.empty((0, d)), X.indptr.astype(np.int64),
-                       X.indices.astype(np.int32), data, _EMPTY_I32)
+            indptr = X.indptr.astype(np.int64)
+            if hot_features == 0:            # plain rows: no hot part
+                data = np.ascontiguousarray(X.data)
+                if not data.flags.writeable:      # the kernels take writeable arrays only
+                    data = data.copy()
+                return cls(n, d, Y, sw, np.empty((0, d)), indptr, X.indices.astype(np.int32),
+                           data, _EMPTY_I32, indptr[:-1].copy(), _EMPTY_I)
+            counts = np.bincount(X.indices, minlength=d)
+            n_hot = min(int(hot_features), int(np.count_nonzero(counts)))
+            hot_feat = np.argsort(-counts, kind="stable")[:n_hot].astype(np.int64)
+            slot = np.full(d, -1, dtype=np.int32)
+            slot[hot_feat] = np.arange(n_hot)
+            # fresh arrays (numpy's, so large ones get huge pages: the rows are read
+            # at random) that hold the hot-first rows; X itself is never modified
+            indices = np.empty(X.nnz, dtype=np.int32)
+            data = np.empty(X.nnz, dtype=np.float64)
+            hot_end = np.empty(n, dtype=np.int64)
+            K.hot_layout(indptr, X.indices, X.data, slot, indices, data, hot_end)
+            return cls(n, d, Y, sw, np.empty((0, d)), indptr, indices, data, _EMPTY_I32,
+                       hot_end, hot_feat)
         X = np.ascontiguousarray(X, dtype=np.float64)
         if not X.flags.writeable:
             X = X.copy()
         return cls(n, d, Y, sw, X, _EMPTY_I, _EMPTY_I32, _EMPTY_F,
-                   np.arange(d, dtype=np.int32))
+                   np.arange(d, dtype=np.int32), _EMPTY_I, _EMPTY_I)
 
 
 class HogwildSGD:
@@ -172,6 +202,7 @@ class HogwildSGD:
             yield self
             return
         from sgd_shm._procs import ProcessPool
+        self._set_hot(prob)                 # the workers inherit ip when they fork
         self._pool = ProcessPool(self, prob, max(1, min(self.n_workers, prob.n_samples)))
         self._pool_prob = prob
         try:
@@ -195,6 +226,7 @@ class HogwildSGD:
             raise ValueError("epoch() got other data than its session(); open a new session")
         n = prob.n_samples
         nw = max(1, min(self.n_workers, n))
+        hot = self._set_hot(prob)
         order = self.rng.permutation(n).astype(np.int64, copy=False)
         bounds = np.linspace(0, n, nw + 1).astype(np.int64)
         lens = np.diff(bounds)
@@ -216,8 +248,13 @@ class HogwildSGD:
             hi = bounds[:-1] + lens * g1 // n
             seg_outs = np.zeros((nw, K.N_OUT))
             fp[K.F_U0] = self.fp[K.F_U0]
+            # the hot block travels in its own contiguous array during the segment
+            Wh = (np.ascontiguousarray(self.W[:, prob.hot_feat]) if hot
+                  else np.zeros((self.W.shape[0], prob.hot_feat.shape[0])))
             self._run_segment(prob, order, lo, hi, fp, seg_outs, scale_tab, eta_tab, cum_eta,
-                              hists[:, :nbins], g1 - g0)
+                              hists[:, :nbins], Wh)
+            if hot:
+                self.W[:, prob.hot_feat] = Wh
             outs += seg_outs
             if seg_outs[:, K.O_DIVERGED].any():
                 raise DivergenceError(
@@ -236,16 +273,25 @@ class HogwildSGD:
             raise DivergenceError("SGD diverged: the weights are no longer finite; lower eta0")
         return float(outs[:, K.O_LOSS].sum() / max(prob.sw.sum(), 1e-300))
 
+    def _set_hot(self, prob) -> bool:
+        """Whether the workers buffer the hot coordinates of ``prob`` (sparse data
+        with hot features, no lock, no L1, no momentum), written to ip[I_HOT]."""
+        hot = (prob.sparse and prob.hot_feat.shape[0] > 0 and not self.ip[K.I_LOCKED]
+               and self.fp[K.F_ALPHA1] == 0.0 and self.fp[K.F_MOMENTUM] == 0.0)
+        self.ip[K.I_HOT] = int(hot)
+        return hot
+
     def _run_segment(self, prob, order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists,
-                     n_steps):
+                     Wh):
         nw = len(lo)
         if self._pool is not None:
-            self._pool.run_epoch(order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists)
+            self._pool.run_epoch(order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists, Wh)
             return
         progress = np.zeros(16 * nw, dtype=np.int64)
 
         def work(w):
             K._run(self.W, self.b, self.q, self.V, prob.cols_all, prob.indptr, prob.indices, prob.data,
                    prob.X, prob.Y, prob.sw, order, lo[w], hi[w], fp, self.ip, outs[w],
-                   self.lock, progress, w, scale_tab, eta_tab, cum_eta, self.clock, hists[w])
+                   self.lock, progress, w, scale_tab, eta_tab, cum_eta, self.clock, hists[w],
+                   prob.hot_end, prob.hot_feat, Wh)
         run_workers(work, nw)

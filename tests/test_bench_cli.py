@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +34,14 @@ def test_bench_all_tiny(tmp_path):
     assert all(row["rank_max"] == 0 for row in q if row["queues"] == 1)
     hw = json.loads((tmp_path / "hogwild.json").read_text())
     assert {r["competitor"] for r in hw["results"]} == {"sklearn", "hogwild-threads",
-                                                        "hogwild-processes", "locked"}
+                                                        "hogwild-processes", "locked",
+                                                        "hogwild-plain"}
+    for r in hw["results"]:                  # paired speed-ups: 1 worker against itself is 1
+        if r["competitor"] != "sklearn" and r["workers"] == 1 and r["competitor"] != "hogwild-plain":
+            assert r["speedup_vs_1"] == 1.0
+        elif r["competitor"] != "sklearn":
+            lo, hi = r["speedup_vs_1_range"]
+            assert lo <= r["speedup_vs_1"] <= hi
     assert hw["staleness"]["threads-1"]["frac_tau0"] == 1.0
     mis = json.loads((tmp_path / "mis.json").read_text())
     assert {r["scheduler"] for r in mis["waste"]} == {"multiqueue", "k-relaxed"}
@@ -119,6 +127,44 @@ def test_torch_reference_trains():
     for workers in (1, 2):
         t, loss = epoch_seconds(X, y, workers, epochs=2)
         assert t > 0 and loss < 0.69
+
+
+def test_cxx_reference_equals_the_kit_on_one_worker(tmp_path):
+    """The C++ Hogwild reference of ``bench hogwild --cxx`` runs the kit's algorithm: on
+    one worker it reaches the kit's training loss epoch by epoch (within 0.01: the two
+    shuffle with different generators). Skipped where no C++ compiler is installed.
+    Then 2 workers, and the CLI path."""
+    from bench import cxx_hogwild
+    if cxx_hogwild.compiler() is None:
+        pytest.skip("no C++ compiler")
+    from sgd_shm import _kernels as K
+    from sgd_shm.data import make_rcv1_like
+    from sgd_shm.hogwild import HogwildSGD, Problem
+    X, y = make_rcv1_like(3000, 300, random_state=0)
+    ref = cxx_hogwild.Reference(X, y)
+    try:
+        times, weights = ref.run(1, 3, 0, 1e-4, K.optimal_t0(1e-4, K.LOG))
+        assert len(times) == 3 and min(times) > 0
+        sgd = HogwildSGD(300, 1, loss="log_loss", alpha=1e-4, intercept_decay=0.01, seed=0)
+        prob = Problem.from_xy(X, y[:, None])
+        for e in range(3):
+            sgd.epoch(prob)
+            coef, icpt = weights[e]
+            ours = np.mean(np.logaddexp(0, -y * (X @ sgd.W[0] + sgd.b[0])))
+            theirs = np.mean(np.logaddexp(0, -y * (X @ coef + icpt)))
+            assert abs(ours - theirs) < 0.01, (e, ours, theirs)
+        assert ref.run(2, 2, 1, 1e-4, K.optimal_t0(1e-4, K.LOG))[0][1] > 0
+    finally:
+        ref.close()
+    assert not ref.dir.exists()
+    r = subprocess.run([sys.executable, "-m", "bench", "hogwild", "--cxx", "--reps", "1",
+                        "--sgd-samples", "2000", "--sgd-features", "200", "--epochs", "2",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "hogwild.json").read_text())["results"]
+    cx = {r["workers"]: r for r in rows if r["competitor"] == "cxx-hogwild"}
+    assert set(cx) == {1, 2} and cx[2]["final_train_loss"] < 0.69
 
 
 @pytest.mark.parametrize("squared", [False, True])
