@@ -155,30 +155,40 @@ def _fold(Wh, hw, snap):
 
 
 @nb.njit(cache=True, nogil=True)
-def hot_layout(indptr, indices, data, slot, ind_out, dat_out, hot_end):
-    """Rewrite CSR rows hot-first: entries whose feature has slot[j] >= 0 come
-    first, carrying the slot instead of the feature id; hot_end[i] ends row i's
-    hot part. Each part keeps the row's order. One slot lookup per entry: the
-    cold entries wait in a row buffer."""
+def feature_counts(indices, d):
+    """Nonzeros per feature (np.bincount without its int64 copy of the indices)."""
+    counts = np.zeros(d, dtype=np.int64)
+    for m in range(indices.shape[0]):
+        counts[indices[m]] += 1
+    return counts
+
+
+@nb.njit(cache=True, nogil=True)
+def hot_layout(indptr, indices, data, slot, ind_out, dat_out, hot_end, r0, r1):
+    """Rewrite CSR rows r0..r1-1 hot-first: entries whose feature has slot[j] >= 0
+    come first, carrying the slot instead of the feature id; hot_end[i] ends row
+    i's hot part. Each part keeps the row's order. One slot lookup per entry and
+    no branch on it: every entry is written to both the hot front and a cold row
+    buffer, and only the matching cursor moves."""
     longest = 0
-    for i in range(indptr.shape[0] - 1):
+    for i in range(r0, r1):
         longest = max(longest, indptr[i + 1] - indptr[i])
-    cold_i = np.empty(longest, dtype=ind_out.dtype)
-    cold_v = np.empty(longest, dtype=dat_out.dtype)
-    for i in range(indptr.shape[0] - 1):
+    cold_i = np.empty(longest + 1, dtype=ind_out.dtype)
+    cold_v = np.empty(longest + 1, dtype=dat_out.dtype)
+    for i in range(r0, r1):
         w = indptr[i]
         nc = 0
         for m in range(indptr[i], indptr[i + 1]):
             j = indices[m]
             h = slot[j]
-            if h >= 0:
-                ind_out[w] = h
-                dat_out[w] = data[m]
-                w += 1
-            else:
-                cold_i[nc] = j
-                cold_v[nc] = data[m]
-                nc += 1
+            v = data[m]
+            ind_out[w] = h
+            dat_out[w] = v
+            cold_i[nc] = j
+            cold_v[nc] = v
+            hot = h >= 0
+            w += hot
+            nc += 1 - hot
         hot_end[i] = w
         for c in range(nc):
             ind_out[w + c] = cold_i[c]
@@ -255,6 +265,13 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     hot_since = 0
     nh = 0                                   # hot entries of the current row
     for k in range(lo, hi):
+        if k + 2 * DISTANCE < hi:              # the row's bookkeeping (its bounds, hot
+            j2 = order[k + 2 * DISTANCE]       # part, target and weight) further ahead,
+            prefetch(Y, j2 * K)                # so that the row prefetch below finds its
+            prefetch(sw, j2)                   # bounds in cache
+            if not dense:
+                prefetch(indptr, j2)
+                prefetch(hot_end, j2)
         if k + DISTANCE < hi:                  # ask for a row ahead: reads are shuffled
             j = order[k + DISTANCE]
             if dense:

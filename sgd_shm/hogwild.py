@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import dataclass
 
@@ -117,7 +118,7 @@ class Problem:
                     data = data.copy()
                 return cls(n, d, Y, sw, np.empty((0, d)), indptr, X.indices.astype(np.int32),
                            data, _EMPTY_I32, indptr[:-1].copy(), _EMPTY_I)
-            counts = np.bincount(X.indices, minlength=d)
+            counts = K.feature_counts(X.indices, d)
             n_hot = min(int(hot_features), int(np.count_nonzero(counts)))
             hot_feat = np.argsort(-counts, kind="stable")[:n_hot].astype(np.int64)
             slot = np.full(d, -1, dtype=np.int32)
@@ -127,7 +128,12 @@ class Problem:
             indices = np.empty(X.nnz, dtype=np.int32)
             data = np.empty(X.nnz, dtype=np.float64)
             hot_end = np.empty(n, dtype=np.int64)
-            K.hot_layout(indptr, X.indices, X.data, slot, indices, data, hot_end)
+            # row blocks on threads (the kernel releases the GIL; the pages of the new
+            # arrays are first touched there too)
+            nt = max(1, min(os.cpu_count() or 1, 8, n // 10_000))
+            cuts = np.linspace(0, n, nt + 1).astype(np.int64)
+            run_workers(lambda w: K.hot_layout(indptr, X.indices, X.data, slot, indices, data,
+                                               hot_end, cuts[w], cuts[w + 1]), nt)
             return cls(n, d, Y, sw, np.empty((0, d)), indptr, indices, data, _EMPTY_I32,
                        hot_end, hot_feat)
         X = np.ascontiguousarray(X, dtype=np.float64)
