@@ -25,10 +25,23 @@ def mf_run(P, Q, bu, bi, users, items, ratings, order, lo, hi, lr, reg, reg_bias
     k = P.shape[1]
     sq = 0.0
     for t in range(lo, hi):
-        if t + DISTANCE < hi:
+        if t + 2 * DISTANCE < hi:        # the rating's ids and value, further ahead
+            m = order[t + 2 * DISTANCE]
+            prefetch(users, m)
+            prefetch(items, m)
+            prefetch(ratings, m)
+        if t + DISTANCE < hi:            # then its rows (ids now in cache), every line
             m = order[t + DISTANCE]
-            prefetch(P, users[m] * k)
-            prefetch(Q, items[m] * k)
+            u = users[m]
+            i = items[m]
+            for f in range(0, k, 8):
+                prefetch(P, u * k + f)
+                prefetch(Q, i * k + f)
+            prefetch(P, u * k + k - 1)
+            prefetch(Q, i * k + k - 1)
+            if fit_bias:
+                prefetch(bu, u)
+                prefetch(bi, i)
         n = order[t]
         u = users[n]
         i = items[n]

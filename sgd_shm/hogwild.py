@@ -6,7 +6,11 @@ Stochastic Gradient Descent" (NIPS 2011). Each epoch shuffles the sample
 epoch), cuts the permutation into ``n_workers`` contiguous parts, and runs one
 Numba kernel per part on a Python thread; the kernels release the GIL, so the
 threads run in parallel on the same numpy arrays. Between epochs the driver
-folds the exact L2 weight scale into the weights (see ``_kernels``).
+folds the exact L2 weight scale into the weights (see ``_kernels``). On sparse
+data, ``Problem`` stores rows hot-first so that the workers can buffer the most
+frequent features' weights (``hot_features``; see ``_kernels``): during a segment
+those weights live in a contiguous block that the driver gathers from W before
+and scatters back after.
 
 Example::
 
