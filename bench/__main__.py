@@ -235,7 +235,7 @@ def cmd_hogwild(args):
     from bench import hogwild
     hdr = common.header(args)
     common.print_header(hdr)
-    rows, extra = hogwild.run(args, _workers(args))
+    rows, extra, (X, y) = hogwild.run(args, _workers(args))   # (X, y): for --torch
     p = extra["problem"]
     print(f"\nHogwild, log loss, {p['n_samples']:,} x {p['n_features']:,} "
           f"({p['nnz'] / 1e6:.1f}M nonzeros), {args.epochs} epochs, median of {args.reps}; "
@@ -257,9 +257,8 @@ def cmd_hogwild(args):
         from bench import torch_hogwild
         runs = []
         for T in _workers(args):
-            t, loss = torch_hogwild.epoch_seconds(hogwild.last_problem["X"],
-                                                  hogwild.last_problem["y"], T,
-                                                  batch=args.torch_batch, seed=args.seed)
+            t, loss = torch_hogwild.epoch_seconds(X, y, T, batch=args.torch_batch,
+                                                  seed=args.seed)
             runs.append({"workers": T, "epoch_s": t, "train_loss": loss})
             print(f"PyTorch Hogwild (mnist_hogwild style, batch {args.torch_batch}), {T} "
                   f"process(es): {t:.2f} s per epoch")

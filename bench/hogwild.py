@@ -70,11 +70,9 @@ def _run_sklearn(X, y, epochs, seed):
     return times, losses
 
 
-#: the last problem run() made (for the optional PyTorch reference on the same data)
-last_problem = {}
-
-
 def run(args, workers_list):
+    """Every competitor at every worker count, interleaved over ``args.reps`` (after a
+    warm-up). Returns (result rows, extra results, the problem (X, y))."""
     from tqdm import tqdm
 
     from sgd_shm.data import make_rcv1_like
@@ -82,7 +80,6 @@ def run(args, workers_list):
     t0 = time.perf_counter()
     X, y = make_rcv1_like(args.sgd_samples, args.sgd_features, random_state=args.seed)
     gen_s = time.perf_counter() - t0
-    last_problem.update(X=X, y=y)
     prob = Problem.from_xy(X, y[:, None])
     probs = {"hogwild-plain": Problem.from_xy(X, y[:, None], hot_features=0)}
     E = args.epochs
@@ -171,4 +168,4 @@ def run(args, workers_list):
                          "generate_s": gen_s, "loss": "log_loss", "alpha": 1e-4,
                          "learning_rate": "optimal"},
              "target_train_loss": target}
-    return rows, extra
+    return rows, extra, (X, y)

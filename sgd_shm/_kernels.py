@@ -58,7 +58,7 @@ import numba as nb
 import numpy as np
 
 from sgd_shm._intrinsics import (DISTANCE, cas_acquire, fetch_add, fetch_add_f64, load_relaxed,
-                                 prefetch, store_release)
+                                 prefetch, prefetch_once, store_release)
 
 # loss codes
 LOG, HINGE, SQUARED, MODIFIED_HUBER = 0, 1, 2, 3
@@ -282,10 +282,10 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
                 p1 = indptr[j + 1]
             while p0 < p1:
                 if dense:
-                    prefetch(X, p0)
+                    prefetch_once(X, p0)
                 else:
-                    prefetch(data, p0)
-                    prefetch(indices, p0)
+                    prefetch_once(data, p0)
+                    prefetch_once(indices, p0)
                 p0 += 8
         i = order[k]
         if dense:

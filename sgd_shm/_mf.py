@@ -11,8 +11,9 @@ update of a row only loses one step).
 import math
 
 import numba as nb
+import numpy as np
 
-from sgd_shm._intrinsics import DISTANCE, prefetch
+from sgd_shm._intrinsics import DISTANCE, prefetch, prefetch_once
 
 # out slots
 MO_LOSS, MO_STEPS, MO_DIVERGED = range(3)
@@ -27,9 +28,9 @@ def mf_run(P, Q, bu, bi, users, items, ratings, order, lo, hi, lr, reg, reg_bias
     for t in range(lo, hi):
         if t + 2 * DISTANCE < hi:        # the rating's ids and value, further ahead
             m = order[t + 2 * DISTANCE]
-            prefetch(users, m)
-            prefetch(items, m)
-            prefetch(ratings, m)
+            prefetch_once(users, m)
+            prefetch_once(items, m)
+            prefetch_once(ratings, m)
         if t + DISTANCE < hi:            # then its rows (ids now in cache), every line
             m = order[t + DISTANCE]
             u = users[m]
@@ -67,3 +68,27 @@ def mf_run(P, Q, bu, bi, users, items, ratings, order, lo, hi, lr, reg, reg_bias
             Q[i, f] = qi + lr * (e * pu - reg * qi)
     out[MO_LOSS] = sq
     out[MO_STEPS] = hi - lo
+
+
+@nb.njit(cache=True, nogil=True)
+def shuffle_part(order, lo, hi, seed):
+    """Shuffle order[lo:hi] in place (Fisher-Yates) with a splitmix64 stream from
+    ``seed``, so that each worker shuffles its own part of the ratings at the start
+    of an epoch, in parallel, instead of the driver permuting all of them (32 ms
+    for 2M ratings). Positions are drawn as floor(u·(i+1)) with u a 53-bit
+    uniform: a bias below (hi-lo)·2^-53."""
+    state = np.uint64(seed)
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    m1 = np.uint64(0xBF58476D1CE4E5B9)
+    m2 = np.uint64(0x94D049BB133111EB)
+    for i in range(hi - lo - 1, 0, -1):
+        state += golden
+        z = state
+        z = (z ^ (z >> np.uint64(30))) * m1
+        z = (z ^ (z >> np.uint64(27))) * m2
+        z = z ^ (z >> np.uint64(31))
+        u = float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+        j = int(u * (i + 1))
+        a = order[lo + i]
+        order[lo + i] = order[lo + j]
+        order[lo + j] = a

@@ -230,10 +230,11 @@ class ProcessPool:
         self.pool.close()
 
 
-def _mf_step(wid, v, static, lo, hi, lr, reg, reg_bias, mu, fit_bias):
+def _mf_step(wid, v, static, lo, hi, seed, lr, reg, reg_bias, mu, fit_bias):
     from sgd_shm import _mf
     users, items, ratings = static
     out = np.zeros(_mf.MN_OUT)
+    _mf.shuffle_part(v["order"], lo, hi, seed)        # this worker's part, in place
     mf_epoch(v["P"], v["Q"], v["bu"], v["bi"], users, items, ratings, v["order"], lo, hi, lr,
              reg, reg_bias, mu, fit_bias, out)
     return out
@@ -247,10 +248,11 @@ def mf_epoch(*args):
 
 class MFPool:
     """Matrix factorization's worker processes: the factor matrices, biases and
-    the epoch's order live in the shared segment for one fit; the ratings are
-    inherited by fork. ``close`` copies the factors back to the estimator."""
+    the order of the ratings live in the shared segment for one fit (each worker
+    reshuffles its own part every epoch); the ratings are inherited by fork.
+    ``close`` copies the factors back to the estimator."""
 
-    def __init__(self, est, users, items, ratings, n_workers):
+    def __init__(self, est, users, items, ratings, n_workers, order):
         self.est = est
         names = ("user_factors_", "item_factors_", "user_bias_", "item_bias_")
         arrays = {"P": (est.user_factors_.shape, np.float64),
@@ -265,15 +267,16 @@ class MFPool:
             for key, name in zip(("P", "Q", "bu", "bi"), names):
                 v[key][...] = getattr(est, name)
                 setattr(est, name, v[key])
+            v["order"][...] = order
             self._names = names
             self.pool.start(n_workers)
         except BaseException:
             self.close()
             raise
 
-    def run_epoch(self, order, bounds, *params):
-        self.pool.views["order"][...] = order
-        return self.pool.run(lambda w: (int(bounds[w]), int(bounds[w + 1]), *params))
+    def run_epoch(self, bounds, seeds, *params):
+        return self.pool.run(lambda w: (int(bounds[w]), int(bounds[w + 1]), int(seeds[w]),
+                                        *params))
 
     def close(self):
         if hasattr(self, "_private"):

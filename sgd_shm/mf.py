@@ -114,8 +114,9 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         self.n_users_ = int(X[:, 0].max()) + 1
         self.n_items_ = int(X[:, 1].max()) + 1
         k = self.n_factors
-        self.user_factors_ = rng.normal(0, self.init_std, (self.n_users_, k))
-        self.item_factors_ = rng.normal(0, self.init_std, (self.n_items_, k))
+        init = np.random.default_rng(rng.randint(2**31 - 1))      # ziggurat: 2x RandomState's
+        self.user_factors_ = init.normal(0, self.init_std, (self.n_users_, k))
+        self.item_factors_ = init.normal(0, self.init_std, (self.n_items_, k))
         self.user_bias_ = np.zeros(self.n_users_)
         self.item_bias_ = np.zeros(self.n_items_)
         self.global_mean_ = float(y.mean())
@@ -134,16 +135,20 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         worker processes on shared factors, always released."""
         self._users = np.ascontiguousarray(X[:, 0])
         self._items = np.ascontiguousarray(X[:, 1])
+        # a random split of the ratings between the workers for the session; each
+        # worker reshuffles its part in place at the start of every epoch (in
+        # parallel: a driver-side permutation of 2M ratings took 32 ms per epoch)
+        self._order = self._rng.permutation(X.shape[0]).astype(np.int64, copy=False)
         pool = self._pool = None
         try:
             if self.backend == "processes":
                 from sgd_shm._procs import MFPool
                 nw = max(1, min(int(self.n_workers), X.shape[0]))
-                pool = self._pool = MFPool(self, self._users, self._items, y, nw)
+                pool = self._pool = MFPool(self, self._users, self._items, y, nw, self._order)
             yield
         finally:
             self._pool = None
-            del self._users, self._items
+            del self._users, self._items, self._order
             if pool is not None:
                 pool.close()
 
@@ -168,16 +173,18 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
     def _epoch(self, X, y):
         n = X.shape[0]
         nw = max(1, min(int(self.n_workers), n))
-        order = self._rng.permutation(n).astype(np.int64, copy=False)
+        order = self._order
         bounds = np.linspace(0, n, nw + 1).astype(np.int64)
+        seeds = self._rng.integers(0, 2**63 - 1, size=nw)
         outs = np.zeros((nw, _mf.MN_OUT + 13))        # padded rows
         params = (self._lr, float(self.reg), float(self.reg_bias), self.global_mean_,
                   bool(self.fit_bias))
         if self._pool is not None:
-            for w, out in enumerate(self._pool.run_epoch(order, bounds, *params)):
+            for w, out in enumerate(self._pool.run_epoch(bounds, seeds, *params)):
                 outs[w, :_mf.MN_OUT] = out
         else:
             def work(w):
+                _mf.shuffle_part(order, bounds[w], bounds[w + 1], seeds[w])
                 _mf.mf_run(self.user_factors_, self.item_factors_, self.user_bias_,
                            self.item_bias_, self._users, self._items, y, order, bounds[w],
                            bounds[w + 1], *params, outs[w])
