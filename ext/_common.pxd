@@ -41,3 +41,21 @@ cdef extern from "relaxed_atomic.h" nogil:
     int32_t rlx_getpid()
     void rlx_crash_arm(int64_t k)
     void rlx_crash_point()
+
+
+# The first 40 bytes of every structure's segment: relaxed/shm.py's common header
+# (32 bytes) and the counter that gives each handle its own random stream.
+ctypedef struct ShmHead:
+    char magic[8]
+    uint32_t version
+    uint32_t kind
+    uint64_t total_size
+    int64_t owner_pid
+    int64_t handle_counter     # atomic
+
+
+cdef inline uint64_t handle_stream(ShmHead *head, int64_t seed) noexcept nogil:
+    """A new handle's RNG state: the structure's seed mixed with the next value of the
+    shared handle counter, so that every handle (thread or process) draws its own stream."""
+    cdef int64_t stream = rlx_fetch_add_i64(&head.handle_counter, 1)
+    return rlx_mix64(<uint64_t>seed ^ rlx_mix64(<uint64_t>stream))

@@ -28,12 +28,7 @@ cdef enum:
     KIND_MC = 2
 
 ctypedef struct Header:
-    char magic[8]
-    uint32_t version
-    uint32_t kind
-    uint64_t total_size
-    int64_t owner_pid
-    int64_t handle_counter
+    ShmHead head               # magic ... handle_counter (ext/_common.pxd)
     int64_t n_counters
     int64_t stride
     int64_t counters_offset
@@ -138,8 +133,7 @@ cdef class MultiCounter(ShmStructure):
     cdef _reseed(self):
         if self.hdr == NULL:       # closed (the after-fork hook may still see it)
             return
-        cdef int64_t stream = rlx_fetch_add_i64(&self.hdr.handle_counter, 1)
-        self.rng = rlx_mix64(<uint64_t>self.hdr.seed ^ rlx_mix64(<uint64_t>stream))
+        self.rng = handle_stream(&self.hdr.head, self.hdr.seed)
 
     def increment(self):
         """Add one to the smaller of two random counters."""

@@ -73,13 +73,8 @@ ctypedef struct Guard:
     Elem pending       # journal: the element being placed
     Elem popped        # journal: the element a pop in flight is taking out
 
-ctypedef struct Header:         # at offset 0; the first 32 bytes are shm's common header
-    char magic[8]
-    uint32_t version
-    uint32_t kind
-    uint64_t total_size
-    int64_t owner_pid
-    int64_t handle_counter     # atomic: each handle gets its own RNG stream
+ctypedef struct Header:         # at offset 0
+    ShmHead head               # magic ... handle_counter (ext/_common.pxd)
     int64_t n_queues
     int64_t cap_per_queue
     int64_t capacity
@@ -646,8 +641,7 @@ cdef class MultiQueue(ShmStructure):
     cdef _reseed(self):
         if self.hdr == NULL:       # closed (the after-fork hook may still see it)
             return
-        cdef int64_t stream = rlx_fetch_add_i64(&self.hdr.handle_counter, 1)
-        self.h.rng = rlx_mix64(<uint64_t>self.hdr.seed ^ rlx_mix64(<uint64_t>stream))
+        self.h.rng = handle_stream(&self.hdr.head, self.hdr.seed)
         self.h.pid = rlx_getpid()      # read here (creation, after fork), not on hot paths
         self.h.pop_left = 0
         self.h.push_left = 0

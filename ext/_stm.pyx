@@ -76,12 +76,7 @@ cdef enum:
     TX_NOMEM = 3
 
 ctypedef struct Header:
-    char magic[8]
-    uint32_t version
-    uint32_t kind
-    uint64_t total_size
-    int64_t owner_pid
-    int64_t handle_counter
+    ShmHead head               # magic ... handle_counter (ext/_common.pxd)
     int64_t n_words
     int64_t n_stripes
     int64_t clock_kind
@@ -696,8 +691,7 @@ cdef class TL2(ShmStructure):
     cdef _reseed(self):
         if self._base == NULL:
             return
-        cdef int64_t stream = rlx_fetch_add_i64(&(<Header*>self._base).handle_counter, 1)
-        self.rng = rlx_mix64(<uint64_t>(<Header*>self._base).seed ^ rlx_mix64(<uint64_t>stream))
+        self.rng = handle_stream(&(<Header*>self._base).head, (<Header*>self._base).seed)
         self._local = threading.local()          # slots of the parent are not ours
 
     cdef _on_close(self):
