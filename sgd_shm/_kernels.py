@@ -22,26 +22,24 @@ decay popular features twice, see shared/FACTS.md):
   zero. q is shared and updated without locks: an intended Hogwild race (a lost
   update of q only mis-sizes one later clip).
 
-Hot coordinates (sparse data, several workers): two cores writing one weight
-array make nearly every weight access a cache line fetched from the other
-core, and the most popular features are touched by almost every sample. The
+Hot coordinates (sparse data): the most frequent features are touched by almost
+every sample, so with several workers their cache lines move between the cores
+on almost every step, and their plain read-add-write updates collide most. The
 rows are therefore stored hot-first (``hogwild.Problem``: the H most frequent
 features carry slot numbers 0..H-1 instead of feature ids, ``hot_end[i]`` ends
 row i's hot part). With ``ip[I_HOT]`` set, each worker keeps a private copy of
 the hot block, applies its own steps there at once and folds its accumulated
 delta into the shared master ``Wh`` (a contiguous K × H array the driver
 gathers from W before the segment and scatters back after) every HOT_FLUSH of
-its samples; the intercept has always been handled this way. A worker thus
-sees its own hot steps immediately and the others' at most HOT_FLUSH of their
-samples late: a bounded extra delay on H coordinates, in exchange for H·K·8
-bytes of shared lines moved once per HOT_FLUSH samples instead of on almost
-every sample (compare the replicated models of DimmWitted, Zhang and Ré, VLDB
-2014). The fold adds with atomic instructions (H of them per HOT_FLUSH
-samples), so no hot step is ever lost; the cold coordinates keep Hogwild's
-plain read-add-write, whose race loses a step now and then (a tolerated race:
-the price of lock-free writes, measured in tests/test_hogwild.py). Without ``ip[I_HOT]`` (locked
-baseline, L1, momentum) the hot slots are mapped back to feature ids and
-updated in W directly, exactly as plain Hogwild.
+its samples, as the intercept is handled. A worker thus sees its own hot steps
+immediately and the others' at most HOT_FLUSH of their samples late: a bounded
+extra delay on H coordinates (compare the replicated models of DimmWitted,
+Zhang and Ré, VLDB 2014). The fold adds with atomic instructions (H of them per
+HOT_FLUSH samples), so no hot step is ever lost; the cold coordinates keep
+Hogwild's plain read-add-write, whose race loses a step now and then (a
+tolerated race, the price of lock-free writes: tests/test_hogwild.py measures
+it). Without ``ip[I_HOT]`` (locked baseline, L1, momentum) the hot slots are
+mapped back to feature ids and updated in W directly, as plain Hogwild does.
 
 Learning rates: constant η₀; inverse scaling η₀ / t^power_t; "optimal"
 1 / (α·(t₀ + t)) with Bottou's t₀ heuristic (see ``optimal_t0``). t is the
