@@ -7,10 +7,10 @@ for SGDClassifier with loss='log_loss').
 Competitors, same loss, penalty, schedule and number of epochs:
 ``sklearn`` (SGDClassifier, one epoch per ``partial_fit``: it has no threads for a
 binary problem), ``hogwild-threads`` and ``hogwild-processes`` (this kit, 1..T workers,
-default settings: the 1024 hottest features buffered per worker, see
-``sgd_shm._kernels``), ``hogwild-plain`` (threads, ``hot_features=0``: every weight
-shared on every step, the textbook Hogwild) and ``locked`` (the same kernel with a
-spinlock around every sample's step: the classic alternative to Hogwild). After each
+default settings: plain Hogwild, every weight shared on every step), ``hogwild-hot``
+(threads, ``hot_features=1024``: the most frequent features buffered per worker, see
+``sgd_shm._kernels``) and ``locked`` (the same kernel with a spinlock around every
+sample's step: the classic alternative to Hogwild). After each
 epoch the full training log loss is computed outside the timed region. With ``--cxx``,
 ``cxx-hogwild`` is a plain C++ Hogwild (``bench/cxx/hogwild.cpp``: the same algorithm
 with std::thread, no prefetching, no hot buffers), compiled on the spot and run in the
@@ -81,7 +81,7 @@ def run(args, workers_list):
     X, y = make_rcv1_like(args.sgd_samples, args.sgd_features, random_state=args.seed)
     gen_s = time.perf_counter() - t0
     prob = Problem.from_xy(X, y[:, None])
-    probs = {"hogwild-plain": Problem.from_xy(X, y[:, None], hot_features=0)}
+    probs = {"hogwild-hot": Problem.from_xy(X, y[:, None], hot_features=1024)}
     E = args.epochs
     comps = [("sklearn", 1, None, False)]
     # each competitor's worker counts side by side (paired speed-ups, see above)
@@ -89,7 +89,7 @@ def run(args, workers_list):
                                   ("hogwild-processes", "processes", False),
                                   ("locked", "threads", True)):
         comps += [(name, T, backend, locked) for T in workers_list]
-    comps += [("hogwild-plain", T, "threads", False) for T in workers_list if T > 1]
+    comps += [("hogwild-hot", T, "threads", False) for T in workers_list if T > 1]
     ref = None
     if getattr(args, "cxx", False):
         from bench.cxx_hogwild import Reference
@@ -131,7 +131,7 @@ def run(args, workers_list):
         eps = epoch_s(c)
         s["epoch_s_median"] = float(np.median(eps))
         one = next((o for o in comps if o[1] == 1 and o[2:] == c[2:] and
-                    o[0] == ("hogwild-threads" if c[0] == "hogwild-plain" else c[0])), None)
+                    o[0] == ("hogwild-threads" if c[0] == "hogwild-hot" else c[0])), None)
         if one is not None and c[0] != "sklearn":
             # paired: this repetition's 1-worker epoch over this one's
             ratios = np.asarray(epoch_s(one)) / np.asarray(eps)

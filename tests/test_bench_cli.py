@@ -35,9 +35,9 @@ def test_bench_all_tiny(tmp_path):
     hw = json.loads((tmp_path / "hogwild.json").read_text())
     assert {r["competitor"] for r in hw["results"]} == {"sklearn", "hogwild-threads",
                                                         "hogwild-processes", "locked",
-                                                        "hogwild-plain"}
+                                                        "hogwild-hot"}
     for r in hw["results"]:                  # paired speed-ups: 1 worker against itself is 1
-        if r["competitor"] != "sklearn" and r["workers"] == 1 and r["competitor"] != "hogwild-plain":
+        if r["competitor"] != "sklearn" and r["workers"] == 1 and r["competitor"] != "hogwild-hot":
             assert r["speedup_vs_1"] == 1.0
         elif r["competitor"] != "sklearn":
             lo, hi = r["speedup_vs_1_range"]
