@@ -222,8 +222,8 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     so there it is the exact heavy-ball method; on sparse rows a coordinate's velocity
     waits, undecayed, until a sample touches it again.
 
-    Sparse rows are hot-first: entries [indptr[i], hot_end[i]) name slots of
-    ``hot_feat`` (feature hot_feat[slot]), the rest feature ids. With ip[I_HOT]
+    Sparse rows may be hot-first: entries [indptr[i], hot_end[i]) name slots of
+    ``hot_feat`` (feature hot_feat[slot]), the rest feature ids (hot_end empty: none). With ip[I_HOT]
     set, the worker steps the hot slots in a private copy of ``Wh`` and folds its
     delta into ``Wh`` every HOT_FLUSH samples and at the end (see the module
     docstring); otherwise it maps the slots to features and works on W."""
@@ -262,6 +262,7 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     hot_every = HOT_FLUSH if nw > 1 else hi - lo + 1
     hot_since = 0
     nh = 0                                   # hot entries of the current row
+    has_hot = hot_end.shape[0] > 0           # (plain rows: no hot part, nothing to read)
     for k in range(lo, hi):
         if k + 2 * DISTANCE < hi:              # the row's bookkeeping (its bounds, hot
             j2 = order[k + 2 * DISTANCE]       # part, target and weight) further ahead,
@@ -269,7 +270,8 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
             prefetch(sw, j2)                   # bounds in cache
             if not dense:
                 prefetch(indptr, j2)
-                prefetch(hot_end, j2)
+                if has_hot:
+                    prefetch(hot_end, j2)
         if k + DISTANCE < hi:                  # ask for a row ahead: reads are shuffled
             j = order[k + DISTANCE]
             if dense:
@@ -294,7 +296,8 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
             e = indptr[i + 1]
             cols = indices[a:e]
             vals = data[a:e]
-            nh = hot_end[i] - a
+            if has_hot:
+                nh = hot_end[i] - a
         tg = base + since * nw                 # global samples before this one
         if tg > n_tab - 1:
             tg = n_tab - 1

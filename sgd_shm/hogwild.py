@@ -85,7 +85,7 @@ class Problem:
     indices: np.ndarray      # (nnz,) int32 column indices
     data: np.ndarray
     cols_all: np.ndarray     # arange(d) (int32) for dense rows
-    hot_end: np.ndarray      # (n,) int64 when sparse: end of each row's hot part
+    hot_end: np.ndarray      # (n,) int64 with hot features: end of each row's hot part
     hot_feat: np.ndarray     # (H,) int64: the hot features, by slot (empty when dense)
 
     @property
@@ -117,7 +117,7 @@ class Problem:
                 if not data.flags.writeable:      # the kernels take writeable arrays only
                     data = data.copy()
                 return cls(n, d, Y, sw, np.empty((0, d)), indptr, X.indices.astype(np.int32),
-                           data, _EMPTY_I32, indptr[:-1].copy(), _EMPTY_I)
+                           data, _EMPTY_I32, _EMPTY_I, _EMPTY_I)
             counts = K.feature_counts(X.indices, d)
             n_hot = min(int(hot_features), int(np.count_nonzero(counts)))
             hot_feat = np.argsort(-counts, kind="stable")[:n_hot].astype(np.int64)
