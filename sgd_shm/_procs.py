@@ -87,13 +87,26 @@ class SharedWorkers:
     its own cache lines) and exposed as ``self.views``. Each worker loops on
     ``step(wid, views, static, *args) -> result`` for every :meth:`run`;
     ``static`` (the data) is inherited by fork, never copied into the segment.
-    :meth:`start` forks them once the caller has filled the arrays; :meth:`close`
-    stops the workers and unlinks the segment."""
+    :meth:`adopt` moves an object's arrays into the segment for its lifetime;
+    :meth:`start` forks the workers once the arrays are filled; :meth:`close`
+    stops the workers, gives adopted arrays back and unlinks the segment."""
 
     def __init__(self, arrays, step, static):
         self.procs, self.conns = [], []
         self.seg, self.views = shared_arrays(arrays)
         self._step, self._static = step, static
+        self._adopted = None
+
+    def adopt(self, obj, attrs):
+        """Copy obj's arrays ``attrs`` ({view name: attribute name}) into the shared
+        views and point the attributes at the views; :meth:`close` copies the views
+        back into the original arrays and points the attributes at them again."""
+        private = {a: getattr(obj, a) for a in attrs.values()}
+        for key, a in attrs.items():
+            self.views[key][...] = private[a]
+        self._adopted = (obj, attrs, private)
+        for key, a in attrs.items():
+            setattr(obj, a, self.views[key])
 
     def start(self, n_workers):
         """Fork the workers (after the caller filled the shared arrays)."""
@@ -152,6 +165,12 @@ class SharedWorkers:
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
+        if self._adopted is not None:
+            obj, attrs, private = self._adopted
+            for key, a in attrs.items():
+                private[a][...] = self.views[key]
+                setattr(obj, a, private[a])
+            self._adopted = None
         self.views = {}
         self.seg.close()
 
@@ -183,15 +202,10 @@ class ProcessPool:
                   ((n,), np.float64), ((n + 1,), np.float64), ((16,), np.int64),
                   ((n_workers, sgd.staleness.shape[0] + 16), np.int64),
                   ((k, prob.hot_feat.shape[0]), np.float64)]
-        self.sgd = sgd
         self.pool = SharedWorkers(dict(zip(_HOGWILD, shapes)), _hogwild_step,
                                   (prob, sgd.ip))
         try:
-            v = self.pool.views
-            for name in ("W", "b", "q", "V"):
-                v[name][...] = getattr(sgd, name)
-            self._private = (sgd.W, sgd.b, sgd.q, sgd.V)
-            sgd.W, sgd.b, sgd.q, sgd.V = v["W"], v["b"], v["q"], v["V"]
+            self.pool.adopt(sgd, {a: a for a in ("W", "b", "q", "V")})
             self.pool.start(n_workers)
         except BaseException:
             self.close()
@@ -218,15 +232,6 @@ class ProcessPool:
             Wh[...] = v["Wh"]
 
     def close(self):
-        if hasattr(self, "_private"):
-            v = self.pool.views
-            W, b, q, V = self._private
-            W[...] = v["W"]
-            b[...] = v["b"]
-            q[...] = v["q"]
-            V[...] = v["V"]
-            self.sgd.W, self.sgd.b, self.sgd.q, self.sgd.V = W, b, q, V
-            del self._private
         self.pool.close()
 
 
@@ -253,8 +258,6 @@ class MFPool:
     ``close`` copies the factors back to the estimator."""
 
     def __init__(self, est, users, items, ratings, n_workers, order):
-        self.est = est
-        names = ("user_factors_", "item_factors_", "user_bias_", "item_bias_")
         arrays = {"P": (est.user_factors_.shape, np.float64),
                   "Q": (est.item_factors_.shape, np.float64),
                   "bu": (est.user_bias_.shape, np.float64),
@@ -262,13 +265,9 @@ class MFPool:
                   "order": ((users.shape[0],), np.int64)}
         self.pool = SharedWorkers(arrays, _mf_step, (users, items, ratings))
         try:
-            v = self.pool.views
-            self._private = [getattr(est, k) for k in names]
-            for key, name in zip(("P", "Q", "bu", "bi"), names):
-                v[key][...] = getattr(est, name)
-                setattr(est, name, v[key])
-            v["order"][...] = order
-            self._names = names
+            self.pool.adopt(est, {"P": "user_factors_", "Q": "item_factors_",
+                                  "bu": "user_bias_", "bi": "item_bias_"})
+            self.pool.views["order"][...] = order
             self.pool.start(n_workers)
         except BaseException:
             self.close()
@@ -279,9 +278,4 @@ class MFPool:
                                         *params))
 
     def close(self):
-        if hasattr(self, "_private"):
-            for priv, name in zip(self._private, self._names):
-                priv[...] = getattr(self.est, name)
-                setattr(self.est, name, priv)
-            del self._private
         self.pool.close()
