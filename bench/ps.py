@@ -20,10 +20,6 @@ from sgd_shm.ps.train import curves_of, plot_losses
 POLICIES = ("bsp", "asp", "ssp", "saps")
 
 
-def _ttt(history, target):
-    return next((h["seconds"] for h in history if h["loss"] <= target), None)
-
-
 def _median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -55,11 +51,10 @@ def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
     rows = []
     for pol in POLICIES:
         rs = acc[pol]
-        ttts = [_ttt(r.history, target) for r in rs]
-        tights = [_ttt(r.history, tight) for r in rs]
+        ttts = [r.time_to(target) for r in rs]
+        tights = [r.time_to(tight) for r in rs]
         reached = [t for t in ttts if t is not None]
-        tau = [sum(w["staleness_sum"] for w in r.workers)
-               / max(1, sum(w["pushes"] + w["dropped"] for w in r.workers)) for r in rs]
+        tau = [r.mean_staleness for r in rs]
         ep0 = [r.batches["epochs"][0] / max(1, statistics.median(r.batches["epochs"][1:]))
                for r in rs] if n_workers > 1 else [1.0] * len(rs)
         rows.append({"policy": pol, "workers": n_workers, "slowdown_worker0": slow,

@@ -59,10 +59,9 @@ def main(argv=None) -> int:
         r = train(X, y, n_workers=args.workers, policy=pol, max_seconds=args.seconds,
                   slowdown={0: args.slow} if args.slow > 1 else None, seed=args.seed)
         results[pol] = r
-        ttt = next((h["seconds"] for h in r.history if h["loss"] <= args.target), None)
+        ttt = r.time_to(args.target)
         det = ", ".join(f"worker {w} at {t:.1f} s" for t, w in r.detections) or "none"
-        pushes = sum(w["pushes"] + w["dropped"] for w in r.workers)
-        tau = sum(w["staleness_sum"] for w in r.workers) / max(pushes, 1)
+        tau = r.mean_staleness
         stolen = sum(r.batches["stolen_by_worker"])
         print(f"{pol:8s} {('%.2f s' % ttt) if ttt is not None else 'not reached':>15s} "
               f"{r.final_loss:11.4f} {r.updates:9,d} {tau:9.1f} {stolen:7,d}  "

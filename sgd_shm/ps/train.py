@@ -125,6 +125,16 @@ class TrainResult:
     def updates(self) -> int:
         return self.history[-1]["version"] if self.history else 0
 
+    def time_to(self, target) -> float | None:
+        """Seconds of the first sample whose loss is <= target (None: not reached)."""
+        return next((h["seconds"] for h in self.history if h["loss"] <= target), None)
+
+    @property
+    def mean_staleness(self) -> float:
+        """Mean staleness of all pushes, applied or dropped."""
+        pushes = sum(w["pushes"] + w["dropped"] for w in self.workers)
+        return sum(w["staleness_sum"] for w in self.workers) / max(pushes, 1)
+
 
 # ---- gradient and loss kernels (the Hogwild kernels' loss derivatives) ----------------
 @nb.njit(cache=True, nogil=True, inline="always")
