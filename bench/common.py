@@ -97,6 +97,13 @@ def write_json(name: str, hdr: dict, rows: list, extra: dict | None = None) -> P
     return path
 
 
+def load_results(name: str) -> dict | None:
+    """results/<name>.json as written by :func:`write_json`, or None when that
+    scenario has not been run."""
+    p = results_dir() / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
 def save_plot(fig, path, dpi=110):
     """Lay out, write and close a matplotlib figure; returns ``path``."""
     import matplotlib.pyplot as plt

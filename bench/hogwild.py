@@ -30,7 +30,8 @@ import numpy as np
 from bench.common import Series
 
 
-def _train_loss(X, y, coef, icpt):
+def train_loss(X, y, coef, icpt):
+    """Mean log loss of the linear model (coef, icpt) on X with labels y in {-1, +1}."""
     z = y * (X @ coef + icpt)
     return float(np.mean(np.logaddexp(0.0, -z)))
 
@@ -46,14 +47,14 @@ def _run_kit(prob, X, y, epochs, workers, backend, locked, seed):
             t0 = time.perf_counter()
             sgd.epoch(prob)
             times.append(time.perf_counter() - t0)
-            losses.append(_train_loss(X, y, sgd.W[0], sgd.b[0]))
+            losses.append(train_loss(X, y, sgd.W[0], sgd.b[0]))
     return times, losses
 
 
 def _run_cxx(ref, X, y, epochs, workers, seed):
     from sgd_shm import _kernels as K
     times, weights = ref.run(workers, epochs, seed, 1e-4, K.optimal_t0(1e-4, K.LOG))
-    return times, [_train_loss(X, y, coef, icpt) for coef, icpt in weights]
+    return times, [train_loss(X, y, coef, icpt) for coef, icpt in weights]
 
 
 def _run_sklearn(X, y, epochs, seed):
@@ -66,7 +67,7 @@ def _run_sklearn(X, y, epochs, seed):
             t0 = time.perf_counter()
             clf.partial_fit(X, y, classes=[-1.0, 1.0])
             times.append(time.perf_counter() - t0)
-            losses.append(_train_loss(X, y, clf.coef_[0], clf.intercept_[0]))
+            losses.append(train_loss(X, y, clf.coef_[0], clf.intercept_[0]))
     return times, losses
 
 
@@ -150,7 +151,7 @@ def run(args, workers_list):
     # staleness histograms (instrumented runs, not timed): updates by others between a
     # worker's read and its write
     stale = {}
-    from sgd_shm.hogwild import HogwildSGD
+    from sgd_shm.hogwild import HogwildSGD, staleness_summary
     for T in workers_list:
         for backend in ("threads", "processes"):
             sgd = HogwildSGD(X.shape[1], 1, loss="log_loss", alpha=1e-4, intercept_decay=0.01,
@@ -159,10 +160,10 @@ def run(args, workers_list):
                 for _ in range(2):
                     sgd.epoch(prob)
             h = sgd.staleness
+            mean_tau, frac_tau0 = staleness_summary(h)
             stale[f"{backend}-{T}"] = {
                 "hist": h.tolist(), "updates": int(h.sum()),
-                "mean_tau": float((np.arange(len(h)) * h).sum() / max(h.sum(), 1)),
-                "frac_tau0": float(h[0] / max(h.sum(), 1)),
+                "mean_tau": mean_tau, "frac_tau0": frac_tau0,
                 "max_tau_bin": int(np.flatnonzero(h).max()) if h.any() else 0}
     extra = {"staleness": stale, "problem": {"n_samples": X.shape[0], "n_features": X.shape[1], "nnz": int(X.nnz),
                          "generate_s": gen_s, "loss": "log_loss", "alpha": 1e-4,

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import importlib
 
-import json
-
 import matplotlib
 import numpy as np
 
@@ -12,14 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bench import common  # noqa: E402
-
-
-def _load(name):
-    p = common.results_dir() / f"{name}.json"
-    if not p.exists():
-        return None
-    with open(p) as f:
-        return json.load(f)
+from bench.common import load_results as _load  # noqa: E402
+from bench.report import SCENARIO_TABLES  # noqa: E402
 
 
 def _throughput(data, title, out, ylabel="ops/s (median, min–max bars)"):
@@ -107,7 +99,7 @@ def plot_all():
     d = _load("hogwild")
     if d:
         out.append(_hogwild(d))
-    for name in ("mis", "delay", "mf", "ps", "stm", "conflict"):   # they draw their own plot
+    for name, _ in SCENARIO_TABLES:               # these scenarios draw their own plot
         d = _load(name)
         if d:
             mod = importlib.import_module(f"bench.{name}")

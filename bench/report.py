@@ -3,24 +3,19 @@ to bench/results/SUMMARY.md, and pasted into the README's benchmark section)."""
 from __future__ import annotations
 
 import importlib
-import json
 
 from bench import common
-from bench.common import fmt_rate
+from bench.common import fmt_rate, load_results as _load
 
 
-# scenarios whose module writes its own markdown; heading None: it has one
+# scenarios whose module writes its own markdown (and draws its own plot); heading
+# None: the markdown has one
 SCENARIO_TABLES = (("mis", None),
                    ("delay", "### The price of asynchrony: SGD on stale weights"),
                    ("mf", "### Hogwild matrix factorization"),
                    ("ps", "### Parameter server with a straggler"),
                    ("stm", "### TL2 STM: bank transfers, commits/s"),
                    ("conflict", "### Conflict policies: empirical competitive ratios (simulator)"))
-
-
-def _load(name):
-    p = common.results_dir() / f"{name}.json"
-    return json.loads(p.read_text()) if p.exists() else None
 
 
 def _rate_table(data, label):

@@ -15,6 +15,8 @@ import time
 import multiprocess as mp
 import numpy as np
 
+from bench.hogwild import train_loss
+
 
 def _train_part(model, X, y, rows, batch, lr, alpha, seed):
     import warnings
@@ -69,5 +71,4 @@ def epoch_seconds(X, y, n_workers, *, batch=32, epochs=1, lr=0.1, alpha=1e-4, se
         times.append(time.perf_counter() - t0)
     w = model.weight.detach().numpy().ravel().astype(np.float64)
     b = float(model.bias.detach().numpy()[0])
-    z = np.where(y > 0, 1.0, -1.0) * (X @ w + b)
-    return float(np.median(times)), float(np.mean(np.logaddexp(0.0, -z)))
+    return float(np.median(times)), train_loss(X, np.where(y > 0, 1.0, -1.0), w, b)

@@ -19,8 +19,6 @@ import sys
 import time
 import warnings
 
-import numpy as np
-
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -46,6 +44,7 @@ def hogwild_main(argv=None) -> int:
     from sklearn.model_selection import train_test_split
 
     from sgd_shm import HogwildClassifier
+    from sgd_shm.hogwild import staleness_summary
     from sgd_shm.data import make_rcv1_like
 
     print(f"sgd_shm: Hogwild SGD (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
@@ -86,9 +85,8 @@ def hogwild_main(argv=None) -> int:
             if kw is not None and kw["n_workers"] > 1:
                 # staleness from a third, instrumented fit (the shared update counter
                 # it needs costs one contended atomic per update, so it is not timed)
-                h = make(instrument=True).fit(Xtr, ytr).staleness_
-                stale = (f"mean tau {(np.arange(len(h)) * h).sum() / h.sum():.2f}, "
-                         f"{100 * h[0] / h.sum():.0f}% tau=0")
+                mean_tau, frac0 = staleness_summary(make(instrument=True).fit(Xtr, ytr).staleness_)
+                stale = f"mean tau {mean_tau:.2f}, {100 * frac0:.0f}% tau=0"
         print(f"{name:28s} {per_epoch:13.3f} {acc:13.4f} {stale:>24s}")
     print("\n(fit s / epoch: the faster of two whole fits, input checks and worker start-up "
           "included, over the epochs; `python -m bench hogwild` times epochs alone.\n tau "

@@ -33,7 +33,7 @@ import scipy.sparse as sp
 
 from sgd_shm import _kernels as K
 
-__all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers"]
+__all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "staleness_summary"]
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
@@ -42,6 +42,14 @@ _EMPTY_F = np.empty(0, dtype=np.float64)
 
 class DivergenceError(FloatingPointError, ValueError):
     """SGD produced a non-finite prediction or a collapsing weight scale."""
+
+
+def staleness_summary(hist):
+    """(mean tau, share of updates with tau = 0) of a staleness histogram (index =
+    tau; the last bin, counting that many or more, taken at its index)."""
+    h = np.asarray(hist)
+    total = max(int(h.sum()), 1)
+    return float((np.arange(len(h)) * h).sum() / total), float(h[0] / total)
 
 
 def run_workers(work, n_workers):
