@@ -43,7 +43,7 @@ def _hogwild(d):
     rows = d["results"]
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.3))
     sk = next(r for r in rows if r["competitor"] == "sklearn")
-    for comp in ("hogwild-threads", "hogwild-processes", "hogwild-hot", "locked", "cxx-hogwild"):
+    for comp in ("hogwild-threads", "hogwild-processes", "hogwild-plain", "locked", "cxx-hogwild"):
         rs = sorted((r for r in rows if r["competitor"] == comp), key=lambda r: r["workers"])
         ax1.plot([r["workers"] for r in rs], [r["epoch_s_median"] for r in rs], marker="o",
                  label=comp)

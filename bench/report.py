@@ -86,6 +86,11 @@ def summary() -> str:
                      f"median of {h['reps']} runs after a warm-up; epoch time = median of epochs "
                      f"2..E; target = 1.01 × sklearn's final training loss "
                      f"({d['target_train_loss']:.4f})</sub>")
+        hl = d.get("hot_layout_s")
+        if hl:
+            lines.append(f"\nOne-time cost per fit, not in the epoch times: the hot-first copy "
+                         f"of the rows ({hl['hot_features']} hot features, used with several "
+                         f"workers) {hl['hot_s']:.3f} s; the plain rows {hl['plain_s']:.3f} s.")
         st = d.get("staleness", {})
         if st:
             lines.append("\nStaleness (updates applied by other workers between a worker's read "

@@ -103,19 +103,3 @@ def load_relaxed(typingctx, arr):
         return builder.load_atomic(ary.data, "monotonic", 8)
     return sig, codegen
 
-
-@intrinsic
-def fetch_add_f64(typingctx, arr, offset, value):
-    """Atomic arr.flat[offset] += value on a C-contiguous float64 array (LLVM's
-    ``atomicrmw fadd``, relaxed ordering; a compare-and-swap loop on x86); returns
-    the old value. No step added this way is lost to a concurrent one."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.float64
-            and isinstance(offset, types.Integer)):
-        return None
-    sig = types.float64(arr, offset, types.float64)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        ptr = builder.gep(ary.data, [args[1]])
-        return builder.atomic_rmw("fadd", ptr, args[2], "monotonic")
-    return sig, codegen

@@ -24,22 +24,30 @@ decay popular features twice, see shared/FACTS.md):
 
 Hot coordinates (sparse data): the most frequent features are touched by almost
 every sample, so with several workers their cache lines move between the cores
-on almost every step, and their plain read-add-write updates collide most. The
-rows are therefore stored hot-first (``hogwild.Problem``: the H most frequent
-features carry slot numbers 0..H-1 instead of feature ids, ``hot_end[i]`` ends
-row i's hot part). With ``ip[I_HOT]`` set, each worker keeps a private copy of
-the hot block, applies its own steps there at once and folds its accumulated
-delta into the shared master ``Wh`` (a contiguous K × H array the driver
-gathers from W before the segment and scatters back after) every HOT_FLUSH of
-its samples, as the intercept is handled. A worker thus sees its own hot steps
-immediately and the others' at most HOT_FLUSH of their samples late: a bounded
-extra delay on H coordinates (compare the replicated models of DimmWitted,
-Zhang and Ré, VLDB 2014). The fold adds with atomic instructions (H of them per
-HOT_FLUSH samples), so no hot step is ever lost; the cold coordinates keep
-Hogwild's plain read-add-write, whose race loses a step now and then (a
-tolerated race, the price of lock-free writes: tests/test_hogwild.py measures
-it). Without ``ip[I_HOT]`` (locked baseline, L1, momentum) the hot slots are
-mapped back to feature ids and updated in W directly, as plain Hogwild does.
+on almost every step (a line one worker wrote must be fetched from the other
+core before the next read). The rows are therefore stored hot-first
+(``hogwild.Problem``: the H most frequent features carry slot numbers 0..H-1
+instead of feature ids, ``hot_end[i]`` ends row i's hot part). With
+``ip[I_HOT]`` set, each worker keeps a private copy of the hot block, applies its
+own steps there at once, and every ``hot_flush`` of its samples (K·H / 4) publishes
+them through ``Wh`` (shape (n_workers + 1, K, H), in shared memory for processes):
+``Wh[0]`` is the block at the start of the segment (the driver gathers it from W
+and never changes it during the segment) and ``Wh[1 + w]`` the sum of worker w's
+published hot steps, written by worker w alone. A fold adds the steps since the
+last fold to the worker's own row and refreshes its copy to ``Wh[0] + sum_w
+Wh[1 + w]``, the others' published steps included; after the segment the driver
+writes that sum back to W. A worker thus sees its own hot steps immediately and
+the others' at most one flush interval of their samples late: a bounded extra
+delay on H coordinates (compare the per-core model replicas of DimmWitted, Zhang
+and Ré, VLDB 2014, and HogWild++, Zhang, Hsieh, Akella, ICDM 2016). Every word
+has one writer, so no hot step is ever lost and no atomic instruction is needed;
+a fold is a few vectorised passes over K·H words. Reading another worker's row
+while it folds sees each word old or new (aligned 8-byte stores): a tolerated
+race that only delays a step to the next fold. The cold coordinates keep
+Hogwild's plain read-add-write, whose race loses a step now and then (the price
+of lock-free writes: tests/test_hogwild.py measures it). Without ``ip[I_HOT]``
+(locked baseline, L1, momentum) the hot slots are mapped back to feature ids and
+updated in W directly, as plain Hogwild does.
 
 Learning rates: constant η₀; inverse scaling η₀ / t^power_t; "optimal"
 1 / (α·(t₀ + t)) with Bottou's t₀ heuristic (see ``optimal_t0``). t is the
@@ -55,8 +63,8 @@ import math
 import numba as nb
 import numpy as np
 
-from sgd_shm._intrinsics import (DISTANCE, cas_acquire, fetch_add, fetch_add_f64, load_relaxed,
-                                 prefetch, prefetch_once, store_release)
+from sgd_shm._intrinsics import (DISTANCE, cas_acquire, fetch_add, load_relaxed, prefetch,
+                                 prefetch_once, store_release)
 
 # loss codes
 LOG, HINGE, SQUARED, MODIFIED_HUBER = 0, 1, 2, 3
@@ -80,7 +88,7 @@ O_LOSS, O_STEPS, O_DIVERGED, O_SCALE, O_CLIPS = range(5)
 N_OUT = 5
 #: samples between publications of a worker's intercept steps (see _run)
 INTERCEPT_FLUSH = 32
-#: a worker's samples between folds of its hot-coordinate steps into the shared Wh
+#: fewest of a worker's samples between folds of its hot-coordinate steps (see hot_flush)
 HOT_FLUSH = 64
 #: the loss derivative is clipped to +-MAX_DLOSS (as scikit-learn does); clips are counted
 MAX_DLOSS = 1e12
@@ -135,21 +143,31 @@ def _feat(cols, m, nh, hot_feat):
     return hot_feat[cols[m]] if m < nh else cols[m]
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def hot_flush(K, H, part):
+    """A worker's samples between folds of its hot steps, for a K x H block and a
+    part of ``part`` samples: K·H / 4, so that a fold (a few passes over K·H words)
+    costs about one word per sample, but at most part / 16, so that a worker folds
+    at least 16 times per part, and at least HOT_FLUSH."""
+    return max(HOT_FLUSH, min((K * H) // 4, part // 16))
+
+
 @nb.njit(cache=True, nogil=True)
-def _fold(Wh, hw, snap):
-    """Add a worker's hot steps since the last fold (hw − snap) to the shared Wh
-    with atomic adds, so that no fold is lost to a concurrent one, and refresh
-    its copy with the sum, others' steps included."""
-    H = Wh.shape[1]
-    for c in range(Wh.shape[0]):
-        for h in range(H):
-            dv = hw[c, h] - snap[c, h]
-            if dv != 0.0:
-                v = fetch_add_f64(Wh, c * H + h, dv) + dv
-            else:
-                v = Wh[c, h]
-            hw[c, h] = v
-            snap[c, h] = v
+def _fold(Wh, hw, snap, wid):
+    """Publish a worker's hot steps since its last fold (hw − snap) in its own row
+    Wh[1 + wid] and refresh its copy hw (and snap) to Wh[0] + the sum of all rows,
+    the other workers' published steps included (see the module docstring)."""
+    mine = Wh[1 + wid]
+    for c in range(hw.shape[0]):
+        for h in range(hw.shape[1]):
+            mine[c, h] += hw[c, h] - snap[c, h]
+        for h in range(hw.shape[1]):
+            hw[c, h] = Wh[0, c, h]
+        for r in range(1, Wh.shape[0]):
+            for h in range(hw.shape[1]):
+                hw[c, h] += Wh[r, c, h]
+        for h in range(hw.shape[1]):
+            snap[c, h] = hw[c, h]
 
 
 @nb.njit(cache=True, nogil=True)
@@ -224,9 +242,10 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
 
     Sparse rows may be hot-first: entries [indptr[i], hot_end[i]) name slots of
     ``hot_feat`` (feature hot_feat[slot]), the rest feature ids (hot_end empty: none). With ip[I_HOT]
-    set, the worker steps the hot slots in a private copy of ``Wh`` and folds its
-    delta into ``Wh`` every HOT_FLUSH samples and at the end (see the module
-    docstring); otherwise it maps the slots to features and works on W."""
+    set, the worker steps the hot slots in a private copy of the block ``Wh[0]`` and
+    publishes them in ``Wh[1 + wid]`` every ``hot_flush`` samples and at the
+    end (see the module docstring); otherwise it maps the slots to features and
+    works on W."""
     K = W.shape[0]
     loss = ip[I_LOSS]
     fit_icpt = ip[I_FIT_ICPT]
@@ -253,13 +272,13 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     s = 1.0
     hot = ip[I_HOT] != 0 and not dense
     if hot:                                  # private copy of the hot block, and its base
-        hw = Wh.copy()
-        snap = hw.copy()                     # (not Wh again: it may have moved since)
+        hw = Wh[0].copy()                    # (the published rows are zero at the start)
+        snap = hw.copy()
     else:
         hw = np.empty((0, 0))
         snap = hw
     # a lone worker has nobody to show its hot steps to: it folds once, at the end
-    hot_every = HOT_FLUSH if nw > 1 else hi - lo + 1
+    hot_every = hot_flush(K, hw.shape[1], hi - lo) if nw > 1 else hi - lo + 1
     hot_since = 0
     nh = 0                                   # hot entries of the current row
     has_hot = hot_end.shape[0] > 0           # (plain rows: no hot part, nothing to read)
@@ -396,7 +415,7 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
         if hot:
             hot_since += 1
             if hot_since >= hot_every:
-                _fold(Wh, hw, snap)
+                _fold(Wh, hw, snap, wid)
                 hot_since = 0
         since += 1
         if since >= INTERCEPT_FLUSH:
@@ -412,7 +431,7 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     for c in range(K):
         b[c] += db[c]
     if hot and hot_since > 0:
-        _fold(Wh, hw, snap)
+        _fold(Wh, hw, snap, wid)
     progress[16 * wid] = done_own
     out[O_LOSS] = loss_sum
     out[O_STEPS] = done_own

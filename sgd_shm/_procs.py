@@ -201,7 +201,7 @@ class ProcessPool:
                   ((n,), np.int64), ((16 * n_workers,), np.int64), ((n + 1,), np.float64),
                   ((n,), np.float64), ((n + 1,), np.float64), ((16,), np.int64),
                   ((n_workers, sgd.staleness.shape[0] + 16), np.int64),
-                  ((k, prob.hot_feat.shape[0]), np.float64)]
+                  ((n_workers + 1, k, prob.hot_feat.shape[0]), np.float64)]
         self.pool = SharedWorkers(dict(zip(_HOGWILD, shapes)), _hogwild_step,
                                   (prob, sgd.ip))
         try:
@@ -213,7 +213,8 @@ class ProcessPool:
 
     def run_epoch(self, order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists, Wh):
         """Run one segment: worker w does positions [lo[w], hi[w]) of ``order``;
-        ``Wh`` (the hot block, when the workers buffer it) goes through the segment."""
+        ``Wh`` (the hot block and the workers' published steps on it, see _kernels)
+        goes through the segment."""
         v = self.pool.views
         v["Wh"][...] = Wh
         L = eta_tab.shape[0]

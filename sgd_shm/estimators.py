@@ -30,7 +30,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm import _kernels as K
-from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem
+from sgd_shm.hogwild import AUTO_HOT_FEATURES, DivergenceError, HogwildSGD, Problem
 
 __all__ = ["HogwildClassifier", "HogwildRegressor"]
 
@@ -97,16 +97,24 @@ class _BaseHogwild(BaseEstimator):
         if self.momentum >= 1.0:
             raise ValueError(f"momentum must be < 1, got {self.momentum}; 0.9 is usual")
         _check_param("n_workers", self.n_workers, int, 1)
-        _check_param("hot_features", self.hot_features, int, 0)
+        if not (isinstance(self.hot_features, str) and self.hot_features == "auto"):
+            if isinstance(self.hot_features, str):
+                raise ValueError(f"hot_features must be 'auto' or an int >= 0, got "
+                                 f"{self.hot_features!r}")
+            _check_param("hot_features", self.hot_features, int, 0)
         if self.backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
 
-    def _hot_features(self):
+    def _hot_features(self, epochs):
         """hot_features where the workers buffer them (several workers, L2 or no
-        penalty, no momentum), else 0: the hot-first layout would go unused."""
+        penalty, no momentum), else 0: the hot-first layout would go unused. "auto":
+        AUTO_HOT_FEATURES for a fit of several epochs, 0 for one (partial_fit), where
+        the copy of the data would cost about as much as the epoch it speeds up."""
         if (self.n_workers > 1 and self.momentum == 0
                 and (self.penalty in ("l2", None)
                      or (self.penalty == "elasticnet" and self.l1_ratio == 0))):
+            if self.hot_features == "auto":
+                return AUTO_HOT_FEATURES if epochs > 1 else 0
             return self.hot_features
         return 0
 
@@ -140,7 +148,7 @@ class _BaseHogwild(BaseEstimator):
         return mean_loss + pen
 
     _FITTED = ("coef_", "intercept_", "staleness_", "classes_", "loss_curve_", "n_iter_",
-               "_state", "n_features_in_")
+               "hot_features_", "_state", "n_features_in_")
 
     def _forget(self):
         """Back to unfitted: after a failed or diverged fit no half-trained state stays."""
@@ -150,7 +158,8 @@ class _BaseHogwild(BaseEstimator):
 
     def _train(self, prob, reset, n_outputs, sparse, max_iter, stop_early):
         """Epochs on ``prob`` from a fresh state (reset) or the current one; publishes
-        intercept_ and staleness_ and returns the weight matrix (n_outputs, n_features)."""
+        intercept_, staleness_ and hot_features_ (features the workers buffered in this
+        call, 0 for none) and returns the weight matrix (n_outputs, n_features)."""
         if reset or not hasattr(self, "_state"):
             seed = check_random_state(self.random_state).randint(2**31 - 1)
             self._state = self._new_state(prob.n_features, n_outputs, sparse, int(seed))
@@ -161,6 +170,7 @@ class _BaseHogwild(BaseEstimator):
             warnings.warn(f"Maximum number of iterations ({self.max_iter}) reached before "
                           "convergence; consider increasing max_iter", ConvergenceWarning)
         self.intercept_ = self._state.b.copy()
+        self.hot_features_ = int(prob.hot_feat.shape[0])
         if self.instrument:
             self.staleness_ = self._state.staleness.copy()
         return self._state.W
@@ -237,13 +247,17 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     backend : "threads" (Python threads running nogil Numba kernels on one array) or
         "processes" (``multiprocess`` workers on weights in shared memory, released
         after every fit, also when a worker fails).
-    hot_features : 0 (plain Hogwild: every weight shared on every step), or on sparse data
-        the number of most frequent features (e.g. 1024) whose weights each worker steps in
-        a private copy and adds to the shared weights with atomic adds every 64 of its
-        samples: no step on those weights is lost to a concurrent write (plain Hogwild loses
-        0.3-0.6% of the step mass per epoch on the README's problem), and the others see
-        them at most 64 samples late. Costs a copy of the data per fit (0.08-0.2 s on 14M
+    hot_features : "auto" (default), 0, or an int H > 0. With H > 0, on sparse data, each
+        worker steps the weights of the H most frequent features in a private copy and
+        publishes its steps every K·H/4 of its samples (K: outputs), where the others pick
+        them up: those cache lines stop moving between the cores on every sample, and no
+        step on them is lost to a concurrent write (plain Hogwild loses 0.3-0.6% of the
+        step mass per epoch on the README's problem). The others see a worker's steps on
+        them that many samples late. Costs a copy of the data per fit (about 0.08 s on 14M
         nonzeros); used with several workers, penalty "l2" or None and no momentum.
+        0: plain Hogwild, every weight shared on every step. "auto": 4096
+        (``sgd_shm.hogwild.AUTO_HOT_FEATURES``) in ``fit``, 0 in ``partial_fit`` (one
+        epoch: the copy would cost about as much as it saves).
     instrument : record per-update staleness (updates applied by other workers between
         a worker's read of the weights and its write, the delay tau) in ``staleness_``,
         a histogram (index = tau; the last bin counts tau >= 63). Costs one contended
@@ -255,7 +269,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     def __init__(self, loss="hinge", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
                  learning_rate="optimal", eta0=0.0, power_t=0.5, momentum=0.0, n_workers=2,
-                 backend="threads", hot_features=0, instrument=False,
+                 backend="threads", hot_features="auto", instrument=False,
                  random_state=None, verbose=0):
         self.loss = loss
         self.penalty = penalty
@@ -299,7 +313,8 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         if not np.isin(y, self.classes_).all():
             raise ValueError(f"y holds labels not in classes_ {self.classes_.tolist()}")
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
-        prob = Problem.from_xy(X, self._targets(y), sample_weight, self._hot_features())
+        prob = Problem.from_xy(X, self._targets(y), sample_weight,
+                               self._hot_features(max_iter))
         n_out = 1 if len(self.classes_) == 2 else len(self.classes_)
         self.coef_ = self._train(prob, reset, n_out, sp.issparse(X), max_iter, stop_early).copy()
         return self
@@ -359,7 +374,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
     def __init__(self, loss="squared_error", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
                  learning_rate="invscaling", eta0=0.01, power_t=0.25, momentum=0.0, n_workers=2,
-                 backend="threads", hot_features=0, instrument=False,
+                 backend="threads", hot_features="auto", instrument=False,
                  random_state=None, verbose=0):
         self.loss = loss
         self.penalty = penalty
@@ -386,7 +401,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
                              y_numeric=True, reset=reset)
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
         prob = Problem.from_xy(X, np.asarray(y, dtype=np.float64).reshape(-1, 1), sample_weight,
-                               self._hot_features())
+                               self._hot_features(max_iter))
         self.coef_ = self._train(prob, reset, 1, sp.issparse(X), max_iter, stop_early)[0].copy()
         return self
 

@@ -33,7 +33,13 @@ import scipy.sparse as sp
 
 from sgd_shm import _kernels as K
 
-__all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "staleness_summary"]
+__all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "staleness_summary",
+           "AUTO_HOT_FEATURES"]
+
+#: the estimators' hot_features="auto" for a fit with several workers on sparse data:
+#: on the README's 200k x 50k problem the 4096 most frequent features carry 77% of the
+#: nonzeros (1024: 62%), and 4096 measured faster than 1024 and 16384 there
+AUTO_HOT_FEATURES = 4096
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
@@ -83,7 +89,7 @@ class Problem:
     most frequent features (``hot_feat``, most frequent first) carry their slot
     number instead of the feature id, ``hot_end[i]`` ends row i's hot part, and the
     workers buffer those weights (see ``_kernels``; this costs a copy of the data,
-    0.08-0.2 s on 14M nonzeros). The caller's matrix is never modified."""
+    about 0.08 s on 14M nonzeros). The caller's matrix is never modified."""
     n_samples: int
     n_features: int
     Y: np.ndarray
@@ -262,13 +268,15 @@ class HogwildSGD:
             hi = bounds[:-1] + lens * g1 // n
             seg_outs = np.zeros((nw, K.N_OUT))
             fp[K.F_U0] = self.fp[K.F_U0]
-            # the hot block travels in its own contiguous array during the segment
-            Wh = (np.ascontiguousarray(self.W[:, prob.hot_feat]) if hot
-                  else np.zeros((self.W.shape[0], prob.hot_feat.shape[0])))
+            # the hot block travels as Wh[0], and each worker publishes its steps on
+            # it in Wh[1 + w] (see _kernels)
+            Wh = np.zeros((nw + 1, self.W.shape[0], prob.hot_feat.shape[0] if hot else 0))
+            if hot:
+                Wh[0] = self.W[:, prob.hot_feat]
             self._run_segment(prob, order, lo, hi, fp, seg_outs, scale_tab, eta_tab, cum_eta,
                               hists[:, :nbins], Wh)
             if hot:
-                self.W[:, prob.hot_feat] = Wh
+                self.W[:, prob.hot_feat] = Wh.sum(axis=0)
             outs += seg_outs
             if seg_outs[:, K.O_DIVERGED].any():
                 raise DivergenceError(

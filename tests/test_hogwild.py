@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from sklearn.datasets import load_breast_cancer, load_digits
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import SGDClassifier
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
@@ -82,7 +83,7 @@ def test_every_step_reaches_the_weights_with_two_workers(backend, hot, no_shm_le
     """Conservation: hinge steps with tiny weights never leave the margin, so every
     sample adds exactly eta·y·x whatever the order or staleness, and the weights
     after an epoch must be eta · X^T y. One worker: exactly. Two workers: the hot
-    coordinates exactly too (their folds add atomically), so with all 400 features
+    coordinates exactly too (each worker publishes its steps in a row of its own), so with all 400 features
     hot every weight is exact; cold coordinates keep Hogwild's plain writes, whose
     race may lose steps (measured here: up to about 4% of the step mass on this
     small, dense-ish model; bounded below at 15%)."""
@@ -101,6 +102,30 @@ def test_every_step_reaches_the_weights_with_two_workers(backend, hot, no_shm_le
         else:
             lost = np.abs(sgd.W[0] - ref).sum() / np.abs(ref).sum()
             assert lost < 0.15, f"cold writes lost {lost:.1%} of the step mass"
+
+
+def test_hot_features_auto_buffers_in_fit_only():
+    """hot_features="auto": the most frequent AUTO_HOT_FEATURES features are buffered in
+    a fit with several workers on sparse data with L2; not in partial_fit (one epoch),
+    with one worker, on dense data, with L1 or momentum, or with hot_features=0."""
+    from sgd_shm.data import make_rcv1_like
+    from sgd_shm.hogwild import AUTO_HOT_FEATURES
+    X, y = make_rcv1_like(3000, 6000, density=0.01, random_state=0)
+    used = np.count_nonzero(np.bincount(X.indices, minlength=X.shape[1]))
+    assert used > AUTO_HOT_FEATURES
+    kw = dict(max_iter=3, tol=None, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        assert HogwildClassifier(n_workers=2, **kw).fit(X, y).hot_features_ == AUTO_HOT_FEATURES
+        assert HogwildClassifier(n_workers=2, hot_features=100, **kw).fit(X, y).hot_features_ == 100
+        for est in (HogwildClassifier(n_workers=1, **kw), HogwildClassifier(hot_features=0, **kw),
+                    HogwildClassifier(penalty="l1", **kw), HogwildClassifier(momentum=0.5, **kw)):
+            assert est.fit(X, y).hot_features_ == 0
+        assert HogwildClassifier(n_workers=2, **kw).fit(X.toarray()[:500], y[:500]).hot_features_ == 0
+        clf = HogwildClassifier(n_workers=2, random_state=0).partial_fit(X, y, classes=[-1, 1])
+        assert clf.hot_features_ == 0
+        reg = HogwildRegressor(n_workers=2, **kw).fit(X, y)
+        assert reg.hot_features_ == AUTO_HOT_FEATURES
 
 
 def test_two_workers_reach_the_one_worker_loss_on_sparse_data():
@@ -237,7 +262,8 @@ def test_huge_steps_warn_about_clipping():
     (dict(backend="gpu"), ValueError, "backend must be one of"),
     (dict(max_iter=0), ValueError, "max_iter must be >= 1"),
     (dict(hot_features=-1), ValueError, "hot_features must be >= 0"),
-    (dict(hot_features="all"), TypeError, "hot_features must be an int"),
+    (dict(hot_features="all"), ValueError, "hot_features must be 'auto' or an int >= 0"),
+    (dict(hot_features=2.5), TypeError, "hot_features must be an int"),
 ])
 def test_bad_parameters(kwargs, exc, match):
     X, y = load_breast_cancer(return_X_y=True)
