@@ -48,11 +48,16 @@ class Reference:
             self.close()
             raise
 
-    def run(self, workers, epochs, seed, alpha, t0):
-        """Train for ``epochs``; returns (seconds per epoch, [(coef, intercept) per epoch])."""
-        r = subprocess.run([str(self.exe), str(self.data), str(workers), str(epochs), str(seed),
-                            repr(float(alpha)), repr(float(t0))], check=True,
-                           capture_output=True, text=True)
+    def run(self, workers, epochs, seed, alpha, t0, orders=None):
+        """Train for ``epochs``; returns (seconds per epoch, [(coef, intercept) per epoch]).
+        ``orders`` (tests): each epoch's order of the samples, instead of the reference's
+        own shuffle."""
+        args = [str(self.exe), str(self.data), str(workers), str(epochs), str(seed),
+                repr(float(alpha)), repr(float(t0))]
+        if orders is not None:
+            np.ascontiguousarray(orders, dtype=np.int64).tofile(self.data / "orders.bin")
+            args.append(str(self.data / "orders.bin"))
+        r = subprocess.run(args, check=True, capture_output=True, text=True)
         times = [float(line.split()[1]) for line in r.stdout.splitlines()
                  if line.startswith("epoch ")]
         weights = [(np.fromfile(self.data / f"coef_{e}.bin"),

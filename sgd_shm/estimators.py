@@ -30,7 +30,8 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm import _kernels as K
-from sgd_shm.hogwild import AUTO_HOT_FEATURES, DivergenceError, HogwildSGD, Problem
+from sgd_shm.hogwild import (AUTO_HOT_FEATURES, AUTO_HOT_MIN_NNZ, DivergenceError, HogwildSGD,
+                             Problem)
 
 __all__ = ["HogwildClassifier", "HogwildRegressor"]
 
@@ -105,16 +106,20 @@ class _BaseHogwild(BaseEstimator):
         if self.backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
 
-    def _hot_features(self, epochs):
+    def _hot_features(self, epochs, X):
         """hot_features where the workers buffer them (several workers, L2 or no
         penalty, no momentum), else 0: the hot-first layout would go unused. "auto":
-        AUTO_HOT_FEATURES for a fit of several epochs, 0 for one (partial_fit), where
-        the copy of the data would cost about as much as the epoch it speeds up."""
+        AUTO_HOT_FEATURES for a fit of several epochs on sparse X with at least
+        AUTO_HOT_MIN_NNZ nonzeros and 4 * AUTO_HOT_FEATURES features (see there), else
+        0; not in partial_fit, where the copy of the data would cost about as much as
+        the one epoch it speeds up."""
         if (self.n_workers > 1 and self.momentum == 0
                 and (self.penalty in ("l2", None)
                      or (self.penalty == "elasticnet" and self.l1_ratio == 0))):
             if self.hot_features == "auto":
-                return AUTO_HOT_FEATURES if epochs > 1 else 0
+                big = (sp.issparse(X) and X.nnz >= AUTO_HOT_MIN_NNZ
+                       and X.shape[1] >= 4 * AUTO_HOT_FEATURES)
+                return AUTO_HOT_FEATURES if epochs > 1 and big else 0
             return self.hot_features
         return 0
 
@@ -256,12 +261,16 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         them that many samples late. Costs a copy of the data per fit (about 0.08 s on 14M
         nonzeros); used with several workers, penalty "l2" or None and no momentum.
         0: plain Hogwild, every weight shared on every step. "auto": 4096
-        (``sgd_shm.hogwild.AUTO_HOT_FEATURES``) in ``fit``, 0 in ``partial_fit`` (one
-        epoch: the copy would cost about as much as it saves).
+        (``sgd_shm.hogwild.AUTO_HOT_FEATURES``) in ``fit`` on sparse data with at least
+        1M nonzeros and 16384 features, else 0 (small problems gain nothing, and the
+        delayed view of the hot weights costs accuracy in the first, large steps); 0 in
+        ``partial_fit`` (one epoch: the copy would cost about as much as it saves).
     instrument : record per-update staleness (updates applied by other workers between
         a worker's read of the weights and its write, the delay tau) in ``staleness_``,
         a histogram (index = tau; the last bin counts tau >= 63). Costs one contended
-        atomic per update.
+        atomic per update. With hot features buffered, a worker reads the hot weights
+        from its copy, which may miss up to one publication interval of the others'
+        steps more than tau says.
     random_state : seeds the shuffling.
     """
     _losses = ("hinge", "log_loss", "modified_huber")
@@ -314,7 +323,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
             raise ValueError(f"y holds labels not in classes_ {self.classes_.tolist()}")
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
         prob = Problem.from_xy(X, self._targets(y), sample_weight,
-                               self._hot_features(max_iter))
+                               self._hot_features(max_iter, X))
         n_out = 1 if len(self.classes_) == 2 else len(self.classes_)
         self.coef_ = self._train(prob, reset, n_out, sp.issparse(X), max_iter, stop_early).copy()
         return self
@@ -401,7 +410,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
                              y_numeric=True, reset=reset)
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
         prob = Problem.from_xy(X, np.asarray(y, dtype=np.float64).reshape(-1, 1), sample_weight,
-                               self._hot_features(max_iter))
+                               self._hot_features(max_iter, X))
         self.coef_ = self._train(prob, reset, 1, sp.issparse(X), max_iter, stop_early)[0].copy()
         return self
 

@@ -9,9 +9,10 @@
 // What it leaves out on purpose: software prefetching and the hot-coordinate buffers of
 // the kit (this is textbook Hogwild, Niu, Recht, Re, Wright 2011).
 //
-// usage: hogwild DIR WORKERS EPOCHS SEED ALPHA T0
+// usage: hogwild DIR WORKERS EPOCHS SEED ALPHA T0 [ORDERS]
 //   DIR holds shape.txt ("n d nnz"), indptr.bin (int64), indices.bin (int32),
-//   data.bin (float64), y.bin (float64, +-1). Prints one line per epoch
+//   data.bin (float64), y.bin (float64, +-1). ORDERS, for tests: a file of EPOCHS x n
+//   int64, each epoch's order of the samples instead of a shuffle. Prints one line per epoch
 //   ("epoch SECONDS") and writes, after the clock, DIR/coef_E.bin (d doubles, scale
 //   folded in) and DIR/intercept_E.bin (one double) for epoch E = 0, 1, ...
 #include <algorithm>
@@ -42,8 +43,8 @@ static std::vector<T> load(const std::string& path, size_t n) {
 struct alignas(64) Slot { std::atomic<int64_t> done{0}; };
 
 int main(int argc, char** argv) {
-    if (argc != 7) {
-        std::fprintf(stderr, "usage: %s DIR WORKERS EPOCHS SEED ALPHA T0\n", argv[0]);
+    if (argc != 7 && argc != 8) {
+        std::fprintf(stderr, "usage: %s DIR WORKERS EPOCHS SEED ALPHA T0 [ORDERS]\n", argv[0]);
         return 2;
     }
     const std::string dir = argv[1];
@@ -66,12 +67,17 @@ int main(int argc, char** argv) {
     std::vector<int64_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::mt19937_64 rng(seed);
+    std::vector<int64_t> given;            // the orders of ORDERS, when given
+    if (argc == 8) given = load<int64_t>(argv[7], n * static_cast<size_t>(epochs));
     std::vector<double> eta(n), scale(n + 1);
     double t_start = 0.0;
 
     for (int ep = 0; ep < epochs; ++ep) {
         auto start = std::chrono::steady_clock::now();
-        std::shuffle(order.begin(), order.end(), rng);
+        if (given.empty())
+            std::shuffle(order.begin(), order.end(), rng);
+        else
+            std::copy(given.begin() + ep * n, given.begin() + (ep + 1) * n, order.begin());
         scale[0] = 1.0;
         for (size_t t = 0; t < n; ++t) {
             eta[t] = 1.0 / (alpha * (t0 + t_start + t));
