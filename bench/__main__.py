@@ -250,9 +250,10 @@ def cmd_hogwild(args):
               f"{sk['epoch_s_median'] / r['epoch_s_median']:9.2f}x {sp1:>13s} "
               f"{r['final_train_loss']:10.4f} {ttt:>16s}")
     hl = extra["hot_layout_s"]
-    print(f"\none-time copy of the data per fit, not in the epoch times: hot-first rows "
-          f"({hl['hot_features']} hot features) {hl['hot_s']:.3f} s, plain rows "
-          f"{hl['plain_s']:.3f} s")
+    print(f"\none-time copy of the data per fit, not in the epoch times: " +
+          (f"hot-first rows ({hl['hot_features']} hot features) {hl['hot_s']:.3f} s, "
+           if hl["hot_features"] else "(no hot features at this size) ") +
+          f"plain rows {hl['plain_s']:.3f} s")
     print("\nstaleness (updates by other workers between a read and its write):")
     for k, v in extra["staleness"].items():
         print(f"  {k:14s} mean tau {v['mean_tau']:.2f}, tau = 0 for {100 * v['frac_tau0']:.1f}% "

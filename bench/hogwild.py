@@ -83,20 +83,21 @@ def run(args, workers_list):
     t0 = time.perf_counter()
     X, y = make_rcv1_like(args.sgd_samples, args.sgd_features, random_state=args.seed)
     gen_s = time.perf_counter() - t0
-    from sgd_shm.hogwild import AUTO_HOT_FEATURES
+    from sgd_shm.hogwild import auto_hot_features
+    E = args.epochs
+    H_auto = auto_hot_features(X, E)                 # what a fit with several workers uses
     layout_s = {}
-    for H in (0, AUTO_HOT_FEATURES) * 3:             # the one-time copies, timed apart
+    for H in (0, H_auto) * 3:                        # the one-time copies, timed apart
         t0 = time.perf_counter()
-        probs = Problem.from_xy(X, y[:, None], hot_features=H)
+        p = Problem.from_xy(X, y[:, None], hot_features=H)
         layout_s.setdefault(H, []).append(time.perf_counter() - t0)
-        del probs
+        del p
     plain = Problem.from_xy(X, y[:, None])
-    hot = Problem.from_xy(X, y[:, None], hot_features=AUTO_HOT_FEATURES)
+    hot = Problem.from_xy(X, y[:, None], hot_features=H_auto)
 
     def prob_of(name, T):
         """The kit's default: hot buffers with several workers (not locked, not plain)."""
         return hot if T > 1 and name in ("hogwild-threads", "hogwild-processes") else plain
-    E = args.epochs
     comps = [("sklearn", 1, None, False)]
     # each competitor's worker counts side by side (paired speed-ups, see above);
     # hogwild-plain's T-worker runs follow hogwild-threads' and pair with its 1 worker
@@ -184,7 +185,7 @@ def run(args, workers_list):
                          "generate_s": gen_s, "loss": "log_loss", "alpha": 1e-4,
                          "learning_rate": "optimal"},
              "target_train_loss": target,
-             "hot_layout_s": {"hot_features": AUTO_HOT_FEATURES,
+             "hot_layout_s": {"hot_features": H_auto,
                               "plain_s": float(np.median(layout_s[0])),
-                              "hot_s": float(np.median(layout_s[AUTO_HOT_FEATURES]))}}
+                              "hot_s": float(np.median(layout_s[H_auto]))}}
     return rows, extra, (X, y)

@@ -87,7 +87,7 @@ def summary() -> str:
                      f"2..E; target = 1.01 × sklearn's final training loss "
                      f"({d['target_train_loss']:.4f})</sub>")
         hl = d.get("hot_layout_s")
-        if hl:
+        if hl and hl["hot_features"]:
             lines.append(f"\nOne-time cost per fit, not in the epoch times: the hot-first copy "
                          f"of the rows ({hl['hot_features']} hot features, used with several "
                          f"workers) {hl['hot_s']:.3f} s; the plain rows {hl['plain_s']:.3f} s.")

@@ -30,8 +30,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm import _kernels as K
-from sgd_shm.hogwild import (AUTO_HOT_FEATURES, AUTO_HOT_MIN_NNZ, DivergenceError, HogwildSGD,
-                             Problem)
+from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem, auto_hot_features
 
 __all__ = ["HogwildClassifier", "HogwildRegressor"]
 
@@ -109,17 +108,12 @@ class _BaseHogwild(BaseEstimator):
     def _hot_features(self, epochs, X):
         """hot_features where the workers buffer them (several workers, L2 or no
         penalty, no momentum), else 0: the hot-first layout would go unused. "auto":
-        AUTO_HOT_FEATURES for a fit of several epochs on sparse X with at least
-        AUTO_HOT_MIN_NNZ nonzeros and 4 * AUTO_HOT_FEATURES features (see there), else
-        0; not in partial_fit, where the copy of the data would cost about as much as
-        the one epoch it speeds up."""
+        see ``hogwild.auto_hot_features``."""
         if (self.n_workers > 1 and self.momentum == 0
                 and (self.penalty in ("l2", None)
                      or (self.penalty == "elasticnet" and self.l1_ratio == 0))):
             if self.hot_features == "auto":
-                big = (sp.issparse(X) and X.nnz >= AUTO_HOT_MIN_NNZ
-                       and X.shape[1] >= 4 * AUTO_HOT_FEATURES)
-                return AUTO_HOT_FEATURES if epochs > 1 and big else 0
+                return auto_hot_features(X, epochs)
             return self.hot_features
         return 0
 
@@ -254,8 +248,9 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         after every fit, also when a worker fails).
     hot_features : "auto" (default), 0, or an int H > 0. With H > 0, on sparse data, each
         worker steps the weights of the H most frequent features in a private copy and
-        publishes its steps every K·H/4 of its samples (K: outputs), where the others pick
-        them up: those cache lines stop moving between the cores on every sample, and no
+        publishes its steps about every K·H/4 of its samples (K: outputs), where the
+        others pick them up: those cache lines stop moving between the cores on every
+        sample, and no
         step on them is lost to a concurrent write (plain Hogwild loses 0.3-0.6% of the
         step mass per epoch on the README's problem). The others see a worker's steps on
         them that many samples late. Costs a copy of the data per fit (about 0.08 s on 14M

@@ -91,10 +91,10 @@ def test_every_step_reaches_the_weights_with_two_workers(backend, hot, no_shm_le
     """Conservation: hinge steps with tiny weights never leave the margin, so every
     sample adds exactly eta·y·x whatever the order or staleness, and the weights
     after an epoch must be eta · X^T y. One worker: exactly. Two workers: the hot
-    coordinates exactly too (each worker publishes its steps in a row of its own), so with all 400 features
-    hot every weight is exact; cold coordinates keep Hogwild's plain writes, whose
-    race may lose steps (measured here: up to about 4% of the step mass on this
-    small, dense-ish model; bounded below at 15%)."""
+    coordinates exactly too (each worker publishes its steps in a row of its own), so
+    with all 400 features hot every weight is exact; cold coordinates keep Hogwild's
+    plain writes, whose race may lose steps (measured here: up to about 4% of the
+    step mass on this small, dense-ish model; bounded below at 15%)."""
     from sgd_shm.data import make_rcv1_like
     X, y = make_rcv1_like(20_000, 400, density=0.05, random_state=4)
     ref = 1e-6 * (X.T @ y)
@@ -129,9 +129,10 @@ def test_hot_features_auto_buffers_in_fit_only():
         for est in (HogwildClassifier(n_workers=1, **kw), HogwildClassifier(hot_features=0, **kw),
                     HogwildClassifier(penalty="l1", **kw), HogwildClassifier(momentum=0.5, **kw)):
             assert est.fit(X, y).hot_features_ == 0
-        assert HogwildClassifier(n_workers=2, **kw).fit(X[:500].toarray(), y[:500]).hot_features_ == 0
-        assert HogwildClassifier(n_workers=2, **kw).fit(X[:6000], y[:6000]).hot_features_ == 0
-        assert HogwildClassifier(n_workers=2, **kw).fit(X[:, :-1], y).hot_features_ == 0
+        two = HogwildClassifier(n_workers=2, **kw)
+        assert two.fit(X[:500].toarray(), y[:500]).hot_features_ == 0       # dense
+        assert two.fit(X[:6000], y[:6000]).hot_features_ == 0              # < 1M nonzeros
+        assert two.fit(X[:, :-1], y).hot_features_ == 0                    # too few features
         clf = HogwildClassifier(n_workers=2, random_state=0).partial_fit(X, y, classes=[-1, 1])
         assert clf.hot_features_ == 0
         reg = HogwildRegressor(n_workers=2, **kw).fit(X, y)
