@@ -206,7 +206,8 @@ NONDETERMINISTIC = {
                  "check_methods_sample_order_invariance", "check_estimators_pickle",
                  "check_classifiers_train", "check_regressors_train",
                  "check_fit_check_is_fitted", "check_n_features_in",
-                 "check_dict_unchanged", "check_dont_overwrite_parameters")
+                 "check_dict_unchanged", "check_dont_overwrite_parameters",
+                 "check_classifier_data_not_an_array")
 }
 
 
