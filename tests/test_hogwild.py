@@ -207,7 +207,7 @@ NONDETERMINISTIC = {
                  "check_classifiers_train", "check_regressors_train",
                  "check_fit_check_is_fitted", "check_n_features_in",
                  "check_dict_unchanged", "check_dont_overwrite_parameters",
-                 "check_classifier_data_not_an_array")
+                 "check_classifier_data_not_an_array", "check_supervised_y_2d")
 }
 
 
