@@ -139,16 +139,17 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         # worker reshuffles its part in place at the start of every epoch (in
         # parallel: a driver-side permutation of 2M ratings took 32 ms per epoch)
         self._order = self._rng.permutation(X.shape[0]).astype(np.int64, copy=False)
+        nw = max(1, min(int(self.n_workers), X.shape[0]))
+        self._bounds = np.linspace(0, X.shape[0], nw + 1).astype(np.int64)   # the parts
         pool = self._pool = None
         try:
             if self.backend == "processes":
                 from sgd_shm._procs import MFPool
-                nw = max(1, min(int(self.n_workers), X.shape[0]))
                 pool = self._pool = MFPool(self, self._users, self._items, y, nw, self._order)
             yield
         finally:
             self._pool = None
-            del self._users, self._items, self._order
+            del self._users, self._items, self._order, self._bounds
             if pool is not None:
                 pool.close()
 
@@ -172,9 +173,8 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
 
     def _epoch(self, X, y):
         n = X.shape[0]
-        nw = max(1, min(int(self.n_workers), n))
-        order = self._order
-        bounds = np.linspace(0, n, nw + 1).astype(np.int64)
+        order, bounds = self._order, self._bounds
+        nw = bounds.shape[0] - 1
         seeds = self._rng.integers(0, 2**63 - 1, size=nw)
         outs = np.zeros((nw, _mf.MN_OUT + 13))        # padded rows
         params = (self._lr, float(self.reg), float(self.reg_bias), self.global_mean_,
