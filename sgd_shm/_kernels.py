@@ -219,7 +219,8 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     and dense (indptr is empty) cases.
 
     Global time: the worker publishes how many samples it has done in its own slot
-    ``progress[16 * wid]`` every INTERCEPT_FLUSH samples and sums all slots then, so
+    ``progress[16 * wid]`` every INTERCEPT_FLUSH samples and sums all slots then and
+    at its start, so
     its estimate of the global step count tg (and from it the step size
     eta_tab[tg], the L2 scale s = scale_tab[tg] and the L1 total) agrees with the
     other workers' within about INTERCEPT_FLUSH · n_workers steps, whatever their
@@ -266,7 +267,13 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     # samples, so the line is not bounced between cores on every step
     db = np.zeros(K)
     since = 0                                # own samples since the last publication
-    base = 0                                 # global samples done at the last publication
+    # global samples done at the last look at the progress slots: look now, so that a
+    # worker starting after the others uses the scale and step size of the samples
+    # they have already done (with base = 0 its first predictions used the segment's
+    # first scale, up to 1e9 times too large under strong L2)
+    base = 0
+    for w in range(nw):
+        base += progress[16 * w]
     done_own = 0
     d_feat = W.shape[1]
     s = 1.0

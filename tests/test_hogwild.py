@@ -139,6 +139,26 @@ def test_hot_features_auto_buffers_in_fit_only():
         assert reg.hot_features_ == AUTO_HOT_FEATURES
 
 
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_a_late_starting_worker_uses_the_current_scale(backend, no_shm_leak):
+    """Strong L2 cuts each epoch into short segments in which the weight scale falls
+    to 1e-9, so a worker that starts a segment after the other must take the scale
+    (and step size) of the samples already done, not the segment's first. Regression:
+    it took the first until its first look at the progress slots, 32 samples in, and
+    its predictions came out up to 1e9 times too large: the epoch's loss as visited
+    was 2.8 against 0.69 for one worker."""
+    from sgd_shm.data import make_rcv1_like
+    X, y = make_rcv1_like(20_000, 3000, density=0.01, random_state=1)
+    prob = Problem.from_xy(X, y[:, None])
+    losses = {}
+    for nw in (1, 2):
+        sgd = HogwildSGD(3000, 1, loss="log_loss", alpha=0.05, learning_rate="constant",
+                         eta0=0.1, fit_intercept=False, n_workers=nw, backend=backend, seed=0)
+        with sgd.session(prob):
+            losses[nw] = [sgd.epoch(prob) for _ in range(2)]
+    assert np.allclose(losses[2], losses[1], atol=0.005), losses
+
+
 def test_two_workers_reach_the_one_worker_loss_on_sparse_data():
     rng = np.random.default_rng(1)
     n, d = 20_000, 2_000

@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
         auto work = [&](int w) {
             const size_t lo = n * w / nw, hi = n * (w + 1) / nw;
             int64_t base = 0, since = 0, own = 0;
+            for (int u = 0; u < nw; ++u) base += progress[u].done.load(std::memory_order_relaxed);
             double db = 0.0;
             for (size_t k = lo; k < hi; ++k) {
                 const int64_t i = order[k];
