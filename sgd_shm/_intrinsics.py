@@ -103,3 +103,19 @@ def load_relaxed(typingctx, arr):
         return builder.load_atomic(ary.data, "monotonic", 8)
     return sig, codegen
 
+
+
+@intrinsic
+def load_relaxed_at(typingctx, arr, offset):
+    """Atomic (relaxed) load of arr.flat[offset] (int64): a fresh read of a word that
+    other threads write, which the compiler may not hoist out of a loop."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64
+            and isinstance(offset, types.Integer)):
+        return None
+    sig = types.int64(arr, offset)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        return builder.load_atomic(ptr, "monotonic", 8)
+    return sig, codegen

@@ -63,8 +63,8 @@ import math
 import numba as nb
 import numpy as np
 
-from sgd_shm._intrinsics import (DISTANCE, cas_acquire, fetch_add, load_relaxed, prefetch,
-                                 prefetch_once, store_release)
+from sgd_shm._intrinsics import (DISTANCE, cas_acquire, fetch_add, load_relaxed,
+                                 load_relaxed_at, prefetch, prefetch_once, store_release)
 
 # loss codes
 LOG, HINGE, SQUARED, MODIFIED_HUBER = 0, 1, 2, 3
@@ -219,12 +219,17 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     and dense (indptr is empty) cases.
 
     Global time: the worker publishes how many samples it has done in its own slot
-    ``progress[16 * wid]`` every INTERCEPT_FLUSH samples and sums all slots then and
-    at its start, so
-    its estimate of the global step count tg (and from it the step size
-    eta_tab[tg], the L2 scale s = scale_tab[tg] and the L1 total) agrees with the
-    other workers' within about INTERCEPT_FLUSH · n_workers steps, whatever their
-    start times or speeds. The tables are the driver's, for this epoch.
+    ``progress[16 * wid]`` every INTERCEPT_FLUSH samples, and before every sample
+    takes the global step count tg as its own count plus the counts the others have
+    published (and from tg the step size eta_tab[tg], the L2 scale s =
+    scale_tab[tg] and the L1 total). tg thus lags the true count by less than
+    INTERCEPT_FLUSH · (n_workers − 1) steps whatever the workers' start times, speeds
+    or pauses. (Reading the slots only every INTERCEPT_FLUSH samples and extrapolating
+    in between went wrong for a worker that started late or was paused by the OS:
+    it used a scale up to 1e9 times off under strong L2 until its next read.) The
+    slots are read with relaxed atomic loads, so every read is fresh; a slot's line
+    changes only every INTERCEPT_FLUSH samples, so the reads mostly hit the cache.
+    The tables are the driver's, for this epoch.
 
     With ip[I_LOCKED] set, every sample's read-modify-write runs under a spinlock in
     lock[0] (the "locked SGD" baseline of the benchmarks); otherwise no lock is taken.
@@ -267,13 +272,6 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     # samples, so the line is not bounced between cores on every step
     db = np.zeros(K)
     since = 0                                # own samples since the last publication
-    # global samples done at the last look at the progress slots: look now, so that a
-    # worker starting after the others uses the scale and step size of the samples
-    # they have already done (with base = 0 its first predictions used the segment's
-    # first scale, up to 1e9 times too large under strong L2)
-    base = 0
-    for w in range(nw):
-        base += progress[16 * w]
     done_own = 0
     d_feat = W.shape[1]
     s = 1.0
@@ -324,7 +322,10 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
             vals = data[a:e]
             if has_hot:
                 nh = hot_end[i] - a
-        tg = base + since * nw                 # global samples before this one
+        tg = done_own                          # global samples before this one
+        for w in range(nw):
+            if w != wid:
+                tg += load_relaxed_at(progress, 16 * w)
         if tg > n_tab - 1:
             tg = n_tab - 1
         eta = eta_tab[tg]
@@ -430,10 +431,6 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
                 b[c] += db[c]
                 db[c] = 0.0
             progress[16 * wid] = done_own          # only this worker writes its slot
-            total = 0
-            for w in range(nw):
-                total += progress[16 * w]
-            base = total
             since = 0
     for c in range(K):
         b[c] += db[c]

@@ -3,7 +3,7 @@
 // The same algorithm as the kit's kernel (sgd_shm/_kernels.py) written the way one would
 // in C++ with std::thread: logistic loss, L2 through a weight scale w = s*v whose value
 // comes from a per-epoch table indexed by the global step (each worker estimates it from
-// the progress the workers publish every 32 samples), scikit-learn's 'optimal' learning
+// its own count plus the counts the others publish every 32 samples), scikit-learn's 'optimal' learning
 // rate 1/(alpha*(t0 + t)), the intercept accumulated per worker and published every 32
 // samples, a shuffled index array cut into one contiguous part per worker, no locks.
 // What it leaves out on purpose: software prefetching and the hot-coordinate buffers of
@@ -86,12 +86,13 @@ int main(int argc, char** argv) {
         std::vector<Slot> progress(nw);
         auto work = [&](int w) {
             const size_t lo = n * w / nw, hi = n * (w + 1) / nw;
-            int64_t base = 0, since = 0, own = 0;
-            for (int u = 0; u < nw; ++u) base += progress[u].done.load(std::memory_order_relaxed);
+            int64_t since = 0, own = 0;
             double db = 0.0;
             for (size_t k = lo; k < hi; ++k) {
                 const int64_t i = order[k];
-                int64_t tg = base + since * nw;
+                int64_t tg = own;                // own count + the others' published ones
+                for (int u = 0; u < nw; ++u)
+                    if (u != w) tg += progress[u].done.load(std::memory_order_relaxed);
                 if (tg > (int64_t)n - 1) tg = n - 1;
                 const double s = scale[tg], s_after = scale[tg + 1];
                 double p = 0.0;
@@ -110,9 +111,6 @@ int main(int argc, char** argv) {
                     b += db;                     // plain write, like Hogwild's
                     db = 0.0;
                     progress[w].done.store(own, std::memory_order_relaxed);
-                    int64_t total = 0;
-                    for (int u = 0; u < nw; ++u) total += progress[u].done.load(std::memory_order_relaxed);
-                    base = total;
                     since = 0;
                 }
             }
