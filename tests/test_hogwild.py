@@ -143,10 +143,11 @@ def test_hot_features_auto_buffers_in_fit_only():
 def test_a_late_starting_worker_uses_the_current_scale(backend, no_shm_leak):
     """Strong L2 cuts each epoch into short segments in which the weight scale falls
     to 1e-9, so a worker that starts a segment after the other must take the scale
-    (and step size) of the samples already done, not the segment's first. Regression:
-    it took the first until its first look at the progress slots, 32 samples in, and
-    its predictions came out up to 1e9 times too large: the epoch's loss as visited
-    was 2.8 against 0.69 for one worker."""
+    (and step size) of the samples already done, not the segment's first, and a
+    worker paused by the OS must not resume with a stale one. Regression: workers read
+    the others' counts every 32 samples only and extrapolated in between, so a late or
+    paused worker's predictions came out up to 1e9 times too large: the epoch's loss as
+    visited was 2.8 against 0.69 for one worker."""
     from sgd_shm.data import make_rcv1_like
     X, y = make_rcv1_like(20_000, 3000, density=0.01, random_state=1)
     prob = Problem.from_xy(X, y[:, None])
