@@ -4,8 +4,9 @@
 // in C++ with std::thread: logistic loss, L2 through a weight scale w = s*v whose value
 // comes from a per-epoch table indexed by the global step (each worker estimates it from
 // its own count plus the counts the others publish every 32 samples), scikit-learn's
-// 'optimal' learning rate 1/(alpha*(t0 + t)), the intercept accumulated per worker and published every 32
-// samples, a shuffled index array cut into one contiguous part per worker, no locks.
+// 'optimal' learning rate 1/(alpha*(t0 + t)), the intercept accumulated per worker and
+// published every 32 samples, a shuffled index array cut into one contiguous part per
+// worker, no locks.
 // What it leaves out on purpose: software prefetching and the hot-coordinate buffers of
 // the kit (this is textbook Hogwild, Niu, Recht, Re, Wright 2011).
 //
