@@ -92,21 +92,7 @@ def fetch_add(typingctx, arr, value):
 
 
 @intrinsic
-def load_relaxed(typingctx, arr):
-    """Atomic (relaxed) load of arr[0] (int64)."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
-        return None
-    sig = types.int64(arr)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        return builder.load_atomic(ary.data, "monotonic", 8)
-    return sig, codegen
-
-
-
-@intrinsic
-def load_relaxed_at(typingctx, arr, offset):
+def load_relaxed(typingctx, arr, offset):
     """Atomic (relaxed) load of arr.flat[offset] (int64): a fresh read of a word that
     other threads write, which the compiler may not hoist out of a loop."""
     if not (isinstance(arr, types.Array) and arr.dtype == types.int64

@@ -63,8 +63,8 @@ import math
 import numba as nb
 import numpy as np
 
-from sgd_shm._intrinsics import (DISTANCE, cas_acquire, fetch_add, load_relaxed,
-                                 load_relaxed_at, prefetch, prefetch_once, store_release)
+from sgd_shm._intrinsics import (DISTANCE, cas_acquire, fetch_add, load_relaxed, prefetch,
+                                 prefetch_once, store_release)
 
 # loss codes
 LOG, HINGE, SQUARED, MODIFIED_HUBER = 0, 1, 2, 3
@@ -325,7 +325,7 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
         tg = done_own                          # global samples before this one
         for w in range(nw):
             if w != wid:
-                tg += load_relaxed_at(progress, 16 * w)
+                tg += load_relaxed(progress, 16 * w)
         if tg > n_tab - 1:
             tg = n_tab - 1
         eta = eta_tab[tg]
@@ -339,7 +339,7 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
             while not cas_acquire(lock, 0, 1):
                 pass
         if instrument:
-            c_read = load_relaxed(clock)
+            c_read = load_relaxed(clock, 0)
         any_step = False
         bad = False
         for c in range(K):

@@ -135,7 +135,7 @@ def _try_apply(w, grad, lo, hi, step, lock, version, pid, spins):
     w[lo:hi] -= step * grad[lo:hi], bump its version, unlock. 1 if applied,
     else 0 (the lock stayed held; nothing was written)."""
     for _ in range(spins + 1):
-        if load_relaxed(lock) == 0 and cas_acquire(lock, 0, pid):
+        if load_relaxed(lock, 0) == 0 and cas_acquire(lock, 0, pid):
             for i in range(lo, hi):
                 w[i] -= step * grad[i]
             fetch_add(version, 1)
