@@ -109,9 +109,7 @@ class _BaseHogwild(BaseEstimator):
         """hot_features where the workers buffer them (several workers, L2 or no
         penalty, no momentum), else 0: the hot-first layout would go unused. "auto":
         see ``hogwild.auto_hot_features``."""
-        if (self.n_workers > 1 and self.momentum == 0
-                and (self.penalty in ("l2", None)
-                     or (self.penalty == "elasticnet" and self.l1_ratio == 0))):
+        if self.n_workers > 1 and self.momentum == 0 and self._penalty_split()[1] == 0:
             if self.hot_features == "auto":
                 return auto_hot_features(X, epochs)
             return self.hot_features
@@ -250,9 +248,8 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         worker steps the weights of the H most frequent features in a private copy and
         publishes its steps about every K·H/4 of its samples (K: outputs), where the
         others pick them up: those cache lines stop moving between the cores on every
-        sample, and no
-        step on them is lost to a concurrent write (plain Hogwild loses 0.3-0.6% of the
-        step mass per epoch on the README's problem). The others see a worker's steps on
+        sample, and no step on them is lost to a concurrent write (plain Hogwild loses
+        0.3-0.6% of the step mass per epoch on the README's problem). The others see a worker's steps on
         them that many samples late. Costs a copy of the data per fit (0.07-0.18 s on 14M
         nonzeros); used with several workers, penalty "l2" or None and no momentum.
         0: plain Hogwild, every weight shared on every step. "auto": 4096
