@@ -38,6 +38,11 @@ def train_loss(X, y, coef, icpt):
     return float(np.mean(np.logaddexp(0.0, -z)))
 
 
+def _epoch_time(times):
+    """A run's epoch time: the median over epochs 2..E (epoch 1 pays first touches)."""
+    return float(np.median(times[1:] if len(times) > 1 else times))
+
+
 def _run_kit(prob, X, y, epochs, workers, backend, locked, seed):
     from sgd_shm.hogwild import HogwildSGD
     sgd = HogwildSGD(X.shape[1], 1, loss="log_loss", alpha=1e-4, learning_rate="optimal",
@@ -86,14 +91,12 @@ def run(args, workers_list):
     from sgd_shm.hogwild import auto_hot_features
     E = args.epochs
     H_auto = auto_hot_features(X, E)                 # what a fit with several workers uses
-    layout_s = {}
+    layout_s, probs = {}, {}
     for H in (0, H_auto) * 3:                        # the one-time copies, timed apart
         t0 = time.perf_counter()
-        p = Problem.from_xy(X, y[:, None], hot_features=H)
+        probs[H] = Problem.from_xy(X, y[:, None], hot_features=H)
         layout_s.setdefault(H, []).append(time.perf_counter() - t0)
-        del p
-    plain = Problem.from_xy(X, y[:, None])
-    hot = Problem.from_xy(X, y[:, None], hot_features=H_auto)
+    plain, hot = probs[0], probs[H_auto]              # the last of each is the one run
 
     def prob_of(name, T):
         """The kit's default: hot buffers with several workers (not locked, not plain)."""
@@ -127,9 +130,7 @@ def run(args, workers_list):
                     times, losses = _run_kit(prob_of(name, T), X, y, E, T, backend, locked,
                                              args.seed + rep)
                 if rep:
-                    # epoch rate: samples per second over epochs 2..E (epoch 1 pays first touches)
-                    med = float(np.median(times[1:] if E > 1 else times))
-                    series[c].rates.append(X.shape[0] / med)
+                    series[c].rates.append(X.shape[0] / _epoch_time(times))
                     curves[c].append({"epoch_s": times, "train_loss": losses})
                 bar.update()
         bar.close()
@@ -142,7 +143,7 @@ def run(args, workers_list):
     if base:
         target = 1.01 * float(np.median([cv["train_loss"][-1] for cv in base]))
     def epoch_s(c):
-        return [float(np.median(cv["epoch_s"][1:] if E > 1 else cv["epoch_s"])) for cv in curves[c]]
+        return [_epoch_time(cv["epoch_s"]) for cv in curves[c]]
     for c in comps:
         s = series[c].summary()
         eps = epoch_s(c)
