@@ -80,6 +80,14 @@ class LockedCounter:
         return self._n
 
 
+def record_orders(sgd):
+    """The list that receives a copy of each epoch's order of samples of a
+    ``sgd_shm.hogwild.HogwildSGD`` (for an oracle to replay them)."""
+    orders, draw = [], sgd._order
+    sgd._order = lambda n: orders.append(draw(n).copy()) or orders[-1]
+    return orders
+
+
 def serial_sgd_epoch(X, Y, order, W, b, *, loss, eta, alpha2=0.0, alpha1=0.0, u=0.0, q=None,
                      fit_intercept=True, t_start=0, l1_all_features=False, momentum=0.0, V=None):
     """One plain serial SGD epoch on dense X (no weight-scale trick, no Numba):

@@ -140,6 +140,7 @@ def test_cxx_reference_equals_the_kit_on_one_worker(tmp_path):
     if cxx_hogwild.compiler() is None:
         pytest.skip("no C++ compiler")
     from bench.hogwild import train_loss
+    from naive import record_orders
     from sgd_shm import _kernels as K
     from sgd_shm.data import make_rcv1_like
     from sgd_shm.hogwild import HogwildSGD, Problem
@@ -148,8 +149,7 @@ def test_cxx_reference_equals_the_kit_on_one_worker(tmp_path):
     try:
         sgd = HogwildSGD(300, 1, loss="log_loss", alpha=1e-4, intercept_decay=0.01, seed=0)
         prob = Problem.from_xy(X, y[:, None])
-        ours, orders, draw = [], [], sgd._order
-        sgd._order = lambda n: orders.append(draw(n).copy()) or orders[-1]
+        ours, orders = [], record_orders(sgd)
         for e in range(3):
             sgd.epoch(prob)
             ours.append((sgd.W[0].copy(), sgd.b[0]))

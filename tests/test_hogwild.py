@@ -13,21 +13,13 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import check_estimator
 
-from naive import schedule_segments, serial_sgd_epoch
+from naive import record_orders, schedule_segments, serial_sgd_epoch
 from sgd_shm import DivergenceError, HogwildClassifier, HogwildRegressor
 from sgd_shm import _kernels as K
 from sgd_shm.hogwild import HogwildSGD, Problem
 
 
 # -- the kernel against a plain serial epoch ------------------------------------------
-def _record_orders(sgd):
-    """The list that receives a copy of each epoch's order of ``sgd`` (for the oracle
-    to replay)."""
-    orders, draw = [], sgd._order
-    sgd._order = lambda n: orders.append(draw(n).copy()) or orders[-1]
-    return orders
-
-
 @pytest.mark.parametrize("loss", ["log_loss", "hinge", "squared_error"])
 @pytest.mark.parametrize("penalty", ["l2", "l1", "elasticnet"])
 @pytest.mark.parametrize("hot", [None, 0, 2, 1024])       # None: dense rows
@@ -47,7 +39,7 @@ def test_one_worker_equals_serial_sgd(loss, penalty, hot):
         assert prob.hot_feat.shape[0] == min(hot, d)
     W, b, q = np.zeros((k, d)), np.zeros(k), np.zeros((k, d))
     u = 0.0
-    orders = _record_orders(sgd)
+    orders = record_orders(sgd)
     for epoch in range(3):
         sgd.epoch(prob)
         order = orders[-1]
@@ -570,7 +562,7 @@ def test_momentum_one_worker_equals_serial_heavy_ball(sparse, loss):
     if sparse:
         sgd.fp[K.F_ICPT_DECAY] = 1.0
     W, b, V = np.zeros((k, d)), np.zeros(k), np.zeros((k, d))
-    orders = _record_orders(sgd)
+    orders = record_orders(sgd)
     for epoch in range(3):
         sgd.epoch(prob)
         order = orders[-1]
