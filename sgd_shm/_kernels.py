@@ -219,10 +219,10 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     and dense (indptr is empty) cases.
 
     Global time: the worker publishes how many samples it has done in its own slot
-    ``progress[16 * wid]`` every INTERCEPT_FLUSH samples, and before every sample
-    takes the global step count tg as its own count plus the counts the others have
-    published (and from tg the step size eta_tab[tg], the L2 scale s =
-    scale_tab[tg] and the L1 total). tg thus lags the true count by less than
+    ``progress[16 * wid]`` every INTERCEPT_FLUSH samples, and for every sample, once
+    it has read the sample's weights, takes the global step count tg as its own count
+    plus the counts the others have published (and from tg the step size
+    eta_tab[tg], the L2 scale s = scale_tab[tg] and the L1 total). tg thus lags the true count by less than
     INTERCEPT_FLUSH · (n_workers − 1) steps whatever the workers' start times, speeds
     or pauses. (Reading the slots only every INTERCEPT_FLUSH samples and extrapolating
     in between went wrong for a worker that started late or was paused by the OS:
@@ -267,6 +267,7 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
     dense = indptr.shape[0] == 0
     loss_sum = 0.0
     g = np.empty(K)
+    dots = np.empty(K)
     # the intercept is one word every sample writes: each worker adds its steps to a
     # private delta (used in its own predictions) and publishes it every FLUSH
     # samples, so the line is not bounced between cores on every step
@@ -322,6 +323,28 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
             vals = data[a:e]
             if has_hot:
                 nh = hot_end[i] - a
+        wi = sw[i]
+        if locked:
+            while not cas_acquire(lock, 0, 1):
+                pass
+        if instrument:
+            c_read = load_relaxed(clock, 0)
+        for c in range(K):                     # the raw dot products (unscaled) ...
+            p = 0.0
+            if hot:
+                for m in range(nh):
+                    p += hw[c, cols[m]] * vals[m]
+                for m in range(nh, cols.shape[0]):
+                    p += W[c, cols[m]] * vals[m]
+            else:
+                for m in range(cols.shape[0]):
+                    p += W[c, _feat(cols, m, nh, hot_feat)] * vals[m]
+            dots[c] = p
+        # ... then the global time, so that the scale is no older than the weights
+        # read: a worker paused between the two would otherwise scale fresh weights
+        # by an old, larger scale (under strong L2, predictions 1000x too large:
+        # one sample's loss outweighed the epoch's); this way a pause makes the
+        # prediction smaller instead, a bounded error (a stale gradient)
         tg = done_own                          # global samples before this one
         for w in range(nw):
             if w != wid:
@@ -332,27 +355,14 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
         s = scale_tab[tg]                      # scale before this step ...
         s_after = scale_tab[tg + 1]            # ... and after its L2 decay
         if not (s_after >= 1e-200):
+            if locked:
+                store_release(lock, 0)
             out[O_DIVERGED] = 2.0
             break
-        wi = sw[i]
-        if locked:
-            while not cas_acquire(lock, 0, 1):
-                pass
-        if instrument:
-            c_read = load_relaxed(clock, 0)
         any_step = False
         bad = False
         for c in range(K):
-            p = 0.0
-            if hot:
-                for m in range(nh):
-                    p += hw[c, cols[m]] * vals[m]
-                for m in range(nh, cols.shape[0]):
-                    p += W[c, cols[m]] * vals[m]
-            else:
-                for m in range(cols.shape[0]):
-                    p += W[c, _feat(cols, m, nh, hot_feat)] * vals[m]
-            p = p * s + b[c] + db[c]
+            p = dots[c] * s + b[c] + db[c]
             if not math.isfinite(p):
                 bad = True
                 break
@@ -443,12 +453,12 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, lo, hi, f
 
 
 @nb.njit(cache=True)
-def epoch_etas(fp, ip, n_steps):
-    """Step sizes of the epoch's global steps 1..n (from fp's t_start)."""
-    eta = np.empty(n_steps)
+def epoch_etas(fp, ip, eta):
+    """Fill eta with the step sizes of the epoch's global steps 1..n (from fp's
+    t_start), n = len(eta); returns eta."""
     lr = ip[I_LR]
     t_start = fp[F_T_START]
-    for k in range(n_steps):
+    for k in range(eta.shape[0]):
         t = t_start + k + 1.0
         if lr == CONSTANT:
             eta[k] = fp[F_ETA0]

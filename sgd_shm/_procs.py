@@ -175,23 +175,28 @@ class SharedWorkers:
         self.seg.close()
 
 
-_HOGWILD = ("W", "b", "q", "V", "order", "progress", "scale_tab", "eta_tab", "cum_eta",
-            "clock", "hists", "Wh")
+_HOGWILD = ("W", "b", "q", "V", "order", "progress", "scale", "eta", "cum", "clock", "hists",
+            "Wh")
 
 
-def _hogwild_step(wid, v, static, lo, hi, fp, L):
+def _hogwild_step(wid, v, static, lo, hi, fp, g0, L, part_lo, part_hi, seed):
+    from sgd_shm._mf import shuffle_part
     prob, ip = static
     out = np.zeros(K.N_OUT)
     hists = v["hists"]
+    if seed >= 0:                                   # this worker's part, in place
+        shuffle_part(v["order"], part_lo, part_hi, seed)
     worker_epoch(v["W"], v["b"], v["q"], v["V"], prob, v["order"], lo, hi, fp, ip, out,
-                 v["progress"], wid, v["scale_tab"][:L + 1], v["eta_tab"][:L],
-                 v["cum_eta"][:L + 1], v["clock"], hists[wid, :hists.shape[1] - 16], v["Wh"])
+                 v["progress"], wid, v["scale"][:L + 1], v["eta"][g0:g0 + L], v["cum"][:L + 1],
+                 v["clock"], hists[wid, :hists.shape[1] - 16], v["Wh"])
     return out
 
 
 class ProcessPool:
     """The Hogwild linear models' worker processes: weights, intercepts, L1
-    memory and the schedule tables live in the shared segment for one fit."""
+    memory, the order of the samples and the schedule tables live in the shared
+    segment for one fit (the driver fills the tables there; each worker reshuffles
+    its part of the order there)."""
 
     def __init__(self, sgd, prob, n_workers):
         k, d = sgd.W.shape
@@ -205,28 +210,30 @@ class ProcessPool:
         self.pool = SharedWorkers(dict(zip(_HOGWILD, shapes)), _hogwild_step,
                                   (prob, sgd.ip))
         try:
-            self.pool.adopt(sgd, {a: a for a in ("W", "b", "q", "V")})
+            self.pool.adopt(sgd, {"W": "W", "b": "b", "q": "q", "V": "V", "order": "_perm",
+                                  "scale": "_scale", "eta": "_eta", "cum": "_cum"})
             self.pool.start(n_workers)
         except BaseException:
             self.close()
             raise
 
-    def run_epoch(self, order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists, Wh):
-        """Run one segment: worker w does positions [lo[w], hi[w]) of ``order``;
+    def run_epoch(self, lo, hi, shuffle, fp, outs, g0, L, hists, Wh):
+        """Run one segment: worker w does positions [lo[w], hi[w]) of the order with
+        the schedule of global steps [g0, g0 + L), after reshuffling its part
+        [bounds[w], bounds[w + 1]) with seeds[w] if ``shuffle`` = (bounds, seeds);
         ``Wh`` (the hot block and the workers' published steps on it, see _kernels)
         goes through the segment."""
         v = self.pool.views
         v["Wh"][...] = Wh
-        L = eta_tab.shape[0]
-        v["order"][...] = order
-        v["scale_tab"][:L + 1] = scale_tab
-        v["eta_tab"][:L] = eta_tab
-        v["cum_eta"][:L + 1] = cum_eta
         v["progress"][...] = 0
         v["hists"][...] = 0
+
+        def args(w):
+            part = (int(shuffle[0][w]), int(shuffle[0][w + 1]), int(shuffle[1][w])) \
+                if shuffle is not None else (0, 0, -1)
+            return (int(lo[w]), int(hi[w]), fp, int(g0), int(L), *part)
         try:
-            for w, out in enumerate(self.pool.run(
-                    lambda w: (int(lo[w]), int(hi[w]), fp, L))):
+            for w, out in enumerate(self.pool.run(args)):
                 outs[w] = out
         finally:
             hists += v["hists"][:, :hists.shape[1]]

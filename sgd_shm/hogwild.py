@@ -1,11 +1,14 @@
 """Hogwild! SGD driver: n workers update one weight matrix without locks.
 
 Niu, Recht, Ré, Wright, "Hogwild!: A Lock-Free Approach to Parallelizing
-Stochastic Gradient Descent" (NIPS 2011). Each epoch shuffles the sample
-*indices* (never the data: reading rows in shuffled order already dominates the
-epoch), cuts the permutation into ``n_workers`` contiguous parts, and runs one
-Numba kernel per part on a Python thread; the kernels release the GIL, so the
-threads run in parallel on the same numpy arrays. Between epochs the driver
+Stochastic Gradient Descent" (NIPS 2011). The workers visit the samples through
+a shuffled array of sample *indices* (never a shuffled copy of the data: reading
+rows in shuffled order already dominates the epoch), cut into ``n_workers``
+contiguous parts: a random split of the samples between the workers, drawn once,
+and each worker reshuffles its own part in place at the start of every epoch, in
+parallel, so that the driver's serial time per epoch does not grow with the
+data. One Numba kernel per part runs on a Python thread; the kernels release the
+GIL, so the threads run in parallel on the same numpy arrays. Between epochs the driver
 folds the exact L2 weight scale into the weights (see ``_kernels``). On sparse
 data, ``Problem`` can store rows hot-first so that the workers buffer the most
 frequent features' weights (``hot_features``; see ``_kernels``): during a segment
@@ -181,7 +184,7 @@ class HogwildSGD:
                  learning_rate="optimal", eta0=0.0, power_t=0.5, fit_intercept=True,
                  intercept_decay=1.0, n_workers=1, backend="threads", locked=False,
                  instrument=False, stale_bins=64, penalty_scale=1.0, momentum=0.0,
-                 seed=None):
+                 seed=None, shuffle=True):
         if loss not in K.LOSSES:
             raise ValueError(f"loss must be one of {sorted(K.LOSSES)}, got {loss!r}")
         if learning_rate not in K.LEARNING_RATES:
@@ -201,7 +204,11 @@ class HogwildSGD:
         self.backend = backend
         self._pool = None
         self.rng = np.random.default_rng(seed)
-        self._perm = np.empty(0, dtype=np.int64)      # the last epoch's order (see _order)
+        # shuffle=False: every epoch visits the samples in index order (as scikit-learn's
+        # shuffle=False), worker w the w-th contiguous block
+        self.shuffle = bool(shuffle)
+        self._perm = np.empty(0, dtype=np.int64)      # the order of the samples (_split)
+        self._eta = self._scale = self._cum = np.empty(0)   # schedule tables (_tables)
         self.ip = np.zeros(K.N_IPARAMS, dtype=np.int64)
         self.ip[K.I_LOSS] = K.LOSSES[loss]
         self.ip[K.I_LR] = K.LEARNING_RATES[learning_rate]
@@ -241,6 +248,8 @@ class HogwildSGD:
             return
         from sgd_shm._procs import ProcessPool
         self._set_hot(prob)                 # the workers inherit ip when they fork
+        self._split(prob.n_samples)         # the pool moves these into shared memory
+        self._tables(prob.n_samples)
         self._pool = ProcessPool(self, prob, max(1, min(self.n_workers, prob.n_samples)))
         self._pool_prob = prob
         try:
@@ -259,29 +268,36 @@ class HogwildSGD:
         same threshold). Almost always there is one segment."""
         if self.backend == "processes" and self._pool is None:
             with self.session(prob):
-                return self.epoch(prob)
+                return self._epoch(prob)
         if self._pool is not None and prob is not self._pool_prob:
             raise ValueError("epoch() got other data than its session(); open a new session")
+        return self._epoch(prob)
+
+    def _epoch(self, prob):
         n = prob.n_samples
         nw = max(1, min(self.n_workers, n))
         hot = self._set_hot(prob)
-        order = self._order(n)
+        self._split(n)
         bounds = np.linspace(0, n, nw + 1).astype(np.int64)
         lens = np.diff(bounds)
+        # each worker reshuffles its part [bounds[w], bounds[w + 1]) with seeds[w]
+        # before its first segment (-1: no shuffle)
+        seeds = (self.rng.integers(0, 2**63 - 1, size=nw) if self.shuffle
+                 else np.full(nw, -1, dtype=np.int64))
         outs = np.zeros((nw, K.N_OUT))
         nbins = self.staleness.shape[0]
         hists = np.zeros((nw, nbins + 16), dtype=np.int64)      # padded rows
         fp = self.fp.copy()
         fp[K.F_NW] = nw
-        eta = K.epoch_etas(self.fp, self.ip, n)
-        scale_buf, cum_buf = np.empty(n + 1), np.empty(n + 1)
+        eta, scale_buf, cum_buf = self._tables(n)
+        K.epoch_etas(self.fp, self.ip, eta)
         g0 = 0
         while g0 < n:
             g1, zero_first = K.segment(self.fp, eta, g0, scale_buf, cum_buf)
             if zero_first:                   # eta·alpha >= 1: this step zeroes the weights
                 self.W[...] = 0.0
             L = g1 - g0
-            scale_tab, eta_tab, cum_eta = scale_buf[:L + 1], eta[g0:g1], cum_buf[:L + 1]
+            cum_end = float(cum_buf[L])
             lo = bounds[:-1] + lens * g0 // n
             hi = bounds[:-1] + lens * g1 // n
             seg_outs = np.zeros((nw, K.N_OUT))
@@ -291,8 +307,8 @@ class HogwildSGD:
             Wh = np.zeros((nw + 1, self.W.shape[0], prob.hot_feat.shape[0] if hot else 0))
             if hot:
                 Wh[0] = self.W[:, prob.hot_feat]
-            self._run_segment(prob, order, lo, hi, fp, seg_outs, scale_tab, eta_tab, cum_eta,
-                              hists[:, :nbins], Wh)
+            shuffle = (bounds, seeds) if g0 == 0 else None
+            self._run_segment(prob, lo, hi, shuffle, fp, seg_outs, g0, L, hists[:, :nbins], Wh)
             if hot:
                 self.W[:, prob.hot_feat] = Wh.sum(axis=0)
             outs += seg_outs
@@ -301,10 +317,10 @@ class HogwildSGD:
                     "SGD diverged (a prediction became inf/NaN) after "
                     f"{self.t + outs[:, K.O_STEPS].sum():.0f} samples; lower eta0 or alpha, "
                     "scale the features (e.g. StandardScaler), or use learning_rate='optimal'")
-            scale = float(scale_tab[-1])
+            scale = float(scale_buf[L])
             if scale != 1.0:
                 self.W *= scale
-            self.fp[K.F_U0] += self.fp[K.F_ALPHA1] * cum_eta[-1]
+            self.fp[K.F_U0] += self.fp[K.F_ALPHA1] * cum_end
             g0 = g1
         self.clipped += int(outs[:, K.O_CLIPS].sum())
         self.staleness += hists[:, :nbins].sum(axis=0)
@@ -313,14 +329,26 @@ class HogwildSGD:
             raise DivergenceError("SGD diverged: the weights are no longer finite; lower eta0")
         return float(outs[:, K.O_LOSS].sum() / max(prob.sw.sum(), 1e-300))
 
-    def _order(self, n):
-        """This epoch's order of the samples: a uniformly random permutation, the last
-        epoch's shuffled again in place (``_mf.shuffle_part``: 0.6 ms for 200k samples
-        against 1.9 ms for Generator.permutation, serial time that every epoch pays)."""
+    def _split(self, n):
+        """The order array for n samples (kept while n stays the same). A new one is a
+        random permutation (identity without shuffle): cut into the workers' contiguous
+        parts, it splits the samples between the workers at random, once. Every epoch
+        each worker then reshuffles its own part in place (``_mf.shuffle_part``, as the
+        MF workers do), in parallel: the driver's full reshuffle cost 0.75-1.7 ms of
+        serial time per epoch for 200k samples, and with one worker the part is all of
+        it, so a lone worker still sees a fresh uniform order every epoch."""
         if self._perm.shape[0] != n:
             self._perm = np.arange(n, dtype=np.int64)
-        shuffle_part(self._perm, 0, n, int(self.rng.integers(0, 2**63 - 1)))
+            if self.shuffle:
+                shuffle_part(self._perm, 0, n, int(self.rng.integers(0, 2**63 - 1)))
         return self._perm
+
+    def _tables(self, n):
+        """The epoch's schedule buffers (step sizes, L2 scales, L1 totals; see
+        ``_kernels.segment``), allocated once for n samples instead of every epoch."""
+        if self._eta.shape[0] != n:
+            self._eta, self._scale, self._cum = np.empty(n), np.empty(n + 1), np.empty(n + 1)
+        return self._eta, self._scale, self._cum
 
     def _set_hot(self, prob) -> bool:
         """Whether the workers buffer the hot coordinates of ``prob`` (sparse data
@@ -330,17 +358,23 @@ class HogwildSGD:
         self.ip[K.I_HOT] = int(hot)
         return hot
 
-    def _run_segment(self, prob, order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists,
-                     Wh):
+    def _run_segment(self, prob, lo, hi, shuffle, fp, outs, g0, L, hists, Wh):
+        """Worker w runs positions [lo[w], hi[w]) of the order with the schedule of
+        global steps [g0, g0 + L); with ``shuffle`` = (bounds, seeds) it first
+        reshuffles its part [bounds[w], bounds[w + 1]) with seeds[w] (unless -1)."""
         nw = len(lo)
         if self._pool is not None:
-            self._pool.run_epoch(order, lo, hi, fp, outs, scale_tab, eta_tab, cum_eta, hists, Wh)
+            self._pool.run_epoch(lo, hi, shuffle, fp, outs, g0, L, hists, Wh)
             return
         progress = np.zeros(16 * nw, dtype=np.int64)
+        order = self._perm
+        scale_tab, eta_tab, cum_eta = self._scale[:L + 1], self._eta[g0:g0 + L], self._cum[:L + 1]
 
         def work(w):
-            K._run(self.W, self.b, self.q, self.V, prob.cols_all, prob.indptr, prob.indices, prob.data,
-                   prob.X, prob.Y, prob.sw, order, lo[w], hi[w], fp, self.ip, outs[w],
+            if shuffle is not None and shuffle[1][w] >= 0:
+                shuffle_part(order, shuffle[0][w], shuffle[0][w + 1], shuffle[1][w])
+            K._run(self.W, self.b, self.q, self.V, prob.cols_all, prob.indptr, prob.indices,
+                   prob.data, prob.X, prob.Y, prob.sw, order, lo[w], hi[w], fp, self.ip, outs[w],
                    self.lock, progress, w, scale_tab, eta_tab, cum_eta, self.clock, hists[w],
                    prob.hot_end, prob.hot_feat, Wh)
         run_workers(work, nw)

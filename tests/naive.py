@@ -83,8 +83,13 @@ class LockedCounter:
 def record_orders(sgd):
     """The list that receives a copy of each epoch's order of samples of a
     ``sgd_shm.hogwild.HogwildSGD`` (for an oracle to replay them)."""
-    orders, draw = [], sgd._order
-    sgd._order = lambda n: orders.append(draw(n).copy()) or orders[-1]
+    orders, run = [], sgd.epoch
+
+    def epoch(prob):
+        loss = run(prob)
+        orders.append(sgd._perm.copy())     # the workers shuffle it in place
+        return loss
+    sgd.epoch = epoch
     return orders
 
 

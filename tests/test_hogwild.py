@@ -426,8 +426,7 @@ def test_serial_run_equals_sklearn_in_identity_order(loss):
     target = X[:, 0] * 0.7 + 0.1 if loss == "squared_error" else ypm
     icpt = loss != "squared_error"     # its first 'optimal' step (~5.6) would blow the intercept up
     sgd = HogwildSGD(X.shape[1], 1, loss=loss, alpha=1e-3, learning_rate="optimal", n_workers=1,
-                     fit_intercept=icpt)
-    sgd._order = lambda n: np.arange(n)       # samples in order (as shuffle=False)
+                     fit_intercept=icpt, shuffle=False)
     prob = Problem.from_xy(X, target[:, None])
     for _ in range(2):
         sgd.epoch(prob)
@@ -509,18 +508,39 @@ def test_callers_matrix_is_not_modified_and_read_only_input_works():
     HogwildClassifier(random_state=0, max_iter=2, tol=None).fit(Xs, y)
 
 
-def test_epoch_order_is_a_fresh_seeded_permutation():
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_epoch_order_is_a_fresh_seeded_permutation(backend, no_shm_leak):
     """Each epoch visits every sample once, in an order that changes between epochs
-    and that the seed reproduces."""
-    a, b = HogwildSGD(5, 1, seed=11), HogwildSGD(5, 1, seed=11)
-    seen = []
-    for _ in range(3):
-        oa = a._order(1000).copy()
-        np.testing.assert_array_equal(np.sort(oa), np.arange(1000))
-        np.testing.assert_array_equal(oa, b._order(1000))
-        seen.append(oa)
+    and that the seed reproduces (also on 2 workers: each shuffles its own part).
+    The split between the workers is random, drawn once, and kept: worker w's part
+    holds the same samples every epoch, in a fresh order. Without shuffle, index order."""
+    n = 1000
+    X = sp.random(n, 20, density=0.2, random_state=0, format="csr")
+    prob = Problem.from_xy(X, np.sign(np.random.default_rng(0).normal(size=(n, 1))))
+    runs = []
+    for _ in range(2):
+        sgd = HogwildSGD(20, 1, n_workers=2, backend=backend, seed=11)
+        orders = record_orders(sgd)
+        with sgd.session(prob):
+            for _ in range(3):
+                sgd.epoch(prob)
+        runs.append(orders)
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(np.sort(a), np.arange(n))
+        np.testing.assert_array_equal(a, b)                      # the seed reproduces it
+    seen = runs[0]
     assert not np.array_equal(seen[0], seen[1]) and not np.array_equal(seen[1], seen[2])
-    np.testing.assert_array_equal(np.sort(a._order(7)), np.arange(7))    # another size
+    for o in seen:                                               # the same split ...
+        np.testing.assert_array_equal(np.sort(o[:n // 2]), np.sort(seen[0][:n // 2]))
+    assert 0.3 < np.mean(seen[0][:n // 2] < n // 2) < 0.7        # ... drawn at random
+    for ep, o in enumerate(seen):                                # each part's order is fresh
+        if ep:
+            assert not np.array_equal(o[:n // 2], seen[ep - 1][:n // 2])
+            assert not np.array_equal(o[n // 2:], seen[ep - 1][n // 2:])
+    plain = HogwildSGD(20, 1, n_workers=2, backend=backend, seed=11, shuffle=False)
+    orders = record_orders(plain)
+    plain.epoch(prob)
+    np.testing.assert_array_equal(orders[0], np.arange(n))
 
 
 def test_processes_outside_a_session_draw_one_permutation_per_epoch(no_shm_leak):
@@ -601,7 +621,7 @@ def test_schedule_tables_equal_the_log_oracle(lr, eta0, alpha, t_start, n):
     from sgd_shm import _kernels as K
     sgd = HogwildSGD(10, 1, loss="hinge", alpha=alpha, learning_rate=lr, eta0=eta0)
     sgd.fp[K.F_T_START] = t_start
-    eta = K.epoch_etas(sgd.fp, sgd.ip, n)
+    eta = K.epoch_etas(sgd.fp, sgd.ip, np.empty(n))
     t = t_start + np.arange(1, n + 1)
     if lr == "optimal":
         ref_eta = 1.0 / (alpha * (sgd.fp[K.F_T0] + t - 1.0))
