@@ -92,6 +92,23 @@ def fetch_add(typingctx, arr, value):
 
 
 @intrinsic
+def claim_add(typingctx, arr, offset, value):
+    """Atomic arr.flat[offset] += value (int64) with acquire ordering; returns the old
+    value. For claiming work from a cursor that its owner published with a release
+    store: the claimer then sees everything the owner wrote before."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64
+            and isinstance(offset, types.Integer)):
+        return None
+    sig = types.int64(arr, offset, types.int64)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        return builder.atomic_rmw("add", ptr, args[2], "acquire")
+    return sig, codegen
+
+
+@intrinsic
 def load_relaxed(typingctx, arr, offset):
     """Atomic (relaxed) load of arr.flat[offset] (int64): a fresh read of a word that
     other threads write, which the compiler may not hoist out of a loop."""

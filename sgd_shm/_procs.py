@@ -218,20 +218,20 @@ class ProcessPool:
             raise
 
     def run_epoch(self, lo, hi, shuffle, fp, outs, g0, L, hists, Wh):
-        """Run one segment: worker w does positions [lo[w], hi[w]) of the order with
-        the schedule of global steps [g0, g0 + L), after reshuffling its part
+        """Run one segment: worker w does positions [lo[w], hi[w]) of the order (and
+        takes over chunks of the others' when done) with the schedule of global steps [g0, g0 + L), after reshuffling its part
         [bounds[w], bounds[w + 1]) with seeds[w] if ``shuffle`` = (bounds, seeds);
         ``Wh`` (the hot block and the workers' published steps on it, see _kernels)
         goes through the segment."""
         v = self.pool.views
         v["Wh"][...] = Wh
-        v["progress"][...] = 0
+        K.fresh_progress(len(lo), v["progress"])
         v["hists"][...] = 0
 
         def args(w):
             part = (int(shuffle[0][w]), int(shuffle[0][w + 1]), int(shuffle[1][w])) \
                 if shuffle is not None else (0, 0, -1)
-            return (int(lo[w]), int(hi[w]), fp, int(g0), int(L), *part)
+            return (lo, hi, fp, int(g0), int(L), *part)
         try:
             for w, out in enumerate(self.pool.run(args)):
                 outs[w] = out

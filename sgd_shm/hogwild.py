@@ -359,14 +359,15 @@ class HogwildSGD:
         return hot
 
     def _run_segment(self, prob, lo, hi, shuffle, fp, outs, g0, L, hists, Wh):
-        """Worker w runs positions [lo[w], hi[w]) of the order with the schedule of
-        global steps [g0, g0 + L); with ``shuffle`` = (bounds, seeds) it first
+        """Worker w runs positions [lo[w], hi[w]) of the order, and takes over chunks
+        of the others' when done (see _kernels._run), with the schedule of global
+        steps [g0, g0 + L); with ``shuffle`` = (bounds, seeds) it first
         reshuffles its part [bounds[w], bounds[w + 1]) with seeds[w] (unless -1)."""
         nw = len(lo)
         if self._pool is not None:
             self._pool.run_epoch(lo, hi, shuffle, fp, outs, g0, L, hists, Wh)
             return
-        progress = np.zeros(16 * nw, dtype=np.int64)
+        progress = K.fresh_progress(nw)
         order = self._perm
         scale_tab, eta_tab, cum_eta = self._scale[:L + 1], self._eta[g0:g0 + L], self._cum[:L + 1]
 
@@ -374,7 +375,7 @@ class HogwildSGD:
             if shuffle is not None and shuffle[1][w] >= 0:
                 shuffle_part(order, shuffle[0][w], shuffle[0][w + 1], shuffle[1][w])
             K._run(self.W, self.b, self.q, self.V, prob.cols_all, prob.indptr, prob.indices,
-                   prob.data, prob.X, prob.Y, prob.sw, order, lo[w], hi[w], fp, self.ip, outs[w],
+                   prob.data, prob.X, prob.Y, prob.sw, order, lo, hi, fp, self.ip, outs[w],
                    self.lock, progress, w, scale_tab, eta_tab, cum_eta, self.clock, hists[w],
                    prob.hot_end, prob.hot_feat, Wh)
         run_workers(work, nw)

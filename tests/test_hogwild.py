@@ -132,6 +132,53 @@ def test_hot_features_auto_buffers_in_fit_only():
 
 
 @pytest.mark.parametrize("backend", ["threads", "processes"])
+@pytest.mark.parametrize("open_part", [False, True])
+def test_a_worker_takes_over_an_open_part_exactly_once(backend, open_part, monkeypatch,
+                                                       no_shm_leak):
+    """Work stealing, made deterministic: worker 1 never runs. If its part was opened
+    (as once its owner has started), worker 0 claims it chunk by chunk after its own
+    and does all n samples, each exactly once (all features hot, hinge steps inside
+    the margin: the weights must be exactly eta·X^T y). If not (its owner has not
+    started, so it may still be shuffling it), worker 0 does its own part only."""
+    from sgd_shm.data import make_rcv1_like
+    X, y = make_rcv1_like(5000, 400, density=0.05, random_state=4)
+    n = X.shape[0]
+    prob = Problem.from_xy(X, y[:, None], hot_features=400)
+    run, fresh = K._run, K.fresh_progress
+
+    def only_worker_0(*args):
+        if args[19] == 0:                       # wid
+            run(*args)
+
+    def progress(nw, out=None):
+        p = fresh(nw, out)
+        if open_part:
+            p[16 + 8] = 0                       # part 1 open, its owner paused
+        return p
+    monkeypatch.setattr(K, "_run", only_worker_0)          # (forked workers inherit both)
+    monkeypatch.setattr(K, "fresh_progress", progress)
+    steps, segment = [], HogwildSGD._run_segment
+
+    def record(self, prob, lo, hi, shuffle, fp, outs, *rest):
+        segment(self, prob, lo, hi, shuffle, fp, outs, *rest)
+        steps.append(outs[:, K.O_STEPS].copy())
+    monkeypatch.setattr(HogwildSGD, "_run_segment", record)
+    # no shuffles: worker 1 would reshuffle its part while worker 0 reads it, which a
+    # real run excludes (a part opens after its owner's shuffle)
+    sgd = HogwildSGD(400, 1, loss="hinge", alpha=0.0, learning_rate="constant", eta0=1e-6,
+                     fit_intercept=False, n_workers=2, backend=backend, seed=0, shuffle=False)
+    sgd.epoch(prob)
+    half = n // 2
+    if open_part:
+        np.testing.assert_array_equal(steps[0], [n, 0])
+        np.testing.assert_allclose(sgd.W[0], 1e-6 * (X.T @ y), rtol=1e-9, atol=1e-15)
+    else:
+        np.testing.assert_array_equal(steps[0], [half, 0])
+        np.testing.assert_allclose(sgd.W[0], 1e-6 * (X[:half].T @ y[:half]), rtol=1e-9,
+                                   atol=1e-15)
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes"])
 def test_a_late_starting_worker_uses_the_current_scale(backend, no_shm_leak):
     """Strong L2 cuts each epoch into short segments in which the weight scale falls
     to 1e-9, so a worker that starts a segment after the other must take the scale
