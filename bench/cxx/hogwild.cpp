@@ -3,12 +3,12 @@
 // The same algorithm as the kit's kernel (sgd_shm/_kernels.py) written the way one would
 // in C++ with std::thread: logistic loss, L2 through a weight scale w = s*v whose value
 // comes from a per-epoch table indexed by the global step (each worker estimates it from
-// its own count plus the counts the others publish every 32 samples), scikit-learn's
-// 'optimal' learning rate 1/(alpha*(t0 + t)), the intercept accumulated per worker and
-// published every 32 samples, a shuffled index array cut into one contiguous part per
-// worker, no locks.
-// What it leaves out on purpose: software prefetching and the hot-coordinate buffers of
-// the kit (this is textbook Hogwild, Niu, Recht, Re, Wright 2011).
+// its own count plus the counts the others publish every 32 samples, read after the
+// sample's weights), scikit-learn's 'optimal' learning rate 1/(alpha*(t0 + t)), the
+// intercept accumulated per worker and published with the count, a shuffled index array
+// cut into one contiguous part per worker, no locks.
+// What it leaves out on purpose: software prefetching, the hot-coordinate buffers and
+// the work stealing of the kit (this is textbook Hogwild, Niu, Recht, Re, Wright 2011).
 //
 // usage: hogwild DIR WORKERS EPOCHS SEED ALPHA T0 [ORDERS]
 //   DIR holds shape.txt ("n d nnz"), indptr.bin (int64), indices.bin (int32),
@@ -91,13 +91,13 @@ int main(int argc, char** argv) {
             double db = 0.0;
             for (size_t k = lo; k < hi; ++k) {
                 const int64_t i = order[k];
-                int64_t tg = own;                // own count + the others' published ones
-                for (int u = 0; u < nw; ++u)
+                double p = 0.0;
+                for (int64_t m = indptr[i]; m < indptr[i + 1]; ++m) p += v[indices[m]] * data[m];
+                int64_t tg = own;                // own count + the others' published ones,
+                for (int u = 0; u < nw; ++u)     // read after the weights
                     if (u != w) tg += progress[u].done.load(std::memory_order_relaxed);
                 if (tg > (int64_t)n - 1) tg = n - 1;
                 const double s = scale[tg], s_after = scale[tg + 1];
-                double p = 0.0;
-                for (int64_t m = indptr[i]; m < indptr[i + 1]; ++m) p += v[indices[m]] * data[m];
                 p = p * s + b + db;
                 const double z = p * y[i];
                 // d loss / dp for log loss, as scikit-learn computes it
