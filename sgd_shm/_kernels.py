@@ -283,9 +283,9 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, los, his,
     Global time: the worker publishes how many samples it has done in its own slot
     ``progress[16 * wid]`` every INTERCEPT_FLUSH samples, and for every sample, once
     it has read the sample's weights, takes the global step count tg as its own count
-    plus the counts the others have published (and from tg the step size
-    eta_tab[tg], the L2 scale s = scale_tab[tg] and the L1 total). tg thus lags the true count by less than
-    INTERCEPT_FLUSH · (n_workers − 1) steps whatever the workers' start times, speeds
+    plus the counts the others have published (and from tg the step size eta_tab[tg],
+    the L2 scale s = scale_tab[tg] and the L1 total). tg thus lags the true count by
+    less than INTERCEPT_FLUSH · (n_workers − 1) steps whatever the workers' start times, speeds
     or pauses. (Reading the slots only every INTERCEPT_FLUSH samples and extrapolating
     in between went wrong for a worker that started late or was paused by the OS:
     it used a scale up to 1e9 times off under strong L2 until its next read.) The

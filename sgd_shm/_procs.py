@@ -219,10 +219,10 @@ class ProcessPool:
 
     def run_epoch(self, lo, hi, shuffle, fp, outs, g0, L, hists, Wh):
         """Run one segment: worker w does positions [lo[w], hi[w]) of the order (and
-        takes over chunks of the others' when done) with the schedule of global steps [g0, g0 + L), after reshuffling its part
-        [bounds[w], bounds[w + 1]) with seeds[w] if ``shuffle`` = (bounds, seeds);
-        ``Wh`` (the hot block and the workers' published steps on it, see _kernels)
-        goes through the segment."""
+        takes over chunks of the others' when done) with the schedule of global steps
+        [g0, g0 + L), after reshuffling its part [bounds[w], bounds[w + 1]) with
+        seeds[w] if ``shuffle`` = (bounds, seeds); ``Wh`` (the hot block and the
+        workers' published steps on it, see _kernels) goes through the segment."""
         v = self.pool.views
         v["Wh"][...] = Wh
         K.fresh_progress(len(lo), v["progress"])
