@@ -250,7 +250,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         others pick them up: those cache lines stop moving between the cores on every
         sample, and no step on them is lost to a concurrent write (plain Hogwild loses
         0.3-0.6% of the step mass per epoch on the README's problem). The others see a worker's steps on
-        them that many samples late. Costs a copy of the data per fit (0.07-0.18 s on 14M
+        them that many samples late. Costs a copy of the data per fit (0.07-0.26 s on 14M
         nonzeros); used with several workers, penalty "l2" or None and no momentum.
         0: plain Hogwild, every weight shared on every step. "auto": 4096
         (``sgd_shm.hogwild.AUTO_HOT_FEATURES``) in ``fit`` on sparse data with at least

@@ -109,7 +109,7 @@ class Problem:
     most frequent features (``hot_feat``, most frequent first) carry their slot
     number instead of the feature id, ``hot_end[i]`` ends row i's hot part, and the
     workers buffer those weights (see ``_kernels``; this costs a copy of the data,
-    0.07-0.18 s on 14M nonzeros). The caller's matrix is never modified."""
+    0.07-0.26 s on 14M nonzeros). The caller's matrix is never modified."""
     n_samples: int
     n_features: int
     Y: np.ndarray
