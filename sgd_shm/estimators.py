@@ -253,13 +253,13 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         worker's steps on them that many samples late. Costs a copy of the data per fit
         (0.07-0.26 s on 14M nonzeros), which pays over longer fits only: on the README's
         problem a default fit (8-10 epochs) came out about even, a 20-epoch fit faster
-        (0.70 against 0.88 s), a 5-epoch fit slower (0.36 against 0.22 s); pass 0 for
-        short fits. Used with several workers, penalty "l2" or None and no momentum.
+        (0.70 against 0.88 s), a 5-epoch fit slower (0.36 against 0.22 s). Used with
+        several workers, penalty "l2" or None and no momentum.
         0: plain Hogwild, every weight shared on every step. "auto": 4096
-        (``sgd_shm.hogwild.AUTO_HOT_FEATURES``) in ``fit`` on sparse data with at least
-        1M nonzeros and 16384 features, else 0 (small problems gain nothing, and the
-        delayed view of the hot weights costs accuracy in the first, large steps); 0 in
-        ``partial_fit`` (one epoch: the copy would cost about as much as it saves).
+        (``sgd_shm.hogwild.AUTO_HOT_FEATURES``) in a ``fit`` with max_iter >= 10 on sparse
+        data with at least 1M nonzeros and 16384 features, else 0 (small problems gain
+        nothing, and the delayed view of the hot weights costs accuracy in the first,
+        large steps; shorter fits do not earn back the copy); 0 in ``partial_fit``.
     instrument : record per-update staleness (updates applied by other workers between
         a worker's read of the weights and its write, the delay tau) in ``staleness_``,
         a histogram (index = tau; the last bin counts tau >= 63). Costs one contended

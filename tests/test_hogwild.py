@@ -106,20 +106,24 @@ def test_every_step_reaches_the_weights_with_two_workers(backend, hot, no_shm_le
 
 def test_hot_features_auto_buffers_in_fit_only():
     """hot_features="auto": the most frequent AUTO_HOT_FEATURES features are buffered in
-    a fit with several workers on large sparse data with L2; not in partial_fit (one
-    epoch), with one worker, on dense or small data, with L1 or momentum, or with
-    hot_features=0."""
+    a fit with several workers on large sparse data with L2 and max_iter of at least
+    AUTO_HOT_MIN_EPOCHS; not in shorter fits or partial_fit (one epoch), with one
+    worker, on dense or small data, with L1 or momentum, or with hot_features=0."""
     from sgd_shm.data import make_rcv1_like
-    from sgd_shm.hogwild import AUTO_HOT_FEATURES, AUTO_HOT_MIN_NNZ
+    from sgd_shm.hogwild import AUTO_HOT_FEATURES, AUTO_HOT_MIN_EPOCHS, AUTO_HOT_MIN_NNZ
     X, y = make_rcv1_like(12_000, 4 * AUTO_HOT_FEATURES, density=0.006, random_state=0)
     assert X.nnz >= AUTO_HOT_MIN_NNZ
-    kw = dict(max_iter=2, tol=None, random_state=0)
+    kw = dict(max_iter=AUTO_HOT_MIN_EPOCHS, tol=None, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         assert HogwildClassifier(n_workers=2, **kw).fit(X, y).hot_features_ == AUTO_HOT_FEATURES
         assert HogwildClassifier(n_workers=2, hot_features=100, **kw).fit(X, y).hot_features_ == 100
-        for est in (HogwildClassifier(n_workers=1, **kw), HogwildClassifier(hot_features=0, **kw),
-                    HogwildClassifier(penalty="l1", **kw), HogwildClassifier(momentum=0.5, **kw)):
+        short = dict(kw, max_iter=AUTO_HOT_MIN_EPOCHS - 1)
+        for est in (HogwildClassifier(n_workers=1, **kw),
+                    HogwildClassifier(n_workers=2, hot_features=0, **kw),
+                    HogwildClassifier(n_workers=2, penalty="l1", **kw),
+                    HogwildClassifier(n_workers=2, momentum=0.5, **kw),
+                    HogwildClassifier(n_workers=2, **short)):
             assert est.fit(X, y).hot_features_ == 0
         two = HogwildClassifier(n_workers=2, **kw)
         assert two.fit(X[:500].toarray(), y[:500]).hot_features_ == 0       # dense
