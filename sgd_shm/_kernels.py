@@ -65,6 +65,7 @@ import numpy as np
 
 from sgd_shm._intrinsics import (DISTANCE, cas_acquire, claim_add, fetch_add, load_relaxed,
                                  prefetch, prefetch_once, store_release)
+from sgd_shm._mf import shuffle_part
 
 # loss codes
 LOG, HINGE, SQUARED, MODIFIED_HUBER = 0, 1, 2, 3
@@ -159,7 +160,7 @@ def _feat(idx, r0, m, nh, hot_feat):
 def fresh_progress(nw, out=None):
     """The workers' progress slots for a segment (``out``, or a new array of 16·nw):
     published counts 0, claim cursors NOT_READY (see _run)."""
-    progress = np.zeros(16 * nw, dtype=np.int64) if out is None else out
+    progress = np.empty(16 * nw, dtype=np.int64) if out is None else out
     progress[...] = 0
     progress[8::16] = NOT_READY
     return progress
@@ -262,10 +263,12 @@ def hot_layout(indptr, indices, data, slot, ind_out, dat_out, hot_end, r0, r1):
 @nb.njit(cache=True, nogil=True)
 def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, los, his, fp, ip, out,
          lock, progress, wid, scale_tab, eta_tab, cum_eta, clock, stale_hist, hot_end, hot_feat,
-         Wh):
+         Wh, parts, seeds):
     """Worker wid's share of an epoch (segment): its own part, positions
     [los[wid], his[wid]) of ``order``, and whatever it takes over of the other
     parts. Shared body of the sparse (X has 0 rows) and dense (indptr is empty) cases.
+    With seeds[wid] >= 0 (the first segment of a shuffled epoch) the worker first
+    reshuffles its part of the epoch, order[parts[wid]:parts[wid + 1]], in place.
 
     Work stealing: the workers claim their positions CHUNK at a time from per-part
     cursors (``progress[16 * w + 8]``, atomic adds), the owner of a part first, and a
@@ -285,8 +288,8 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, los, his,
     it has read the sample's weights, takes the global step count tg as its own count
     plus the counts the others have published (and from tg the step size eta_tab[tg],
     the L2 scale s = scale_tab[tg] and the L1 total). tg thus lags the true count by
-    less than INTERCEPT_FLUSH · (n_workers − 1) steps whatever the workers' start times, speeds
-    or pauses. (Reading the slots only every INTERCEPT_FLUSH samples and extrapolating
+    less than INTERCEPT_FLUSH · (n_workers − 1) steps whatever the workers' start
+    times, speeds or pauses. (Reading the slots only every INTERCEPT_FLUSH samples and extrapolating
     in between went wrong for a worker that started late or was paused by the OS:
     it used a scale up to 1e9 times off under strong L2 until its next read.) The
     slots are read with relaxed atomic loads, so every read is fresh; a slot's line
@@ -366,6 +369,8 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, los, his,
     r0 = 0
     v0 = 0
     nnz = 0
+    if seeds[wid] >= 0:
+        shuffle_part(order, parts[wid], parts[wid + 1], seeds[wid])
     store_release(progress[16 * wid + 8:], 0)      # this part is open for claims
     vic, left = wid, nw                      # the part claimed from, parts left to try
     k, ce, vic, left = _claim(progress, los, his, vic, left)       # current chunk

@@ -52,11 +52,11 @@ def shared_arrays(arrays):
 
 
 def worker_epoch(W, b, q, V, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab, eta_tab,
-                 cum_eta, clock, hist, Wh):
+                 cum_eta, clock, hist, Wh, parts, seeds):
     """One worker's slice of an epoch (a module function so tests can replace it)."""
     K._run(W, b, q, V, prob.cols_all, prob.indptr, prob.indices, prob.data, prob.X, prob.Y,
            prob.sw, order, lo, hi, fp, ip, out, _NO_LOCK, progress, wid, scale_tab, eta_tab,
-           cum_eta, clock, hist, prob.hot_end, prob.hot_feat, Wh)
+           cum_eta, clock, hist, prob.hot_end, prob.hot_feat, Wh, parts, seeds)
 
 
 def _serve(conn, wid, step, views, static):
@@ -179,16 +179,13 @@ _HOGWILD = ("W", "b", "q", "V", "order", "progress", "scale", "eta", "cum", "clo
             "Wh")
 
 
-def _hogwild_step(wid, v, static, lo, hi, fp, g0, L, part_lo, part_hi, seed):
-    from sgd_shm._mf import shuffle_part
+def _hogwild_step(wid, v, static, lo, hi, parts, seeds, fp, g0, L):
     prob, ip = static
     out = np.zeros(K.N_OUT)
     hists = v["hists"]
-    if seed >= 0:                                   # this worker's part, in place
-        shuffle_part(v["order"], part_lo, part_hi, seed)
     worker_epoch(v["W"], v["b"], v["q"], v["V"], prob, v["order"], lo, hi, fp, ip, out,
                  v["progress"], wid, v["scale"][:L + 1], v["eta"][g0:g0 + L], v["cum"][:L + 1],
-                 v["clock"], hists[wid, :hists.shape[1] - 16], v["Wh"])
+                 v["clock"], hists[wid, :hists.shape[1] - 16], v["Wh"], parts, seeds)
     return out
 
 
@@ -217,23 +214,19 @@ class ProcessPool:
             self.close()
             raise
 
-    def run_epoch(self, lo, hi, shuffle, fp, outs, g0, L, hists, Wh):
+    def run_epoch(self, lo, hi, parts, seeds, fp, outs, g0, L, hists, Wh):
         """Run one segment: worker w does positions [lo[w], hi[w]) of the order (and
         takes over chunks of the others' when done) with the schedule of global steps
-        [g0, g0 + L), after reshuffling its part [bounds[w], bounds[w + 1]) with
-        seeds[w] if ``shuffle`` = (bounds, seeds); ``Wh`` (the hot block and the
-        workers' published steps on it, see _kernels) goes through the segment."""
+        [g0, g0 + L), after reshuffling its part [parts[w], parts[w + 1]) with
+        seeds[w] unless it is -1; ``Wh`` (the hot block and the workers' published
+        steps on it, see _kernels) goes through the segment."""
         v = self.pool.views
         v["Wh"][...] = Wh
         K.fresh_progress(len(lo), v["progress"])
         v["hists"][...] = 0
-
-        def args(w):
-            part = (int(shuffle[0][w]), int(shuffle[0][w + 1]), int(shuffle[1][w])) \
-                if shuffle is not None else (0, 0, -1)
-            return (lo, hi, fp, int(g0), int(L), *part)
         try:
-            for w, out in enumerate(self.pool.run(args)):
+            for w, out in enumerate(self.pool.run(
+                    lambda w: (lo, hi, parts, seeds, fp, int(g0), int(L)))):
                 outs[w] = out
         finally:
             hists += v["hists"][:, :hists.shape[1]]

@@ -286,9 +286,9 @@ class HogwildSGD:
         bounds = np.linspace(0, n, nw + 1).astype(np.int64)
         lens = np.diff(bounds)
         # each worker reshuffles its part [bounds[w], bounds[w + 1]) with seeds[w]
-        # before its first segment (-1: no shuffle)
-        seeds = (self.rng.integers(0, 2**63 - 1, size=nw) if self.shuffle
-                 else np.full(nw, -1, dtype=np.int64))
+        # in its first segment (-1: no shuffle)
+        no_shuffle = np.full(nw, -1, dtype=np.int64)
+        seeds = self.rng.integers(0, 2**63 - 1, size=nw) if self.shuffle else no_shuffle
         outs = np.zeros((nw, K.N_OUT))
         nbins = self.staleness.shape[0]
         hists = np.zeros((nw, nbins + 16), dtype=np.int64)      # padded rows
@@ -312,8 +312,8 @@ class HogwildSGD:
             Wh = np.zeros((nw + 1, self.W.shape[0], prob.hot_feat.shape[0] if hot else 0))
             if hot:
                 Wh[0] = self.W[:, prob.hot_feat]
-            shuffle = (bounds, seeds) if g0 == 0 else None
-            self._run_segment(prob, lo, hi, shuffle, fp, seg_outs, g0, L, hists[:, :nbins], Wh)
+            self._run_segment(prob, lo, hi, bounds, seeds if g0 == 0 else no_shuffle, fp,
+                              seg_outs, g0, L, hists[:, :nbins], Wh)
             if hot:
                 self.W[:, prob.hot_feat] = Wh.sum(axis=0)
             outs += seg_outs
@@ -363,24 +363,22 @@ class HogwildSGD:
         self.ip[K.I_HOT] = int(hot)
         return hot
 
-    def _run_segment(self, prob, lo, hi, shuffle, fp, outs, g0, L, hists, Wh):
+    def _run_segment(self, prob, lo, hi, parts, seeds, fp, outs, g0, L, hists, Wh):
         """Worker w runs positions [lo[w], hi[w]) of the order, and takes over chunks
-        of the others' when done (see _kernels._run), with the schedule of global
-        steps [g0, g0 + L); with ``shuffle`` = (bounds, seeds) it first
-        reshuffles its part [bounds[w], bounds[w + 1]) with seeds[w] (unless -1)."""
+        of the others' when done, with the schedule of global steps [g0, g0 + L),
+        after reshuffling its part [parts[w], parts[w + 1]) with seeds[w] unless it
+        is -1 (see _kernels._run)."""
         nw = len(lo)
         if self._pool is not None:
-            self._pool.run_epoch(lo, hi, shuffle, fp, outs, g0, L, hists, Wh)
+            self._pool.run_epoch(lo, hi, parts, seeds, fp, outs, g0, L, hists, Wh)
             return
         progress = K.fresh_progress(nw)
         order = self._perm
         scale_tab, eta_tab, cum_eta = self._scale[:L + 1], self._eta[g0:g0 + L], self._cum[:L + 1]
 
         def work(w):
-            if shuffle is not None and shuffle[1][w] >= 0:
-                shuffle_part(order, shuffle[0][w], shuffle[0][w + 1], shuffle[1][w])
             K._run(self.W, self.b, self.q, self.V, prob.cols_all, prob.indptr, prob.indices,
                    prob.data, prob.X, prob.Y, prob.sw, order, lo, hi, fp, self.ip, outs[w],
                    self.lock, progress, w, scale_tab, eta_tab, cum_eta, self.clock, hists[w],
-                   prob.hot_end, prob.hot_feat, Wh)
+                   prob.hot_end, prob.hot_feat, Wh, parts, seeds)
         run_workers(work, nw)

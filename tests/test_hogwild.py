@@ -163,12 +163,11 @@ def test_a_worker_takes_over_an_open_part_exactly_once(backend, open_part, monke
     monkeypatch.setattr(K, "fresh_progress", progress)
     steps, segment = [], HogwildSGD._run_segment
 
-    def record(self, prob, lo, hi, shuffle, fp, outs, *rest):
-        segment(self, prob, lo, hi, shuffle, fp, outs, *rest)
+    def record(self, prob, lo, hi, parts, seeds, fp, outs, *rest):
+        segment(self, prob, lo, hi, parts, seeds, fp, outs, *rest)
         steps.append(outs[:, K.O_STEPS].copy())
     monkeypatch.setattr(HogwildSGD, "_run_segment", record)
-    # no shuffles: worker 1 would reshuffle its part while worker 0 reads it, which a
-    # real run excludes (a part opens after its owner's shuffle)
+    # samples in index order, so that worker 0's own part is the first half
     sgd = HogwildSGD(400, 1, loss="hinge", alpha=0.0, learning_rate="constant", eta0=1e-6,
                      fit_intercept=False, n_workers=2, backend=backend, seed=0, shuffle=False)
     sgd.epoch(prob)
