@@ -22,7 +22,7 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   stm            TL2 bank transfers: commits/s and abort rate vs workers, global vs
                  MultiCounter clock, each conflict policy, threads and processes
   all            every scenario above, then plot
-  plot           PNG plots and SUMMARY.md (markdown tables) from the JSON results
+  plot           PNG plots and docs/benchmarks.md (tables, plots) from the JSON results
 
 Examples:
   python -m bench all                       # 1..CPU count workers, 5 repetitions
@@ -346,7 +346,7 @@ def cmd_plot(args):
     from bench import plot, report
     for p in plot.plot_all():
         print(f"wrote {p}")
-    print(f"wrote {report.write_summary()}")
+    print(f"wrote {report.write_page()}")
 
 
 def main(argv=None):

@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS_DEFAULT = Path(__file__).resolve().parent / "results"
+RESULTS = RESULTS_DEFAULT
 
 
 def set_results_dir(path) -> None:

@@ -169,7 +169,7 @@ def _fmt(x, digits=3):
 
 
 def summary_markdown(result: dict) -> str:
-    """README tables: one per model, policies by workload (median ratio of means over the
+    """Markdown tables: one per model, policies by workload (median ratio of means over the
     repetitions; adversarial: exact supremum, Monte Carlo median in brackets)."""
     rows = result["results"]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))

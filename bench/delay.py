@@ -1,18 +1,17 @@
 """The price of asynchrony (``python -m bench delay``): SGD whose gradients are
 computed on stale weights, with a controlled delay tau, with and without momentum.
 
-On this 2-core machine Hogwild's measured delay is tiny (mean tau about 0.5, see
-``bench hogwild``), so the delay is set here instead of left to the scheduler: a
-serial simulation (Numba) where the gradient of step t is taken at the weights of
-step t - tau ("max", every step as late as the bound allows: the adversary of the
-asynchronous SGD analyses, e.g. Alistarh, De Sa, Konstantinov PODC 2018) or of step
-t - u with u uniform in [0, tau] ("uniform"), and heavy-ball momentum mu (the
-asynchronous-momentum setting: Mitliagkas et al. 2016 argue that asynchrony itself
-acts like extra momentum). Problem: L2-regularised logistic regression on a dense,
-well-conditioned synthetic problem; constant step size; the same shuffled order and
-seed for every setting. Reported: the final training loss minus the loss at tau = 0
-(the price of the delay), at a fixed step size and at the best of a step-size grid,
-and which step size was best.
+The delay of real Hogwild depends on the machine and the scheduler (``bench hogwild``
+measures it), so here it is set instead: a serial simulation (Numba) where the gradient
+of step t is taken at the weights of step t - tau ("max", every step as late as the
+bound allows: the adversary of the asynchronous SGD analyses, e.g. Alistarh, De Sa,
+Konstantinov PODC 2018) or of step t - u with u uniform in [0, tau] ("uniform"), and
+heavy-ball momentum mu (the asynchronous-momentum setting: Mitliagkas et al. 2016 argue
+that asynchrony itself acts like extra momentum). Problem: L2-regularised logistic
+regression on a dense, well-conditioned synthetic problem; constant step size; the same
+shuffled order and seed for every setting. Reported: the final training loss minus the
+loss at tau = 0 (the price of the delay), at a fixed step size and at the best of a
+step-size grid, and which step size was best.
 """
 from __future__ import annotations
 

@@ -16,9 +16,7 @@ alternative to Hogwild). The one-time cost of the hot-first copy of the data is 
 apart (``hot_layout_s``), as it is paid once per fit, not per epoch. Epochs run back to
 back, as in a fit (and as the C++ reference runs them): each competitor keeps a copy of
 its weights after every epoch, and the full training log losses are computed from
-those copies after its last epoch, outside the timed region. (This bench used to compute
-each loss between two epochs; interleaved runs of both ways measured the same 2-worker
-speed-up within noise, 1.70x back to back against 1.74x.) With ``--cxx``,
+those copies after its last epoch, outside the timed region. With ``--cxx``,
 ``cxx-hogwild`` is a plain C++ Hogwild (``bench/cxx/hogwild.cpp``: the same algorithm
 with std::thread, no prefetching, no hot buffers), compiled on the spot and run in the
 same repetitions.

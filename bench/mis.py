@@ -197,9 +197,8 @@ def plot(d, out):
 
 
 def summary_markdown(d) -> str:
-    lines = ["### Greedy MIS and matching under relaxed schedulers", ""]
     p = d["speed_problem"]
-    lines += [f"Erdős–Rényi graph, n = {p['n']:,}, m = {p['m']:,}, random priorities; "
+    lines = [f"Erdős–Rényi graph, n = {p['n']:,}, m = {p['m']:,}, random priorities; "
               "every parallel answer is checked equal to the sequential one. Time per call "
               "(median, min–max), including loading the scheduler:", "",
               "| algorithm | competitor | threads | ms | vs sequential | vs 1 thread | wasted |",

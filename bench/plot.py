@@ -11,7 +11,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from bench import common  # noqa: E402
 from bench.common import load_results as _load  # noqa: E402
-from bench.report import SCENARIO_TABLES  # noqa: E402
+
+
+#: scenarios whose module draws its own plot (``plot(d, path)``)
+OWN_PLOTS = ("mis", "delay", "mf", "ps", "stm", "conflict")
 
 
 def _throughput(data, title, out, ylabel="ops/s (median, min–max bars)"):
@@ -99,7 +102,7 @@ def plot_all():
     d = _load("hogwild")
     if d:
         out.append(_hogwild(d))
-    for name, _ in SCENARIO_TABLES:               # these scenarios draw their own plot
+    for name in OWN_PLOTS:
         d = _load(name)
         if d:
             mod = importlib.import_module(f"bench.{name}")

@@ -1,27 +1,35 @@
-"""Markdown tables from bench/results/*.json (written by ``python -m bench plot``
-to bench/results/SUMMARY.md, and pasted into the README's benchmark section)."""
+"""docs/benchmarks.md from bench/results/*.json (written by ``python -m bench plot``).
+
+The page is the one place for figures: for every scenario that has results it gives the
+definition (below, beside the code that runs it), the machine and command from the run's
+header, the tables computed from the JSON and the plot. Nothing on it is typed by hand, so
+it never disagrees with the results it shows.
+"""
 from __future__ import annotations
 
 import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
 
 from bench import common
 from bench.common import fmt_rate, load_results as _load
 
-
-# scenarios whose module writes its own markdown (and draws its own plot); heading
-# None: the markdown has one
-SCENARIO_TABLES = (("mis", None),
-                   ("delay", "### The price of asynchrony: SGD on stale weights"),
-                   ("mf", "### Hogwild matrix factorization"),
-                   ("ps", "### Parameter server with a straggler"),
-                   ("stm", "### TL2 STM: bank transfers, commits/s"),
-                   ("conflict", "### Conflict policies: empirical competitive ratios (simulator)"))
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def _rate_table(data, label):
+@dataclass(frozen=True)
+class Scenario:
+    name: str                   # bench/results/<name>.json, `python -m bench <name>`
+    title: str
+    definition: str             # what is run and what is reported
+    plots: tuple = ()           # PNG files in the results folder
+
+
+def _rate_table(data):
     rows = data["results"]
     ws = sorted({r["workers"] for r in rows})
-    out = [f"| {label} | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in ws) + " |",
+    out = ["| competitor | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in ws) + " |",
            "|---|" + "---:|" * len(ws)]
     for c in dict.fromkeys(r["competitor"] for r in rows):
         cells = []
@@ -30,102 +38,250 @@ def _rate_table(data, label):
             cells.append(f"{fmt_rate(r['median'])} ({fmt_rate(r['min'])}–{fmt_rate(r['max'])})"
                          if r else "–")
         out.append(f"| {c} | " + " | ".join(cells) + " |")
-    h = data["header"]
-    out.append(f"\n<sub>`{h['command']}` · {h['date']} · {h['cpu']}, {h['cpu_count']} CPUs · "
-               f"python {h['python']}, numpy {h['numpy']} · median (min–max) of {h['reps']} "
-               f"after a warm-up</sub>")
+    out.append(_footer(data, f"median (min–max) of {data['header']['reps']} after a warm-up"))
     return "\n".join(out)
 
 
-def summary() -> str:
-    parts = []
-    d = _load("pq-threads")
-    if d:
-        parts += ["### Hold model, threads (ops/s)", _rate_table(d, "competitor")]
-    d = _load("pq-processes")
-    if d:
-        parts += ["### Hold model, processes sharing one queue (ops/s)", _rate_table(d, "competitor")]
-    d = _load("quality")
-    if d:
-        lines = ["### Relaxation quality (rank error of pops)", "",
-                 "| threads | queues | stickiness | rank error mean (all runs) | undisturbed runs | "
-                 "p99 | max | theory 5/6·n−1+1/(6n) | delay mean |",
-                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in d["results"]:
-            calm = (f"{r['undisturbed_rank_mean']:.2f} ({r['undisturbed_runs']})"
-                    if r.get("undisturbed_rank_mean") is not None else "– (0)")
-            lines.append(f"| {r['threads']} | {r['queues']} | {r['stickiness']} | "
-                         f"{r['rank_mean']:.2f} | {calm} | {r['rank_p99']:.0f} | "
-                         f"{r['rank_max']:.0f} | {r['theory_rank_mean']:.2f} | "
-                         f"{r['delay_mean']:.2f} |")
-        h = d["header"]
-        lines.append(f"\n<sub>`{h['command']}` · {h['date']} · {h['cpu']}, {h['cpu_count']} CPUs · "
-                     f"medians over {h['reps']} runs; 'undisturbed' = runs in which no thread's "
-                     f"log shows a pause over 1 ms (count in brackets)</sub>")
-        parts.append("\n".join(lines))
-    d = _load("hogwild")
-    if d:
-        sk = next(r for r in d["results"] if r["competitor"] == "sklearn")
-        p = d["problem"]
-        lines = [f"### Hogwild SGD, {p['n_samples']:,} × {p['n_features']:,} RCV1-like "
-                 f"({p['nnz'] / 1e6:.1f}M nonzeros), log loss", "",
-                 "| competitor | workers | s / epoch | speed vs sklearn | vs 1 worker, paired "
-                 f"(range) | train loss after {d['results'][0]['epochs']} epochs | "
-                 "time to target (s) |",
-                 "|---|---:|---:|---:|---:|---:|---:|"]
-        for r in d["results"]:
-            ttt = f"{r['time_to_target_s']:.3f}" if r["time_to_target_s"] is not None else "–"
-            sp1 = (f"{r['speedup_vs_1']:.2f}× ({r['speedup_vs_1_range'][0]:.2f}–"
-                   f"{r['speedup_vs_1_range'][1]:.2f})" if "speedup_vs_1" in r and r["workers"] > 1
-                   else "–")
-            lines.append(f"| {r['competitor']} | {r['workers']} | {r['epoch_s_median']:.3f} | "
-                         f"{sk['epoch_s_median'] / r['epoch_s_median']:.2f}× | {sp1} | "
-                         f"{r['final_train_loss']:.4f} | {ttt} |")
-        h = d["header"]
-        lines.append(f"\n<sub>`{h['command']}` · {h['date']} · {h['cpu']}, {h['cpu_count']} CPUs · "
-                     f"median of {h['reps']} runs after a warm-up; epoch time = median of epochs "
-                     f"2..E; target = 1.01 × sklearn's final training loss "
-                     f"({d['target_train_loss']:.4f})</sub>")
-        hl = d.get("hot_layout_s")
-        if hl and hl["hot_features"]:
-            lines.append(f"\nOne-time cost per fit, not in the epoch times: the hot-first copy "
-                         f"of the rows ({hl['hot_features']} hot features, used with several "
-                         f"workers) {hl['hot_s']:.3f} s; the plain rows {hl['plain_s']:.3f} s.")
-        st = d.get("staleness", {})
-        if st:
-            lines.append("\nStaleness (updates applied by other workers between a worker's read "
-                         "and its write; instrumented runs, 2 epochs):\n")
-            lines.append("| backend-workers | mean tau | share with tau = 0 | largest tau seen |")
-            lines.append("|---|---:|---:|---:|")
-            for k, v in st.items():
-                lines.append(f"| {k} | {v['mean_tau']:.2f} | {100 * v['frac_tau0']:.1f}% | "
-                             f"{v['max_tau_bin']}{'+' if v['max_tau_bin'] == len(v['hist']) - 1 else ''} |")
-        tr = d.get("torch")
-        if tr:
-            lines.append(f"\nPyTorch {tr['version']} Hogwild in the style of its mnist_hogwild "
-                         f"example (`--torch`: shared `nn.Linear`, sparse CSR minibatches of "
-                         f"{tr['batch']}, SGD lr {tr['lr']}, one epoch, measured once): " +
-                         "; ".join(f"{x['workers']} process{'es' if x['workers'] > 1 else ''} "
-                                   f"{x['epoch_s']:.2f} s per epoch" for x in tr["runs"]) + ".")
-        parts.append("\n".join(lines))
-    d = _load("counter")
-    if d:
-        parts += ["### Counter increments (increments/s)", _rate_table(d, "competitor")]
-        lines = ["| counters m | mean \\|read−exact\\|/m | p99 | max | error_bound()/m |",
-                 "|---:|---:|---:|---:|---:|"]
-        for e in d["read_error"]:
-            lines.append(f"| {e['n_counters']} | {e['mean']:.2f} | {e['p99']:.2f} | {e['max']:.2f} "
-                         f"| {e['bound_per_counter']:.1f} |")
-        parts.append("read() error while two threads increment:\n\n" + "\n".join(lines))
-    for name, heading in SCENARIO_TABLES:
-        d = _load(name)
-        if d:
-            md = importlib.import_module(f"bench.{name}").summary_markdown(d)
-            parts.append(f"{heading}\n\n{md}" if heading else md)
-    return "\n\n".join(parts) + "\n"
+def _footer(data, method):
+    h = data["header"]
+    return (f"\n<sub>`{h['command']}` · {h['date']} · {h['cpu']}, {h['cpu_count']} CPUs · "
+            f"python {h['python']}, numpy {h['numpy']} · {method}</sub>")
 
 
-def write_summary():
-    path = common.results_dir() / "SUMMARY.md"
-    path.write_text(summary())
+def _quality_table(d):
+    lines = ["| threads | queues | stickiness | rank error mean (all runs) | undisturbed runs | "
+             "p99 | max | theory 5/6·n−1+1/(6n) | delay mean |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d["results"]:
+        calm = (f"{r['undisturbed_rank_mean']:.2f} ({r['undisturbed_runs']})"
+                if r.get("undisturbed_rank_mean") is not None else "– (0)")
+        lines.append(f"| {r['threads']} | {r['queues']} | {r['stickiness']} | "
+                     f"{r['rank_mean']:.2f} | {calm} | {r['rank_p99']:.0f} | "
+                     f"{r['rank_max']:.0f} | {r['theory_rank_mean']:.2f} | "
+                     f"{r['delay_mean']:.2f} |")
+    lines.append(_footer(d, f"medians over {d['header']['reps']} runs; 'undisturbed' = runs in "
+                            "which no thread's log shows a pause over 1 ms (count in brackets)"))
+    return "\n".join(lines)
+
+
+def _hogwild_speed(d):
+    sk = next(r for r in d["results"] if r["competitor"] == "sklearn")
+    p = d["problem"]
+    lines = [f"{p['n_samples']:,} × {p['n_features']:,} RCV1-like ({p['nnz'] / 1e6:.1f}M "
+             "nonzeros), log loss:", "",
+             "| competitor | workers | s / epoch | speed vs sklearn | vs 1 worker, paired "
+             f"(range) | train loss after {d['results'][0]['epochs']} epochs | "
+             "time to target (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in d["results"]:
+        ttt = f"{r['time_to_target_s']:.3f}" if r["time_to_target_s"] is not None else "–"
+        sp1 = (f"{r['speedup_vs_1']:.2f}× ({r['speedup_vs_1_range'][0]:.2f}–"
+               f"{r['speedup_vs_1_range'][1]:.2f})" if "speedup_vs_1" in r and r["workers"] > 1
+               else "–")
+        lines.append(f"| {r['competitor']} | {r['workers']} | {r['epoch_s_median']:.3f} | "
+                     f"{sk['epoch_s_median'] / r['epoch_s_median']:.2f}× | {sp1} | "
+                     f"{r['final_train_loss']:.4f} | {ttt} |")
+    lines.append(_footer(d, f"median of {d['header']['reps']} runs after a warm-up; epoch time "
+                            "= median of epochs 2..E; target = 1.01 × sklearn's final training "
+                            f"loss ({d['target_train_loss']:.4f})"))
+    return lines
+
+
+def _hogwild_table(d):
+    lines = _hogwild_speed(d)
+    hl = d.get("hot_layout_s")
+    if hl and hl["hot_features"]:
+        lines.append(f"\nOne-time cost per fit, not in the epoch times: the hot-first copy "
+                     f"of the rows ({hl['hot_features']} hot features, used with several "
+                     f"workers) {hl['hot_s']:.3f} s; the plain rows {hl['plain_s']:.3f} s.")
+    st = d.get("staleness", {})
+    if st:
+        lines += ["\nStaleness (updates applied by other workers between a worker's read "
+                  "and its write; instrumented runs, 2 epochs):\n",
+                  "| backend-workers | mean tau | share with tau = 0 | largest tau seen |",
+                  "|---|---:|---:|---:|"]
+        for k, v in st.items():
+            top = v["max_tau_bin"]
+            plus = "+" if top == len(v["hist"]) - 1 else ""
+            lines.append(f"| {k} | {v['mean_tau']:.2f} | {100 * v['frac_tau0']:.1f}% | "
+                         f"{top}{plus} |")
+    tr = d.get("torch")
+    if tr:
+        lines.append(f"\nPyTorch {tr['version']} Hogwild in the style of its mnist_hogwild "
+                     f"example (`--torch`: shared `nn.Linear`, sparse CSR minibatches of "
+                     f"{tr['batch']}, SGD lr {tr['lr']}, one epoch, one run): " +
+                     "; ".join(f"{x['workers']} process{'es' if x['workers'] > 1 else ''} "
+                               f"{x['epoch_s']:.2f} s per epoch" for x in tr["runs"]) + ".")
+    return "\n".join(lines)
+
+
+def _counter_table(d):
+    lines = [_rate_table(d), "", "`read()` error while two threads increment:", "",
+             "| counters m | mean \\|read−exact\\|/m | p99 | max | error_bound()/m |",
+             "|---:|---:|---:|---:|---:|"]
+    for e in d["read_error"]:
+        lines.append(f"| {e['n_counters']} | {e['mean']:.2f} | {e['p99']:.2f} | {e['max']:.2f} "
+                     f"| {e['bound_per_counter']:.1f} |")
+    return "\n".join(lines)
+
+
+#: tables written here; the other scenarios' modules write their own (summary_markdown)
+_TABLES = {"pq-threads": _rate_table, "pq-processes": _rate_table, "quality": _quality_table,
+           "hogwild": _hogwild_table, "counter": _counter_table}
+
+
+SCENARIOS = (
+    Scenario("pq-threads", "Hold model, threads (operations/s)", (
+        "Prefill 1M keys uniform in [0, 2^32); each worker repeats *pop, then push the key + "
+        "U[0, 2^32)*; a pop and a push count as two operations. `mq-nogil`: the MultiQueue's "
+        "compiled hold loop (`mq._hold`, nogil, 2 queues per worker); `mq1-nogil`: the same "
+        "with one queue (one lock); `mq-bulk`: `pop_many(256)` + `push_many` from Python; "
+        "`mq-python`: Python-level `pop()` + `push()`; `heapq+lock`: `heapq` behind a "
+        "`threading.Lock`; `queue.PriorityQueue`."), ("pq-threads.png",)),
+    Scenario("pq-processes", "Hold model, processes sharing one queue (operations/s)", (
+        "The hold model with worker processes attached to one shared MultiQueue; "
+        "`manager-pq`: a `queue.PriorityQueue` served by a `multiprocess` Manager (10k "
+        "prefill: a million operations through a proxy take minutes)."), ("pq-processes.png",)),
+    Scenario("quality", "Relaxation quality: rank error of pops", (
+        "The hold loop with every operation logged (a TSC stamp taken while the queue's lock "
+        "is held), replayed afterwards by `relaxed.quality.replay`: the rank error of a pop is "
+        "how many present keys were smaller than the one popped; its delay is how many pops "
+        "returned a larger key while an element waited. Theory for two-choice pops: "
+        "5/6·n − 1 + 1/(6n) (Walzer and Williams 2025). A thread descheduled while it holds "
+        "a queue's lock freezes that queue, so runs with such a pause are shown apart."),
+        ("quality-rank-cdf.png",)),
+    Scenario("counter", "MultiCounter increments (increments/s) and read error", (
+        "`increment_many` on a MultiCounter with 4 counters per worker, beside a single "
+        "atomic counter (`MultiCounter(1)`) and an int behind a `threading.Lock`; the "
+        "`read()` error is measured while two threads increment, each read bracketed by two "
+        "exact sums."), ("counter.png",)),
+    Scenario("hogwild", "Hogwild SGD", (
+        "`make_rcv1_like(200_000, 50_000)`, log loss, alpha 1e-4, 'optimal' learning rate, 5 "
+        "epochs. Competitors: scikit-learn's `SGDClassifier` (one epoch per `partial_fit`); "
+        "the kit's Hogwild on threads and on processes as a `fit` of 10 or more epochs runs "
+        "it (with several workers the most frequent features buffered per worker, "
+        "`hot_features='auto'`; the one-time copy of the rows this needs is timed apart); "
+        "`hogwild-plain` (threads, `hot_features=0`: textbook Hogwild); `locked` (the plain "
+        "kernel with a spinlock around every sample's read-modify-write); with `--cxx`, a "
+        "plain C++ Hogwild (`bench/cxx/hogwild.cpp`, `g++ -O3 -march=native`, the same "
+        "algorithm with `std::thread`, no prefetching, no hot buffers); with `--torch`, "
+        "PyTorch Hogwild in the style of its mnist_hogwild example. Epochs run back to back "
+        "as in a fit; training losses are computed afterwards from copies of the weights "
+        "taken after every epoch, outside the timed region. Speed-ups against one worker are "
+        "paired: a competitor's T-worker run follows its 1-worker run in every repetition, "
+        "and the median of the per-repetition ratios is reported."), ("hogwild.png",)),
+    Scenario("mis", "Greedy MIS and matching", (
+        "Wasted iterations of MIS on one thread (a sequential simulation of the scheduler; "
+        "MultiQueue with `batch=1`) over 10 seeds at n = 10^4, 10^5, 10^6 (Erdős–Rényi, "
+        "average degree 10) against q and k, with log-log slopes; then time per call on a "
+        "1M-vertex, 10M-edge Erdős–Rényi graph with random priorities: sequential greedy in "
+        "Numba with the same priorities, MultiQueue MIS and matching on 1..T threads "
+        "(default settings) and the exact scheduler, every answer checked equal to the "
+        "sequential one; networkx's `maximal_independent_set` at 100k vertices (one run)."),
+        ("mis.png",)),
+    Scenario("delay", "The price of asynchrony: SGD on stale weights", (
+        "A deterministic serial simulation (Numba) of SGD whose step t takes its gradient at "
+        "the weights of step t − τ (\"max\": every step as stale as the bound allows) or "
+        "t − u, u uniform in [0, τ], for τ = 0..64, with heavy-ball momentum 0, 0.5, 0.9 at "
+        "the same effective step; log loss and squared loss on a dense 20,000 × 50 problem; "
+        "reported: the final training loss minus the loss at τ = 0. The delay is set, not "
+        "left to the scheduler, so the figures do not depend on the machine."), ("delay.png",)),
+    Scenario("mf", "Hogwild matrix factorization", (
+        "`make_ratings(100_000, 10_000, 2_000_000)` split 90/10, 20 factors, 3 epochs, "
+        "threads and processes at 1..T workers; the whole fit is timed (process start-up and "
+        "shared-factor setup included) and divided by the epochs; train and test RMSE."),
+        ("mf.png",)),
+    Scenario("ps", "Parameter server with a straggler", (
+        "`make_rcv1_like(20_000, 2_000)`, 4 worker processes, worker 0 slowed 4×, each "
+        "policy run for 4 s per repetition (interleaved), plus a SaPS control run with no "
+        "slowdown; time to a target training loss and to a tight target from the "
+        "coordinator's loss history (sampled every 20 ms on 4096 rows), final loss, updates, "
+        "mean push staleness, minibatches stolen, the straggler partition's epochs over the "
+        "others', SaPS detections."), ("ps.png",)),
+    Scenario("stm", "TL2 STM: commits/s (abort rate)", (
+        "Each worker runs the nogil bank driver (a transaction reads two random accounts and "
+        "moves up to 10 between them; 100k per worker) on 64 accounts (contended) and 4096, "
+        "for both clocks and every requestor-aborts policy, on threads and on processes; and "
+        "the integer-set driver (sorted linked list of 256 keys, 20% updates). The sum of all "
+        "accounts is checked after every run."), ("stm.png",)),
+    Scenario("conflict", "Conflict policies: empirical competitive ratios (simulator)", (
+        "Each policy against exponential, heavy-tailed (Lomax) and adversarial holder times "
+        "under requestor-aborts and requestor-wins (k = 1, 4), 200k conflicts per cell, 5 "
+        "repetitions; the exact worst case by numerical integration beside Monte Carlo. No "
+        "timing: the figures do not depend on the machine."), ("conflict.png",)),
+)
+
+
+def _tables(sc: Scenario, d: dict) -> str:
+    if sc.name in _TABLES:
+        return _TABLES[sc.name](d)
+    return importlib.import_module(f"bench.{sc.name}").summary_markdown(d)
+
+
+def _machines(loaded) -> list[str]:
+    """One row per distinct machine and software stack found in the results' headers."""
+    seen = {}
+    for sc, d in loaded:
+        h = d["header"]
+        key = (h["cpu"], h["cpu_count"], h.get("platform", "?"), h["python"], h["numpy"],
+               h.get("numba", "?"))
+        seen.setdefault(key, []).append(sc.name)
+    lines = ["| CPU | CPUs | platform | python | numpy | numba | scenarios |",
+             "|---|---:|---|---|---|---|---|"]
+    for (cpu, n, plat, py, npv, nb), names in seen.items():
+        lines.append(f"| {cpu} | {n} | {plat} | {py} | {npv} | {nb} | {', '.join(names)} |")
+    return lines
+
+
+INTRO = """\
+# Benchmarks
+
+<!-- generated by `python -m bench plot` from bench/results/*.json: edit bench/report.py,
+     not this file -->
+
+Every figure of the kit is on this page, computed from the JSON files that the benchmark
+runs write. To reproduce or extend them on your machine:
+
+```bash
+python -m bench all                           # every scenario at 1..CPU-count workers, 5 reps
+python -m bench pq-threads --workers 1-16 --reps 7
+python -m bench plot                          # PNGs and this page from the JSON
+```
+
+Method: every run prints and stores a header (command, versions, CPU, load, seed), does
+one warm-up and `--reps` repetitions in which the competitors run interleaved (a noisy
+neighbour hurts all of them alike), and writes `bench/results/<scenario>.json`. Tables give
+the median and the min–max range. Figures from different runs, and above all from
+different machines, are not comparable: compare within one table.
+"""
+
+
+def page(md_dir: Path) -> str:
+    """The markdown of the benchmarks page; image links are relative to ``md_dir``."""
+    loaded = [(sc, d) for sc in SCENARIOS if (d := _load(sc.name))]
+    parts = [INTRO, "## Machines", "", *_machines(loaded), ""]
+    if not loaded:
+        parts.append("No results yet: run `python -m bench all`.\n")
+    for sc, d in loaded:
+        parts += [f"## {sc.title}", "", f"`python -m bench {sc.name}`: {sc.definition}", "",
+                  _tables(sc, d), ""]
+        for png in sc.plots:
+            path = common.results_dir() / png
+            if path.exists():
+                parts += [f"![{sc.title}]({os.path.relpath(path, md_dir)})", ""]
+    return "\n".join(parts)
+
+
+def page_path() -> Path:
+    """docs/benchmarks.md for the default results folder; with ``--out DIR``,
+    DIR/benchmarks.md, so a run into a scratch folder leaves the docs alone."""
+    if common.results_dir().resolve() == common.RESULTS_DEFAULT.resolve():
+        return ROOT / "docs" / "benchmarks.md"
+    return common.results_dir() / "benchmarks.md"
+
+
+def write_page() -> Path:
+    path = page_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page(path.parent))
     return path

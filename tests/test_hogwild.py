@@ -85,8 +85,8 @@ def test_every_step_reaches_the_weights_with_two_workers(backend, hot, no_shm_le
     after an epoch must be eta · X^T y. One worker: exactly. Two workers: the hot
     coordinates exactly too (each worker publishes its steps in a row of its own), so
     with all 400 features hot every weight is exact; cold coordinates keep Hogwild's
-    plain writes, whose race may lose steps (measured here: up to about 4% of the
-    step mass on this small, dense-ish model; bounded below at 15%)."""
+    plain writes, whose race may lose steps on this small, dense-ish model, so they
+    are bounded loosely (15% of the step mass)."""
     from sgd_shm.data import make_rcv1_like
     X, y = make_rcv1_like(20_000, 400, density=0.05, random_state=4)
     ref = 1e-6 * (X.T @ y)

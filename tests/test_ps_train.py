@@ -137,8 +137,8 @@ def test_repeated_kills_never_deadlock(data, no_shm_leak):
     """Workers SIGKILLed at random moments, over and over: whatever a worker was
     doing (pushing under a shard lock, refilling a queue, waiting at the BSP
     barrier, checking the stop flag), the survivors finish the run. (A
-    multiprocessing Event as the stop flag once deadlocked here: a worker killed
-    inside is_set() leaves its internal lock held.)"""
+    multiprocessing Event would not do as the stop flag: a worker killed inside
+    is_set() leaves its internal lock held.)"""
     X, y = data
     rng = np.random.default_rng()
     for policy in ("bsp", "saps", "asp", "ssp", "saps"):
