@@ -18,7 +18,7 @@ if os.environ.get("RELAXED_CACHE_LINE"):
 ext = [
     Extension(f"relaxed._{name}", [f"ext/_{name}.pyx"], include_dirs=["ext"],
               extra_compile_args=cflags, define_macros=macros)
-    for name in ("base", "multiqueue", "multicounter", "sched", "stm")
+    for name in ("base", "conflict", "multiqueue", "multicounter", "sched", "stm")
 ]
 
 setup(ext_modules=cythonize(ext, include_path=["ext"], language_level=3,

@@ -24,6 +24,7 @@ class Scenario:
     title: str
     definition: str             # what is run and what is reported
     plots: tuple = ()           # PNG files in the results folder
+    notes: str = ""             # how to read the results (mechanisms, never figures)
 
 
 def _rate_table(data):
@@ -154,7 +155,11 @@ SCENARIOS = (
         "`increment_many` on a MultiCounter with 4 counters per worker, beside a single "
         "atomic counter (`MultiCounter(1)`) and an int behind a `threading.Lock`; the "
         "`read()` error is measured while two threads increment, each read bracketed by two "
-        "exact sums."), ("counter.png",)),
+        "exact sums."), ("counter.png",), (
+        "A MultiCounter increment reads two random counters that the other cores keep "
+        "writing, so on a few cores a single contended atomic, whose line stays with one core "
+        "for bursts, can be faster; the MultiCounter pays off when tens of threads contend on "
+        "one line. `read()` must stay within `error_bound()`.")),
     Scenario("hogwild", "Hogwild SGD", (
         "`make_rcv1_like(200_000, 50_000)`, log loss, alpha 1e-4, 'optimal' learning rate, 5 "
         "epochs. Competitors: scikit-learn's `SGDClassifier` (one epoch per `partial_fit`); "
@@ -169,7 +174,11 @@ SCENARIOS = (
         "as in a fit; training losses are computed afterwards from copies of the weights "
         "taken after every epoch, outside the timed region. Speed-ups against one worker are "
         "paired: a competitor's T-worker run follows its 1-worker run in every repetition, "
-        "and the median of the per-repetition ratios is reported."), ("hogwild.png",)),
+        "and the median of the per-repetition ratios is reported."), ("hogwild.png",), (
+        "`hogwild-plain` against `hogwild-threads` shows what the per-worker buffers of the "
+        "hot features save: in textbook Hogwild the cache lines of the most frequent "
+        "features move between the cores on almost every sample. `locked` shows the price of "
+        "serialising the updates instead.")),
     Scenario("mis", "Greedy MIS and matching", (
         "Wasted iterations of MIS on one thread (a sequential simulation of the scheduler; "
         "MultiQueue with `batch=1`) over 10 seeds at n = 10^4, 10^5, 10^6 (Erdős–Rényi, "
@@ -178,7 +187,10 @@ SCENARIOS = (
         "Numba with the same priorities, MultiQueue MIS and matching on 1..T threads "
         "(default settings) and the exact scheduler, every answer checked equal to the "
         "sequential one; networkx's `maximal_independent_set` at 100k vertices (one run)."),
-        ("mis.png",)),
+        ("mis.png",), (
+        "With q = 2 the two random choices are always both queues, so that MultiQueue is "
+        "exact (nothing wasted). Greedy matching pays a scheduler pop for every edge, where "
+        "sequential greedy only checks two partner entries per edge.")),
     Scenario("delay", "The price of asynchrony: SGD on stale weights", (
         "A deterministic serial simulation (Numba) of SGD whose step t takes its gradient at "
         "the weights of step t − τ (\"max\": every step as stale as the bound allows) or "
@@ -203,7 +215,10 @@ SCENARIOS = (
         "moves up to 10 between them; 100k per worker) on 64 accounts (contended) and 4096, "
         "for both clocks and every requestor-aborts policy, on threads and on processes; and "
         "the integer-set driver (sorted linked list of 256 keys, 20% updates). The sum of all "
-        "accounts is checked after every run."), ("stm.png",)),
+        "accounts is checked after every run."), ("stm.png",), (
+        "With the MultiCounter clock a transaction's start sums all counters, which other "
+        "cores keep writing; it pays off when many threads contend on the global clock's one "
+        "line.")),
     Scenario("conflict", "Conflict policies: empirical competitive ratios (simulator)", (
         "Each policy against exponential, heavy-tailed (Lomax) and adversarial holder times "
         "under requestor-aborts and requestor-wins (k = 1, 4), 200k conflicts per cell, 5 "
@@ -265,6 +280,8 @@ def page(md_dir: Path) -> str:
     for sc, d in loaded:
         parts += [f"## {sc.title}", "", f"`python -m bench {sc.name}`: {sc.definition}", "",
                   _tables(sc, d), ""]
+        if sc.notes:
+            parts += [sc.notes, ""]
         for png in sc.plots:
             path = common.results_dir() / png
             if path.exists():

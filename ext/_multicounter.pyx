@@ -52,9 +52,8 @@ cdef class MultiCounter(ShmStructure):
 
     A relaxed counter: increments scale across threads and processes because
     they spread over ``n_counters`` cache lines; ``read()`` is an unbiased
-    estimate whose error stays within :meth:`error_bound` (see the module notes
-    in :mod:`relaxed.multicounter`); ``exact()`` is exact when no increment is in
-    flight.
+    estimate whose error stays within :meth:`error_bound` (whose docstring
+    gives its rationale); ``exact()`` is exact when no increment is in flight.
 
     Example
     -------
@@ -170,9 +169,10 @@ cdef class MultiCounter(ShmStructure):
         Two-choice increments keep every counter within O(log m) of the mean
         (Berenbrink, Czumaj, Steger, Vöcking 2006 sequentially: the max is within
         log2 log m + O(1) above; Alistarh et al. 2018: O(log m) in expectation
-        under concurrency). The constants are set at twice the largest deviation
-        measured here (2 threads hammering, m = 2..1024: at most 9.7 counts per
-        counter), so the bound is an engineering bound, not a theorem.
+        under concurrency). Those results bound the gap only up to constants; the
+        formula's constants (2 per log2 m, 8 per counter) are chosen to leave a wide
+        safety margin over the deviations that concurrent increments show in the
+        tests, so the bound is an engineering bound, not a theorem.
         """
         cdef int64_t m = self.n_counters
         if m == 1:

@@ -1030,7 +1030,7 @@ cdef class MultiQueue(ShmStructure):
                 f"shared={self.shared} name={self.name!r}>")
 
 # ---------------------------------------------------------------------------
-# validation helpers (shared with the other modules through relaxed._validate)
+# validation helpers (the other compiled modules import them from relaxed._multiqueue)
 # ---------------------------------------------------------------------------
 def _check_int(name, value, lo, fix):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

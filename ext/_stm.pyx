@@ -12,7 +12,7 @@ with version wv.
 Clocks. ``global``: one shared counter; wv = fetch_add + 1 (TL2's GV1).
 ``multicounter``: a MultiCounter (Alistarh et al., SPAA 2018) of m counters in
 their own cache lines; a commit increments the smaller of two random counters
-(writers no longer all hit one line) and then takes wv = the sum of the
+(so writers do not all hit one line) and then takes wv = the sum of the
 counters; a begin takes rv = the sum. Safety rule: *wv exceeds every rv that
 was read before the commit's increment*. Proof: counters only grow, so a sum
 read by a scan lies between the true totals at the scan's start and end. A
@@ -45,8 +45,10 @@ a waiter polls a lock word without holding anything.
 from libc.stdint cimport uint64_t, int64_t, uint32_t, int32_t, uint8_t
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memset
-from libc.math cimport log, INFINITY
+from libc.math cimport INFINITY
 from _common cimport *
+from relaxed._conflict cimport (draw_delay_nogil, POL_ABORT_NOW, POL_WAIT_FOREVER,
+                                POL_DETERMINISTIC, POL_RANDOMIZED, POL_EXP_BACKOFF)
 from relaxed._base cimport ShmStructure
 
 import os
@@ -63,12 +65,6 @@ cdef enum:
     ST_IDLE = 0
     ST_LOCKING = 1
     ST_WRITING = 2
-    # conflict policy kinds (relaxed.conflict codes)
-    P_ABORT = 0
-    P_WAIT = 1
-    P_DET = 2
-    P_RAND = 3
-    P_BACKOFF = 4
     # tx results
     TX_OK = 0
     TX_ABORT = 1
@@ -226,35 +222,24 @@ cdef int64_t acquire_slot(Mem *m, uint64_t *rng) noexcept nogil:
 
 # ---- waiting on a held stripe ------------------------------------------------------
 
-cdef inline double draw_delay_c(int kind, double B, double extra, double u) noexcept nogil:
-    """relaxed.conflict.draw_delay for the requestor-aborts kinds, in seconds."""
-    if kind == P_ABORT:
-        return 0.0
-    if kind == P_WAIT:
-        return INFINITY
-    if kind == P_RAND:
-        return B * log(1.0 + u * 1.718281828459045)     # inverse CDF of e^(t/B)/(B(e-1))
-    return B                                             # deterministic; backoff gives up at B
-
-
 cdef int wait_stripe(Mem *m, int64_t s, int64_t seen, int kind, double B, double extra,
                      uint64_t *rng, int64_t *waits) noexcept nogil:
     """0: the stripe changed (retry); 1: give up (abort)."""
     cdef double u = (rlx_rand(rng) >> 11) * (1.0 / 9007199254740992.0)
-    cdef double d = draw_delay_c(kind, B, extra, u)
+    cdef double d = draw_delay_nogil(kind, B, extra, u)     # seconds (ext/relaxed/_conflict.pxd)
     cdef int64_t t0 = 0, now, spins = 0, next_probe, b_ns, last_check
     cdef int64_t holder = seen >> 1
     waits[0] += 1
     if d > 0:
         t0 = rlx_now_ns()
         last_check = t0
-        b_ns = <int64_t>(B * 1e9 / ((1 << <int>extra) - 1)) if kind == P_BACKOFF and extra >= 1 else 0
+        b_ns = <int64_t>(B * 1e9 / ((1 << <int>extra) - 1)) if kind == POL_EXP_BACKOFF and extra >= 1 else 0
         next_probe = t0 + b_ns
         while True:
-            if kind != P_BACKOFF or rlx_now_ns() >= next_probe:
+            if kind != POL_EXP_BACKOFF or rlx_now_ns() >= next_probe:
                 if rlx_load_acquire_i64(&m.stripes[s]) != seen:
                     return 0
-                if kind == P_BACKOFF:
+                if kind == POL_EXP_BACKOFF:
                     b_ns *= 2
                     next_probe += b_ns
             spins += 1
@@ -471,7 +456,8 @@ def _policy_native(conflict):
         raise TypeError(f"conflict: expected a policy name or a relaxed.conflict policy, "
                         f"got {type(conflict).__name__}")
     kind, B, extra = p.native()
-    if kind not in (P_ABORT, P_WAIT, P_DET, P_RAND, P_BACKOFF):
+    if kind not in (POL_ABORT_NOW, POL_WAIT_FOREVER, POL_DETERMINISTIC, POL_RANDOMIZED,
+                    POL_EXP_BACKOFF):
         raise ValueError(f"conflict: {p.name} is a requestor-wins policy, but a TL2 stripe is "
                          "locked only while its holder commits, which cannot be aborted from "
                          "outside; use 'randomized', 'deterministic', 'backoff', 'abort' or 'wait'")

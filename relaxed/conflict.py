@@ -11,12 +11,12 @@ that delay as an online problem in the two ways real transactional systems resol
   far. OPT = min(T, B). Optimal online policies: wait ``B`` then abort (ratio 2; Karlin,
   Manasse, Rudolph, Sleator 1988) and a random delay with density e^(t/B)/(B(e-1)) on [0, B]
   (ratio e/(e-1) ~ 1.582; Karlin, Manasse, McGeoch, Owicki, SODA 1990 / Algorithmica 1994).
-* **requestor wins** (the holder is aborted): a new variant of ski rental. The model used
-  here (stated because the paper's full text was not at hand; see docs/conflict.md): ``k``
+* **requestor wins** (the holder is aborted): a new variant of ski rental. The model this
+  module uses (its own statement of the problem; see docs/conflict.md): ``k``
   requestors stall while the holder, whose work so far is ``B``, keeps running. If it
   commits at ``T <= t`` the cost is ``k*T``; if it is aborted after the delay ``t`` it loses
   ``B + t`` and the requestors lost ``k*t``, so the cost is ``(k+1)*t + B``.
-  OPT = min(k*T, B). Derived here (proofs in docs/conflict.md):
+  OPT = min(k*T, B). Its optimal policies (proofs in docs/conflict.md):
 
   - deterministic: wait ``B/k`` then abort the holder, ratio ``2 + 1/k`` (3 for one
     requestor), optimal among deterministic policies;
@@ -33,11 +33,12 @@ your choosing (seconds, cycles, abstract units): the ratios do not depend on it.
 
 Native description. Every policy reduces to three numbers, ``policy.native() == (kind, B,
 extra)`` with the kind codes below, and :func:`draw_delay` turns them and one uniform ``u`` in
-[0, 1) into a delay. :func:`draw_delay`, :func:`observe_release`, :func:`conflict_cost` and
-:func:`offline_opt` are pure, branch-and-arithmetic only (``log1p``, ``pow``), never raise, and
-port line by line to C for nogil code (a TL2 STM waiting on a held write lock; a parameter
-server's shard-lock waits). Each has a Numba twin (``draw_delay_jit``, ...) which the simulator
-uses.
+[0, 1) into a delay. The kind codes and the draw are defined once, in C
+(``ext/relaxed/_conflict.pxd``, compiled into ``relaxed._conflict``): :func:`draw_delay` is
+that compiled function, the simulator's Numba kernels and ``draw_delay_jit`` call it, and the
+TL2 STM inlines it while waiting on a held write lock without the GIL. :func:`observe_release`,
+:func:`conflict_cost` and :func:`offline_opt` are pure, branch-and-arithmetic only, never
+raise, and have Numba twins (``observe_release_jit``, ...) which the simulator uses.
 
 Example::
 
@@ -56,9 +57,13 @@ import math
 import numbers
 from dataclasses import dataclass
 
+import llvmlite.binding as llvm
 import numba
 import numpy as np
+from numba import types
 from numba.extending import register_jitable
+
+from relaxed import _conflict as _native
 
 __all__ = [
     "ABORT_NOW", "WAIT_FOREVER", "DETERMINISTIC", "RANDOMIZED", "EXP_BACKOFF",
@@ -72,15 +77,16 @@ __all__ = [
 ]
 
 # ----------------------------------------------------------------------------- codes
-#: policy kinds (``Policy.native()[0]``); stable: nogil code switches on them
-ABORT_NOW = 0          # delay 0
-WAIT_FOREVER = 1       # delay +inf
-DETERMINISTIC = 2      # delay B (ski rental, ratio 2)
-RANDOMIZED = 3         # density e^(t/B)/(B(e-1)) on [0, B] (ratio e/(e-1))
-EXP_BACKOFF = 4        # probes at b, 3b, 7b, ..., gives up at B; extra = m probes
-RW_DETERMINISTIC = 5   # requestor wins: delay B/k; extra = k
-RW_RANDOMIZED = 6      # requestor wins: density ~ (t+B)^(k-1) on [0, B/k]; extra = k
-_N_KINDS = 7
+#: policy kinds (``Policy.native()[0]``), defined with the draw in ext/relaxed/_conflict.pxd;
+#: stable: nogil code switches on them and TL2 stores them in shared memory
+ABORT_NOW = _native.ABORT_NOW                # delay 0
+WAIT_FOREVER = _native.WAIT_FOREVER          # delay +inf
+DETERMINISTIC = _native.DETERMINISTIC        # delay B (ski rental, ratio 2)
+RANDOMIZED = _native.RANDOMIZED              # density e^(t/B)/(B(e-1)) on [0, B]
+EXP_BACKOFF = _native.EXP_BACKOFF            # probes at b, 3b, 7b, ..., gives up at B
+RW_DETERMINISTIC = _native.RW_DETERMINISTIC  # requestor wins: delay B/k; extra = k
+RW_RANDOMIZED = _native.RW_RANDOMIZED        # requestor wins: density ~ (t+B)^(k-1) on [0, B/k]
+_N_KINDS = _native.N_KINDS
 
 #: cost models (``model=`` of the simulator)
 REQUESTOR_ABORTS = 0
@@ -95,31 +101,21 @@ _MAX_BACKOFF_PROBES = 30
 
 
 # ----------------------------------------------------------------------------- portable kernels
-# Written for a line-by-line port to C: scalars only, no allocation, no exceptions. Inputs
-# are trusted (Policy validates them); an unknown kind falls back to aborting at once.
+# Scalars only, no allocation, no exceptions. Inputs are trusted (Policy validates them); an
+# unknown kind falls back to aborting at once.
+#
+# The delay draw has one definition, in C: ext/relaxed/_conflict.pxd (compiled into
+# relaxed._conflict). Python calls it as ``draw_delay``; the Numba kernels below call the same
+# compiled function through its registered symbol (``_draw_delay_c``); TL2 (ext/_stm.pyx)
+# inlines it in its nogil waits. The other kernels exist in this module only.
 
-@register_jitable
-def draw_delay(kind, B, extra, u):
-    """Delay before giving up (same unit as ``B``) for policy ``(kind, B, extra)``.
+#: delay before giving up for ``(kind, B, extra)`` and a uniform ``u`` (the compiled draw)
+draw_delay = _native.draw_delay
 
-    ``u`` is uniform in [0, 1); every kind is an inverse CDF, nondecreasing in ``u``
-    (deterministic kinds ignore it). An unknown kind returns 0.0 (abort at once)."""
-    if kind == WAIT_FOREVER:
-        return math.inf
-    if kind == DETERMINISTIC:
-        return B
-    if kind == RANDOMIZED:
-        # F(t) = (e^(t/B) - 1)/(e - 1)  =>  t = B ln(1 + u(e - 1))
-        return B * math.log1p(u * (math.e - 1.0))
-    if kind == EXP_BACKOFF:
-        return B                       # the m-th probe; see observe_release
-    if kind == RW_DETERMINISTIC:
-        return B / extra
-    if kind == RW_RANDOMIZED:
-        # F(t) = ((1 + t/B)^k - 1) / ((1 + 1/k)^k - 1)  =>  t = B((1 + u g)^(1/k) - 1)
-        g = math.pow(1.0 + 1.0 / extra, extra) - 1.0
-        return B * (math.pow(1.0 + u * g, 1.0 / extra) - 1.0)
-    return 0.0                         # ABORT_NOW and unknown kinds
+llvm.add_symbol(_native.DRAW_DELAY_SYMBOL, _native.draw_delay_address())
+_draw_delay_c = types.ExternalFunction(
+    _native.DRAW_DELAY_SYMBOL, types.float64(types.int64, types.float64, types.float64,
+                                             types.float64))
 
 
 @register_jitable
@@ -169,7 +165,12 @@ def offline_opt(B, T, model, k):
     return min(T, B)
 
 
-draw_delay_jit = numba.njit(cache=True)(draw_delay)
+@numba.njit(cache=True)
+def draw_delay_jit(kind, B, extra, u):
+    """:func:`draw_delay` from Numba code: a call of the same compiled function."""
+    return _draw_delay_c(kind, B, extra, u)
+
+
 observe_release_jit = numba.njit(cache=True)(observe_release)
 conflict_cost_jit = numba.njit(cache=True)(conflict_cost)
 offline_opt_jit = numba.njit(cache=True)(offline_opt)
@@ -178,14 +179,14 @@ offline_opt_jit = numba.njit(cache=True)(offline_opt)
 @numba.njit(cache=True)
 def _delays_kernel(kind, B, extra, u, out):
     for i in range(u.shape[0]):
-        out[i] = draw_delay(kind, B, extra, u[i])
+        out[i] = _draw_delay_c(kind, B, extra, u[i])
 
 
 @numba.njit(cache=True)
 def _sim_kernel(kind, B, extra, model, k, T, u, cost, opt):
     """Per instance i: holder time T[i], uniform u[i] -> cost[i], opt[i]."""
     for i in range(T.shape[0]):
-        x = draw_delay(kind, B, extra, u[i])
+        x = _draw_delay_c(kind, B, extra, u[i])
         cost[i] = conflict_cost(kind, B, extra, x, T[i], model, k)
         opt[i] = offline_opt(B, T[i], model, k)
 
@@ -197,7 +198,7 @@ def _grid_mc_kernel(kind, B, extra, model, k, Ts, u, out):
     for j in range(Ts.shape[0]):
         s = 0.0
         for i in range(n):
-            x = draw_delay(kind, B, extra, u[i])
+            x = _draw_delay_c(kind, B, extra, u[i])
             s += conflict_cost(kind, B, extra, x, Ts[j], model, k)
         out[j] = s / n
 
@@ -214,14 +215,14 @@ def _exact_kernel(kind, B, extra, model, k, Ts, nodes, weights, out):
         T = Ts[j]
         o = observe_release(kind, B, extra, T)
         lo, hi = 0.0, 1.0
-        if draw_delay(kind, B, extra, 0.0) >= o:
+        if _draw_delay_c(kind, B, extra, 0.0) >= o:
             hi = 0.0
-        elif draw_delay(kind, B, extra, 1.0) < o:
+        elif _draw_delay_c(kind, B, extra, 1.0) < o:
             lo = 1.0
         else:
             for _ in range(64):
                 mid = 0.5 * (lo + hi)
-                if draw_delay(kind, B, extra, mid) < o:
+                if _draw_delay_c(kind, B, extra, mid) < o:
                     lo = mid
                 else:
                     hi = mid
@@ -231,7 +232,7 @@ def _exact_kernel(kind, B, extra, model, k, Ts, nodes, weights, out):
         if ustar > 0.0:
             half = 0.5 * ustar
             for q in range(nodes.shape[0]):
-                x = draw_delay(kind, B, extra, half * (nodes[q] + 1.0))
+                x = _draw_delay_c(kind, B, extra, half * (nodes[q] + 1.0))
                 if model == REQUESTOR_WINS:
                     s += weights[q] * ((k + 1.0) * x + B)
                 else:

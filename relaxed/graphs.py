@@ -32,22 +32,10 @@ Construction is O(n + m) in Numba kernels: edges are bucketed by their smaller
 endpoint (a counting sort), each bucket is sorted (insertion sort, or a
 quicksort for long rows) and deduplicated; the lower half of every row (the
 transpose) takes one more counting-sort scatter, and a sequential pass writes
-the CSR and edge index. No ``np.unique`` and no global sort (``np.sort`` of 10M int64 keys
-takes about 1 s here; ``np.unique`` about 14 s).
-
-Measured on this project's 2-core machine (numpy 2.4.6, numba 0.68.1), with the
-Numba kernels already compiled and cached (the first call in a fresh checkout
-compiles them: a few seconds), while another job kept both cores busy (load
-about 1.9), so an idle machine should do better; wall time, 3 runs each::
-
-    erdos_renyi(1_000_000, 10_000_000)   0.8-1.6 s   m = 10,000,000
-    random_local(1_000_000, 10)          1.1-1.3 s   m =  9,605,610 (seed=1)
-    rmat(2**20, 10_000_000)              1.5-2.5 s   m = 10,000,000
-    grid2d(2237, 2237)                   0.5-1.0 s   m = 10,003,864
-    grid3d(150, 150, 150)                0.4 s       m = 10,057,500
-    Graph.from_edges, 10M random pairs   0.8-0.9 s
-    as_graph(csr_array), 10M edges       0.5-1.1 s
-    read_edgelist, 10M lines (138 MB)    1.4-1.6 s   (0.3 s of it parsing)
+the CSR and edge index. There is no ``np.unique`` and no global sort of the
+m edges (O(m log m) over one large array): only single rows are sorted,
+and rows are short on the inputs above. The first call in a fresh checkout
+compiles the kernels; they are cached on disk after that.
 
 Random generators take ``seed=None | int | np.random.Generator`` (anything
 ``np.random.default_rng`` accepts); the same seed gives the same graph.
@@ -900,7 +888,7 @@ def read_edgelist(path, n=None, one_based=False):
     ``u v``. Lines starting with ``#`` or ``%`` (after optional blanks) are
     comments, blank lines are skipped, and further columns (weights) are
     ignored. Duplicate and reversed edges are merged; self loops raise. The
-    file is parsed by a Numba kernel (about 0.1 s per million lines).
+    file is read whole and parsed by a Numba kernel in one pass over its bytes.
 
     Parameters
     ----------
@@ -1130,7 +1118,7 @@ def rmat(n, m, a=0.57, b=0.19, c=0.19, seed=None, permute=False):
     R-MAT (Chakrabarti, Zhan, Faloutsos, SDM 2004) places an edge by choosing
     one quadrant of the adjacency matrix per bit of the vertex ids, with
     probabilities ``a`` (top left), ``b``, ``c`` and ``d = 1 - a - b - c``
-    (bottom right); the defaults are Graph500's. Here ids have
+    (bottom right); the defaults are Graph500's. Vertex ids have
     ``ceil(log2 n)`` bits; a draw with an endpoint ``>= n`` or with ``u == v``
     is redrawn (so the edges follow R-MAT conditioned on both ends below
     ``n``). Edges are undirected (b and c play the same role). Duplicates are
