@@ -14,10 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from sgd_shm.data import make_rcv1_like
-from sgd_shm.ps import train
-from sgd_shm.ps.train import curves_of, plot_losses
-
-POLICIES = ("bsp", "asp", "ssp", "saps")
+from sgd_shm.ps import POLICIES, curves_of, plot_losses, train
 
 
 def _median(xs):

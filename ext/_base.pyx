@@ -10,6 +10,13 @@ GIL in another thread, and gets fresh per-handle randomness in a forked child
 import os
 import weakref
 
+from _common cimport rlx_cache_line
+
+#: bytes per cache line as this build pads shared words (``RELAXED_CACHE_LINE`` at
+#: build time, default 128: two 64-byte lines, which the adjacent-line prefetcher
+#: of x86 cores fetches together)
+CACHE_LINE = rlx_cache_line()
+
 _live = weakref.WeakSet()
 
 

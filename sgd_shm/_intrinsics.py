@@ -1,15 +1,24 @@
-"""Numba intrinsics: a software prefetch (LLVM's ``llvm.prefetch``) and the two atomics
-of a spinlock (compare-and-swap with acquire, store with release).
+"""Numba intrinsics: a software prefetch (LLVM's ``llvm.prefetch``), the atomics of
+a spinlock and of work claiming, and the padding of shared words (``LINE_WORDS``).
 
 SGD visits rows in a shuffled order, so every row starts with a cache miss and
-the epoch is bound by memory latency (shared/FACTS.md: a dot-product pass takes
-0.11 s shuffled against 0.033 s in order). Asking for the row a few samples
-ahead overlaps those misses: the shuffled pass drops to about 0.058 s here.
-A prefetch is only a hint: it never faults and changes no result.
+the epoch is bound by memory latency, not by arithmetic. Asking for the row a
+few samples ahead overlaps those misses. A prefetch is only a hint: it never
+faults and changes no result.
 """
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+
+from relaxed._base import CACHE_LINE
+
+#: int64 words per padded slot: a word that one worker writes and others read (a
+#: progress count, a lock, a version counter) gets a cache line of its own, as the
+#: compiled core pads its counters (``RELAXED_CACHE_LINE`` at build time, in bytes).
+#: Numba kernels compiled with ``cache=True`` keep a module global's value in their
+#: on-disk cache, which a rebuild of the core does not invalidate: kernels take the
+#: stride from the shape of the arrays they get, never from this constant.
+LINE_WORDS = CACHE_LINE // 8
 
 #: rows requested ahead of the one being processed
 DISTANCE = 4
@@ -43,9 +52,9 @@ prefetch = _prefetch_intrinsic(3, """Hint the CPU to load the cache line holding
     arr: any contiguous array; offset: an integer.""")
 
 prefetch_once = _prefetch_intrinsic(1, """As ``prefetch``, for data read once (low locality:
-    x86 prefetcht2, which leaves L1 to the weights). For the shuffled rows of an SGD
-    epoch it measured 7-18% faster than ``prefetch`` here (interleaved runs, one worker
-    and two)."""
+    x86 prefetcht2, which leaves L1 to the weights). The shuffled rows of an SGD epoch
+    are read once per epoch, while the weights they touch are read again and again:
+    keeping the rows out of L1 keeps the weights in it."""
 )
 
 
@@ -95,7 +104,7 @@ def fetch_add(typingctx, arr, value):
 def claim_add(typingctx, arr, offset, value):
     """Atomic arr.flat[offset] += value (int64) with acquire ordering; returns the old
     value. For claiming work from a cursor that its owner published with a release
-    store: the claimer then sees everything the owner wrote before."""
+    store: the claimer then sees everything the owner wrote before that store."""
     if not (isinstance(arr, types.Array) and arr.dtype == types.int64
             and isinstance(offset, types.Integer)):
         return None

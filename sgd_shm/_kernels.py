@@ -5,8 +5,15 @@ and, for every sample, updates all K linear outputs (K = 1 for binary or
 regression, K = n_classes for one-vs-rest) of a weight matrix it shares with
 the other workers, without locks (Hogwild!, Niu, Recht, Ré, Wright 2011).
 
+The kernel ``_run`` takes its arguments in five groups (named tuples, built by
+the driver): :class:`Data` (the samples), :class:`Model` (the shared state the
+workers step), :class:`Schedule` (which samples, and the segment's global
+time), :class:`Params` (the hyper-parameters and modes) and :class:`Report`
+(what a worker reports back). :func:`run_worker` is the one place it is called,
+by the threads driver and the process workers alike.
+
 Regularisation without per-feature timestamps (which race under Hogwild and
-decay popular features twice, see shared/FACTS.md):
+decay popular features twice):
 
 * L2 through a weight scale, w = s·v (Bottou's trick, as in scikit-learn's
   ``_sgd_fast``): a step multiplies s by (1 − η·α₂) and touches only the
@@ -28,7 +35,7 @@ on almost every step (a line one worker wrote must be fetched from the other
 core before the next read). The rows are therefore stored hot-first
 (``hogwild.Problem``: the H most frequent features carry slot numbers 0..H-1
 instead of feature ids, ``hot_end[i]`` ends row i's hot part). With
-``ip[I_HOT]`` set, each worker keeps a private copy of the hot block, applies its
+``Params.hot`` set, each worker keeps a private copy of the hot block, applies its
 own steps there at once, and every ``hot_flush`` of its samples (K·H / 4) publishes
 them through ``Wh`` (shape (n_workers + 1, K, H), in shared memory for processes):
 ``Wh[0]`` is the block at the start of the segment (the driver gathers it from W
@@ -45,7 +52,7 @@ a fold is a few vectorised passes over K·H words. Reading another worker's row
 while it folds sees each word old or new (aligned 8-byte stores): a tolerated
 race that only delays a step to the next fold. The cold coordinates keep
 Hogwild's plain read-add-write, whose race loses a step now and then (the price
-of lock-free writes: tests/test_hogwild.py measures it). Without ``ip[I_HOT]``
+of lock-free writes; tests/test_hogwild.py bounds it). Without ``Params.hot``
 (locked baseline, L1, momentum) the hot slots are mapped back to feature ids and
 updated in W directly, as plain Hogwild does.
 
@@ -53,18 +60,19 @@ Learning rates: constant η₀; inverse scaling η₀ / t^power_t; "optimal"
 1 / (α·(t₀ + t)) with Bottou's t₀ heuristic (see ``optimal_t0``). t is the
 global sample count (estimated as above).
 
-Kernels raise nothing: a non-finite prediction sets ``out[2] = 1`` and returns;
-the Python driver raises.
+Kernels raise nothing: a non-finite prediction sets ``out[O_DIVERGED] = 1`` and
+returns; the Python driver raises.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numba as nb
 import numpy as np
 
-from sgd_shm._intrinsics import (DISTANCE, cas_acquire, claim_add, fetch_add, load_relaxed,
-                                 prefetch, prefetch_once, store_release)
+from sgd_shm._intrinsics import (DISTANCE, LINE_WORDS, cas_acquire, claim_add, fetch_add,
+                                 load_relaxed, prefetch, prefetch_once, store_release)
 from sgd_shm._mf import shuffle_part
 
 # loss codes
@@ -75,16 +83,16 @@ LOSSES = {"log_loss": LOG, "hinge": HINGE, "squared_error": SQUARED,
 CONSTANT, OPTIMAL, INVSCALING = 0, 1, 2
 LEARNING_RATES = {"constant": CONSTANT, "optimal": OPTIMAL, "invscaling": INVSCALING}
 
-# float parameter slots
+# the driver's float parameters (HogwildSGD.fp), from which it builds Params
 (F_ETA0, F_ALPHA2, F_ALPHA1, F_POWER_T, F_T0, F_T_START, F_NW, F_ICPT_DECAY, F_U0, F_ALPHA_LR,
  F_MOMENTUM) = range(11)
 # (F_U0: the L1 total u at the start of the segment; F_ALPHA_LR: alpha of the 'optimal'
 #  schedule, which also holds with penalty=None)
 N_FPARAMS = 11
-# int parameter slots
+# the driver's int parameters (HogwildSGD.ip)
 I_LOSS, I_LR, I_FIT_ICPT, I_LOCKED, I_INSTRUMENT, I_HOT = range(6)
 N_IPARAMS = 6
-# out slots
+# slots of Report.out
 O_LOSS, O_STEPS, O_DIVERGED, O_SCALE, O_CLIPS = range(5)
 N_OUT = 5
 #: samples between publications of a worker's intercept steps (see _run)
@@ -97,6 +105,96 @@ CHUNK = 256
 NOT_READY = 1 << 62
 #: the loss derivative is clipped to +-MAX_DLOSS (as scikit-learn does); clips are counted
 MAX_DLOSS = 1e12
+
+
+# ---- the kernel's arguments ---------------------------------------------------------------
+class Data(NamedTuple):
+    """The samples as ``hogwild.Problem`` lays them out (``Problem.kernel_data``):
+    sparse rows in CSR (``X`` then has 0 rows), or dense rows in ``X`` (``indptr``
+    then is empty)."""
+    X: np.ndarray           # (n, d) float64 dense rows, or (0, d)
+    cols_all: np.ndarray    # (d,) int32 arange(d): the feature ids of a dense row
+    indptr: np.ndarray      # (n + 1,) int64 CSR row bounds, or empty
+    indices: np.ndarray     # (nnz,) int32 feature ids; hot-first rows: hot slots first
+    data: np.ndarray        # (nnz,) float64 values
+    hot_end: np.ndarray     # (n,) int64 end of each row's hot part; empty: no hot part
+    hot_feat: np.ndarray    # (H,) int64 the feature of each hot slot
+    Y: np.ndarray           # (n, K) float64 targets
+    sw: np.ndarray          # (n,) float64 sample weights
+
+
+class Model(NamedTuple):
+    """The state the workers share and step without locks (see the module notes)."""
+    W: np.ndarray           # (K, d) weights in units of the segment's L2 scale: w = s·W
+    b: np.ndarray           # (K,) intercepts
+    q: np.ndarray           # (K, d) L1 penalty each weight received; (0, 0) without L1
+    V: np.ndarray           # (K, d) heavy-ball velocity; (0, 0) without momentum
+    Wh: np.ndarray          # (n_workers + 1, K, H) hot block and the workers' hot steps
+    lock: np.ndarray        # int64, lock[0]: the spinlock of the locked baseline
+
+
+class Schedule(NamedTuple):
+    """Which samples the workers visit in a segment, and its global time (see
+    :meth:`for_segment`)."""
+    order: np.ndarray       # (n,) int64 the samples in the order of the epoch
+    parts: np.ndarray       # (n_workers + 1,) int64 worker w reshuffles parts[w]:parts[w + 1]
+    seeds: np.ndarray       # (n_workers,) int64 seed of that reshuffle; -1: none
+    lo: np.ndarray          # (n_workers,) int64: worker w's own positions in the
+    hi: np.ndarray          # segment are order[lo[w]:hi[w]]
+    progress: np.ndarray    # int64, a padded slot per worker: published count, claim cursor
+    eta: np.ndarray         # (L,) step size of each global step of the segment
+    scale: np.ndarray       # (L + 1,) the L2 weight scale after 0..L steps
+    cum: np.ndarray         # (L + 1,) cumulative step sizes (the L1 totals, over alpha1)
+
+    @classmethod
+    def for_segment(cls, order, parts, seeds, lo, hi, progress, eta, scale, cum, g0, L):
+        """The Schedule of the segment of global steps [g0, g0 + L) of an epoch:
+        ``eta`` holds the epoch's step sizes, ``scale`` and ``cum`` the segment's
+        tables (from ``segment``)."""
+        return cls(order, parts, seeds, lo, hi, progress, eta[g0:g0 + L], scale[:L + 1],
+                   cum[:L + 1])
+
+
+class Params(NamedTuple):
+    """Hyper-parameters and modes of a segment (see :meth:`from_driver`)."""
+    loss: int               # a loss code (LOSSES)
+    fit_intercept: bool
+    intercept_decay: float  # factor on the intercept's steps
+    alpha1: float           # L1 strength (L2 is all in Schedule.scale)
+    u0: float               # the L1 total at the start of the segment
+    momentum: float         # heavy-ball momentum mu; 0: plain SGD
+    n_workers: int
+    locked: bool            # every step under Model.lock (the locked baseline)
+    hot: bool               # step the hot block in a private copy (see the module notes)
+    instrument: bool        # measure staleness into Report.stale_hist
+
+    @classmethod
+    def from_driver(cls, fp, ip):
+        """The Params of the driver's parameter arrays (``HogwildSGD.fp`` and ``.ip``;
+        fp[F_NW]: the workers of this segment)."""
+        return cls(int(ip[I_LOSS]), bool(ip[I_FIT_ICPT]), float(fp[F_ICPT_DECAY]),
+                   float(fp[F_ALPHA1]), float(fp[F_U0]), float(fp[F_MOMENTUM]),
+                   int(fp[F_NW]), bool(ip[I_LOCKED]), bool(ip[I_HOT]),
+                   bool(ip[I_INSTRUMENT]))
+
+
+class Report(NamedTuple):
+    """What a worker reports back."""
+    out: np.ndarray         # (N_OUT,) float64: O_LOSS, O_STEPS, O_DIVERGED, O_SCALE, O_CLIPS
+    stale_hist: np.ndarray  # int64 this worker's staleness histogram (Params.instrument)
+    clock: np.ndarray       # int64, clock[0]: the shared update counter it is measured with
+
+
+def run_worker(data: Data, model: Model, sched: Schedule, params: Params, report: Report,
+               wid: int):
+    """Worker ``wid``'s share of a segment (see ``_run``): the one call of the kernel,
+    from the threads driver and from the process workers."""
+    nw = params.n_workers
+    if sched.progress.shape[0] != LINE_WORDS * nw or sched.lo.shape[0] != nw:
+        raise ValueError(f"the schedule is for {sched.lo.shape[0]} workers with "
+                         f"{sched.progress.shape[0]} progress words, not {nw} workers with "
+                         f"{LINE_WORDS} each (see fresh_progress)")
+    _run(data, model, sched, params, report, wid)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -145,8 +243,8 @@ def _loss(loss, p, y):
 @nb.njit(cache=True, nogil=True, inline="always")
 def _u(x):
     """x (>= 0) as an unsigned index: numba then leaves out the negative-index
-    wrap-around, which it cannot rule out for an offset plus a loop counter (with it,
-    an epoch measured 30% slower)."""
+    wrap-around, which it cannot rule out for an offset plus a loop counter (a
+    compare and a select on every access of the inner loops)."""
     return nb.uint64(x)
 
 
@@ -158,23 +256,29 @@ def _feat(idx, r0, m, nh, hot_feat):
 
 
 def fresh_progress(nw, out=None):
-    """The workers' progress slots for a segment (``out``, or a new array of 16·nw):
-    published counts 0, claim cursors NOT_READY (see _run)."""
-    progress = np.empty(16 * nw, dtype=np.int64) if out is None else out
+    """The workers' progress slots for a segment (``out``, or a new array of
+    LINE_WORDS·nw): worker w's slot is progress[LINE_WORDS·w:LINE_WORDS·(w + 1)], its
+    published count (word 0) 0 and its part's claim cursor (word LINE_WORDS // 2)
+    NOT_READY (see _run). With the default 128-byte padding the count and the cursor
+    lie in different 64-byte lines; with 64-byte padding they share one, which costs
+    little: the owner writes its count every INTERCEPT_FLUSH samples, and a cursor
+    moves every CHUNK samples."""
+    progress = np.empty(LINE_WORDS * nw, dtype=np.int64) if out is None else out
     progress[...] = 0
-    progress[8::16] = NOT_READY
+    progress[LINE_WORDS // 2::LINE_WORDS] = NOT_READY
     return progress
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _claim(progress, los, his, v, left):
+def _claim(progress, stride, los, his, v, left):
     """The next CHUNK of positions a worker takes: from part v (its own first),
-    moving on to the next part when v has no more, ``left`` parts still to try.
-    Returns (start, end, v, left); start == end when every part is taken."""
+    moving on to the next part when v has no more, ``left`` parts still to try
+    (part v's cursor: progress[stride * v + stride // 2]). Returns (start, end, v,
+    left); start == end when every part is taken."""
     nw = los.shape[0]
     while left > 0:
         n_v = his[v] - los[v]
-        c = claim_add(progress, 16 * v + 8, CHUNK)
+        c = claim_add(progress, stride * v + stride // 2, CHUNK)
         if c < n_v:
             return los[v] + c, los[v] + min(c + CHUNK, n_v), v, left
         v = v + 1 if v + 1 < nw else 0
@@ -261,93 +365,96 @@ def hot_layout(indptr, indices, data, slot, ind_out, dat_out, hot_end, r0, r1):
 
 
 @nb.njit(cache=True, nogil=True)
-def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, los, his, fp, ip, out,
-         lock, progress, wid, scale_tab, eta_tab, cum_eta, clock, stale_hist, hot_end, hot_feat,
-         Wh, parts, seeds):
+def _run(data, model, sched, params, report, wid):
     """Worker wid's share of an epoch (segment): its own part, positions
-    [los[wid], his[wid]) of ``order``, and whatever it takes over of the other
-    parts. Shared body of the sparse (X has 0 rows) and dense (indptr is empty) cases.
-    With seeds[wid] >= 0 (the first segment of a shuffled epoch) the worker first
-    reshuffles its part of the epoch, order[parts[wid]:parts[wid + 1]], in place.
+    [lo[wid], hi[wid]) of ``sched.order``, and whatever it takes over of the other
+    parts. Sparse rows (``data.X`` has 0 rows) and dense rows (``data.indptr`` is
+    empty) share the body. With seeds[wid] >= 0 (the first segment of a shuffled
+    epoch) the worker first reshuffles its part of the epoch,
+    order[parts[wid]:parts[wid + 1]], in place.
 
-    Work stealing: the workers claim their positions CHUNK at a time from per-part
-    cursors (``progress[16 * w + 8]``, atomic adds), the owner of a part first, and a
-    worker that has finished its own part goes on claiming chunks of the others'
-    (as OpenMP's dynamic schedule). The workers thus finish together although one
-    may start late, run slower or be paused (measured on 2 workers before: the
-    epoch waited 1-8 ms on the slower one in half of the epochs). Every position is
-    still visited exactly once. A part is claimable only once its owner has
-    started (the driver sets the cursor to NOT_READY; the owner resets it to 0 with
-    a release store, after reshuffling its part), so that nobody reads a part
-    while its owner shuffles it. With one worker the positions come in order, as
-    without stealing. The next chunk is claimed while the current one runs, so the
-    row prefetches below run on across chunks.
+    Progress slots: ``sched.progress`` holds one padded slot of ``stride`` words
+    per worker (stride = its length / n_workers, a cache line: see
+    ``fresh_progress``); word 0 of worker w's slot is the count it publishes, word
+    stride // 2 the claim cursor of its part.
 
-    Global time: the worker publishes how many samples it has done in its own slot
-    ``progress[16 * wid]`` every INTERCEPT_FLUSH samples, and for every sample, once
-    it has read the sample's weights, takes the global step count tg as its own count
-    plus the counts the others have published (and from tg the step size eta_tab[tg],
-    the L2 scale s = scale_tab[tg] and the L1 total). tg thus lags the true count by
-    less than INTERCEPT_FLUSH · (n_workers − 1) steps whatever the workers' start
-    times, speeds or pauses. (Reading the slots only every INTERCEPT_FLUSH samples and extrapolating
-    in between went wrong for a worker that started late or was paused by the OS:
-    it used a scale up to 1e9 times off under strong L2 until its next read.) The
-    slots are read with relaxed atomic loads, so every read is fresh; a slot's line
-    changes only every INTERCEPT_FLUSH samples, so the reads mostly hit the cache.
-    The tables are the driver's, for this epoch.
+    Work stealing: the workers claim their positions CHUNK at a time from the
+    per-part cursors (atomic adds), the owner of a part first, and a worker that
+    has finished its own part goes on claiming chunks of the others' (as OpenMP's
+    dynamic schedule). The workers thus finish together although one may start
+    late, run slower or be paused by the OS, instead of the epoch waiting on the
+    slowest. Every position is still visited exactly once. A part is claimable
+    only once its owner has started (the driver sets the cursor to NOT_READY; the
+    owner resets it to 0 with a release store, after reshuffling its part), so
+    that nobody reads a part while its owner shuffles it. With one worker the
+    positions come in order, as without stealing. The next chunk is claimed while
+    the current one runs, so the row prefetches run on across chunks.
 
-    With ip[I_LOCKED] set, every sample's read-modify-write runs under a spinlock in
-    lock[0] (the "locked SGD" baseline of the benchmarks); otherwise no lock is taken.
+    Global time: the worker publishes how many samples it has done in its slot
+    every INTERCEPT_FLUSH samples, and for every sample, once it has read the
+    sample's weights, takes the global step count tg as its own count plus the
+    counts the others have published (and from tg the step size eta[tg], the L2
+    scale s = scale[tg] and the L1 total). tg thus lags the true count by less
+    than INTERCEPT_FLUSH · (n_workers − 1) steps whatever the workers' start
+    times, speeds or pauses. Reading the slots only every INTERCEPT_FLUSH samples
+    and extrapolating in between would not do: a worker that starts late or is
+    paused would use a scale off by orders of magnitude under strong L2 until its
+    next read. The slots are read with relaxed atomic loads, so every read is
+    fresh; a slot's line changes only every INTERCEPT_FLUSH samples, so the reads
+    mostly hit the cache. The tables are the driver's, for this segment.
 
-    With ip[I_INSTRUMENT] set, staleness is measured: clock[0] is a shared update
-    counter, read before a sample's prediction and fetch-and-incremented at its write;
-    the difference minus one is how many updates other workers applied in between
-    (the delay tau of the asynchronous SGD analyses), counted in stale_hist (last
-    bin: that many or more). It costs one contended atomic per update.
+    With params.locked, every sample's read-modify-write runs under a spinlock in
+    model.lock[0] (the "locked SGD" baseline of the benchmarks); otherwise no lock
+    is taken.
 
-    With fp[F_MOMENTUM] = mu > 0, heavy-ball momentum on the coordinates a sample
-    touches: V ← mu·V + g·x and w ← (1 − η·α₂)·w + V (V in weight units, shared by the
-    workers without locks: asynchronous momentum). Dense rows touch every coordinate,
-    so there it is the exact heavy-ball method; on sparse rows a coordinate's velocity
-    waits, undecayed, until a sample touches it again.
+    With params.instrument, staleness is measured: report.clock[0] is a shared
+    update counter, read before a sample's prediction and fetch-and-incremented at
+    its write; the difference minus one is how many updates other workers applied
+    in between (the delay tau of the asynchronous SGD analyses), counted in
+    report.stale_hist (last bin: that many or more). It costs one contended atomic
+    per update.
+
+    With params.momentum = mu > 0, heavy-ball momentum on the coordinates a sample
+    touches: V ← mu·V + g·x and w ← (1 − η·α₂)·w + V (V in weight units, shared by
+    the workers without locks: asynchronous momentum). Dense rows touch every
+    coordinate, so there it is the exact heavy-ball method; on sparse rows a
+    coordinate's velocity waits, undecayed, until a sample touches it again.
 
     Sparse rows may be hot-first: entries [indptr[i], hot_end[i]) name slots of
-    ``hot_feat`` (feature hot_feat[slot]), the rest feature ids (hot_end empty: none). With ip[I_HOT]
-    set, the worker steps the hot slots in a private copy of the block ``Wh[0]`` and
-    publishes them in ``Wh[1 + wid]`` every ``hot_flush`` samples and at the
-    end (see the module docstring); otherwise it maps the slots to features and
-    works on W."""
-    K = W.shape[0]
-    loss = ip[I_LOSS]
-    fit_icpt = ip[I_FIT_ICPT]
-    locked = ip[I_LOCKED] != 0
-    instrument = ip[I_INSTRUMENT] != 0
-    n_bins = stale_hist.shape[0]
-    a1 = fp[F_ALPHA1]          # (L2 is all in the scale table)
-    mom = fp[F_MOMENTUM]
-    nw = int(fp[F_NW])
-    icpt_decay = fp[F_ICPT_DECAY]
-    u0 = fp[F_U0]
-    n_tab = scale_tab.shape[0] - 1          # global steps in this epoch
+    ``hot_feat`` (feature hot_feat[slot]), the rest feature ids (hot_end empty:
+    none). With params.hot, the worker steps the hot slots in a private copy of
+    the block ``Wh[0]`` and publishes them in ``Wh[1 + wid]`` every ``hot_flush``
+    samples and at the end (see the module docstring); otherwise it maps the slots
+    to features and works on W."""
+    W, b, q, V, Wh, lock = model
+    order, parts, seeds, los, his, progress, eta_tab, scale_tab, cum_eta = sched
+    out, stale_hist, clock = report
+    X, cols_all, indptr, indices, vals, hot_end, hot_feat, Y, sw = data
+    K, d_feat = W.shape
+    loss, mom, a1 = params.loss, params.momentum, params.alpha1   # (L2: all in scale_tab)
+    fit_icpt, icpt_decay, u0 = params.fit_intercept, params.intercept_decay, params.u0
+    locked, instrument, nw = params.locked, params.instrument, params.n_workers
+    n_tab = scale_tab.shape[0] - 1          # global steps in this segment
+    stride = progress.shape[0] // nw        # words per progress slot
     dense = indptr.shape[0] == 0
-    loss_sum = 0.0
-    g = np.empty(K)
-    dots = np.empty(K)
-    # the intercept is one word every sample writes: each worker adds its steps to a
-    # private delta (used in its own predictions) and publishes it every FLUSH
-    # samples, so the line is not bounced between cores on every step
-    db = np.zeros(K)
-    since = 0                                # own samples since the last publication
-    done_own = 0
-    d_feat = W.shape[1]
-    s = 1.0
-    hot = ip[I_HOT] != 0 and not dense
-    if hot:                                  # private copy of the hot block, and its base
+    hot = params.hot and not dense
+    if hot:                                  # a private copy of the hot block, and its base
         hw = Wh[0].copy()                    # (the published rows are zero at the start)
         snap = hw.copy()
     else:
         hw = np.empty((0, 0))
         snap = hw
+    n_bins = stale_hist.shape[0]
+    loss_sum = 0.0
+    g = np.empty(K)
+    dots = np.empty(K)
+    # the intercept is one word every sample writes: each worker adds its steps to a
+    # private delta (used in its own predictions) and publishes it every
+    # INTERCEPT_FLUSH samples, so the line is not bounced between cores on every step
+    db = np.zeros(K)
+    since = 0                                # own samples since the last publication
+    done_own = 0
+    s = 1.0
     part = his[wid] - los[wid]
     # a lone worker has nobody to show its hot steps to: it folds once, at the end
     hot_every = hot_flush(K, hw.shape[1], part) if nw > 1 else part + 1
@@ -356,56 +463,33 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, los, his,
     has_hot = hot_end.shape[0] > 0           # (plain rows: no hot part, nothing to read)
     # a row's entries are idx[r0 + m] (feature ids, or hot slots first) and val[v0 + m],
     # m < nnz: offsets into the CSR arrays, or into cols_all and the flat X for a dense
-    # row. Not slices: in this kernel numba kept the reference counting of the row
-    # slices, calls to NRT_incref/NRT_decref with a locked (so fencing, on x86) atomic
-    # add each, four of each per sample; without them 2 workers measured 2-5 ms per
-    # epoch faster in 3 of 3 interleaved pairs (README problem), 1 worker about the same
-    if dense:
-        idx = cols_all
-        val = X.reshape(X.shape[0] * X.shape[1])
-    else:
-        idx = indices
-        val = data
-    r0 = 0
-    v0 = 0
-    nnz = 0
+    # row. Not slices: numba keeps the reference counting of row slices in this loop,
+    # calls to NRT_incref/NRT_decref that are each a locked (so fencing, on x86) atomic
+    # add, several per sample
+    idx = cols_all if dense else indices
+    val = X.reshape(X.shape[0] * X.shape[1]) if dense else vals
+    r0 = v0 = nnz = 0
     if seeds[wid] >= 0:
         shuffle_part(order, parts[wid], parts[wid + 1], seeds[wid])
-    store_release(progress[16 * wid + 8:], 0)      # this part is open for claims
+    store_release(progress[stride * wid + stride // 2:], 0)     # this part is open for claims
     vic, left = wid, nw                      # the part claimed from, parts left to try
-    k, ce, vic, left = _claim(progress, los, his, vic, left)       # current chunk
-    ns, ne, vic, left = _claim(progress, los, his, vic, left)      # and the next
+    k, ce, vic, left = _claim(progress, stride, los, his, vic, left)    # current chunk
+    ns, ne, vic, left = _claim(progress, stride, los, his, vic, left)   # and the next
     while True:
         if k >= ce:
             if ns >= ne:
                 break
             k, ce = ns, ne
-            ns, ne, vic, left = _claim(progress, los, his, vic, left)
+            ns, ne, vic, left = _claim(progress, stride, los, his, vic, left)
         k2 = _ahead(k + 2 * DISTANCE, ce, ns, ne)
-        if k2 >= 0:                            # the row's bookkeeping (its bounds, hot
-            j2 = order[k2]                     # part, target and weight) further ahead,
-            prefetch(Y, j2 * K)                # so that the row prefetch below finds its
-            prefetch(sw, j2)                   # bounds in cache
-            if not dense:
-                prefetch(indptr, j2)
-                if has_hot:
-                    prefetch(hot_end, j2)
+        if k2 >= 0:
+            _prefetch_bookkeeping(order[k2], Y, sw, indptr, hot_end, dense, has_hot)
         k1 = _ahead(k + DISTANCE, ce, ns, ne)
-        if k1 >= 0:                            # ask for a row ahead: reads are shuffled
-            j = order[k1]
+        if k1 >= 0:                            # a row ahead: the reads are shuffled
             if dense:
-                p0 = j * d_feat
-                p1 = p0 + d_feat
+                _prefetch_dense_row(order[k1], X, d_feat)
             else:
-                p0 = indptr[j]
-                p1 = indptr[j + 1]
-            while p0 < p1:
-                if dense:
-                    prefetch_once(X, p0)
-                else:
-                    prefetch_once(data, p0)
-                    prefetch_once(indices, p0)
-                p0 += 8
+                _prefetch_sparse_row(order[k1], indptr, indices, vals)
         i = order[k]
         k += 1
         if dense:
@@ -423,28 +507,13 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, los, his,
                 pass
         if instrument:
             c_read = load_relaxed(clock, 0)
-        for c in range(K):                     # the raw dot products (unscaled) ...
-            p = 0.0
-            if hot:
-                for m in range(nh):
-                    p += hw[c, idx[_u(r0 + m)]] * val[_u(v0 + m)]
-                for m in range(nh, nnz):
-                    p += W[c, idx[_u(r0 + m)]] * val[_u(v0 + m)]
-            else:
-                for m in range(nnz):
-                    p += W[c, _feat(idx, r0, m, nh, hot_feat)] * val[_u(v0 + m)]
-            dots[c] = p
-        # ... then the global time, so that the scale is no older than the weights
-        # read: a worker paused between the two would otherwise scale fresh weights
-        # by an old, larger scale (under strong L2, predictions 1000x too large:
-        # one sample's loss outweighed the epoch's); this way a pause makes the
-        # prediction smaller instead, a bounded error (a stale gradient)
-        tg = done_own                          # global samples before this one
-        for w in range(nw):
-            if w != wid:
-                tg += load_relaxed(progress, 16 * w)
-        if tg > n_tab - 1:
-            tg = n_tab - 1
+        _dots(dots, W, hw, idx, val, r0, v0, nh, nnz, hot_feat, hot)   # the raw dot products
+        # ... then the global time, so that the scale is no older than the weights read:
+        # a worker paused between the two would otherwise scale fresh weights by an old,
+        # larger scale (under strong L2 by orders of magnitude: one sample's loss could
+        # outweigh the epoch's); this way a pause makes the prediction smaller instead,
+        # a bounded error (a stale gradient)
+        tg = _global_step(progress, stride, wid, nw, done_own, n_tab)
         eta = eta_tab[tg]
         s = scale_tab[tg]                      # scale before this step ...
         s_after = scale_tab[tg + 1]            # ... and after its L2 decay
@@ -453,22 +522,8 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, los, his,
                 store_release(lock, 0)
             out[O_DIVERGED] = 2.0
             break
-        any_step = False
-        bad = False
-        for c in range(K):
-            p = dots[c] * s + b[c] + db[c]
-            if not math.isfinite(p):
-                bad = True
-                break
-            yc = Y[i, c]
-            loss_sum += wi * _loss(loss, p, yc)
-            d = _dloss(loss, p, yc)
-            if d > MAX_DLOSS or d < -MAX_DLOSS:
-                d = MAX_DLOSS if d > 0.0 else -MAX_DLOSS
-                out[O_CLIPS] += 1.0
-            g[c] = -eta * d * wi
-            if g[c] != 0.0:
-                any_step = True
+        loss_sum, any_step, bad = _gradient(loss_sum, g, dots, s, b, db, Y, i, wi, eta, loss,
+                                            out)
         if bad:
             if locked:
                 store_release(lock, 0)
@@ -477,51 +532,19 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, los, his,
         if instrument:
             tau = fetch_add(clock, 1) - c_read
             stale_hist[tau if tau < n_bins else n_bins - 1] += 1
-        if mom > 0.0:                          # heavy ball: the velocity moves w even
-            inv_s = 1.0 / s_after              # when this sample's gradient is zero
-            for c in range(K):
-                gc = g[c]
-                for m in range(nnz):
-                    j = _feat(idx, r0, m, nh, hot_feat)
-                    vel = mom * V[c, j] + gc * val[_u(v0 + m)]
-                    V[c, j] = vel
-                    W[c, j] += vel * inv_s
-                if fit_icpt and gc != 0.0:
-                    db[c] += gc * icpt_decay
+        if mom > 0.0:             # heavy ball: the velocity moves w even when g is zero
+            _momentum_step(W, V, g, mom, 1.0 / s_after, idx, val, r0, v0, nh, nnz, hot_feat)
+            if fit_icpt:
+                for c in range(K):
+                    if g[c] != 0.0:
+                        db[c] += g[c] * icpt_decay
         elif any_step:
-            inv_s = 1.0 / s_after
-            for c in range(K):
-                gc = g[c]
-                if gc != 0.0:
-                    step = gc * inv_s
-                    if hot:
-                        for m in range(nh):
-                            hw[c, idx[_u(r0 + m)]] += step * val[_u(v0 + m)]
-                        for m in range(nh, nnz):
-                            W[c, idx[_u(r0 + m)]] += step * val[_u(v0 + m)]
-                    else:
-                        for m in range(nnz):
-                            W[c, _feat(idx, r0, m, nh, hot_feat)] += step * val[_u(v0 + m)]
-                    if fit_icpt:
-                        db[c] += gc * icpt_decay
+            _step(W, hw, db, g, 1.0 / s_after, idx, val, r0, v0, nh, nnz, hot_feat, hot,
+                  fit_icpt, icpt_decay)
         if a1 > 0.0:
-            u = u0 + a1 * cum_eta[tg + 1]
-            for c in range(K):
-                for m in range(nnz):
-                    j = _feat(idx, r0, m, nh, hot_feat)
-                    z = W[c, j] * s_after
-                    if z > 0.0:
-                        w_new = max(0.0, z - (u + q[c, j]))
-                    elif z < 0.0:
-                        w_new = min(0.0, z + (u - q[c, j]))
-                    else:
-                        continue
-                    W[c, j] = w_new / s_after
-                    q[c, j] += w_new - z
-        if locked:
-            for c in range(K):                # serialised: publish the intercept too
-                b[c] += db[c]
-                db[c] = 0.0
+            _l1_clip(W, q, u0 + a1 * cum_eta[tg + 1], s_after, idx, r0, nh, nnz, hot_feat)
+        if locked:                             # serialised: publish the intercept too
+            _flush_intercept(b, db)
             store_release(lock, 0)
         done_own += 1
         if hot:
@@ -531,19 +554,172 @@ def _run(W, b, q, V, cols_all, indptr, indices, data, X, Y, sw, order, los, his,
                 hot_since = 0
         since += 1
         if since >= INTERCEPT_FLUSH:
-            for c in range(K):
-                b[c] += db[c]
-                db[c] = 0.0
-            progress[16 * wid] = done_own          # only this worker writes its slot
+            _flush_intercept(b, db)
+            progress[stride * wid] = done_own      # only this worker writes its count
             since = 0
     for c in range(K):
         b[c] += db[c]
     if hot and hot_since > 0:
         _fold(Wh, hw, snap, wid)
-    progress[16 * wid] = done_own
+    progress[stride * wid] = done_own
     out[O_LOSS] = loss_sum
     out[O_STEPS] = done_own
     out[O_SCALE] = s
+
+
+# The helpers below are inlined into the sample loop of _run. Numba counts references
+# to the arrays a helper takes, and whether its pruning pass then removes those
+# increments and decrements from the loop depends on how the helper uses them (an
+# array used on some paths only may leave a pair in the loop: an atomic add each, on a
+# line all the workers share). A change to the loop or to these helpers is worth a
+# look at the loop's LLVM IR (``_run.inspect_llvm()``, compiled without the cache): it
+# should call no NRT_incref or NRT_decref. The row bounds, the choice of the rows to
+# prefetch and the intercept part of the momentum step stay in the loop for that reason.
+@nb.njit(cache=True, nogil=True, inline="always")
+def _prefetch_bookkeeping(j, Y, sw, indptr, hot_end, dense, has_hot):
+    """Ask for row j's bookkeeping (its bounds, hot part, target and weight), ahead of
+    the row itself, so that the row's prefetch finds its bounds in cache."""
+    prefetch(Y, j * Y.shape[1])
+    prefetch(sw, j)
+    if not dense:
+        prefetch(indptr, j)
+        if has_hot:
+            prefetch(hot_end, j)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _prefetch_sparse_row(j, indptr, indices, vals):
+    """Ask for every line of CSR row j (read once: low locality)."""
+    p0 = indptr[j]
+    p1 = indptr[j + 1]
+    while p0 < p1:
+        prefetch_once(vals, p0)
+        prefetch_once(indices, p0)
+        p0 += 8
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _prefetch_dense_row(j, X, d_feat):
+    """Ask for every line of dense row j (read once: low locality)."""
+    p0 = j * d_feat
+    p1 = p0 + d_feat
+    while p0 < p1:
+        prefetch_once(X, p0)
+        p0 += 8
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _dots(dots, W, hw, idx, val, r0, v0, nh, nnz, hot_feat, hot):
+    """The row's raw (unscaled) dot product with every output's weights: the hot
+    entries from the worker's copy hw when ``hot``, the others from W."""
+    for c in range(W.shape[0]):
+        p = 0.0
+        if hot:
+            for m in range(nh):
+                p += hw[c, idx[_u(r0 + m)]] * val[_u(v0 + m)]
+            for m in range(nh, nnz):
+                p += W[c, idx[_u(r0 + m)]] * val[_u(v0 + m)]
+        else:
+            for m in range(nnz):
+                p += W[c, _feat(idx, r0, m, nh, hot_feat)] * val[_u(v0 + m)]
+        dots[c] = p
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _global_step(progress, stride, wid, nw, done_own, n_tab):
+    """The global samples before this one: the worker's own count plus the counts the
+    others published, at most n_tab - 1."""
+    tg = done_own
+    for w in range(nw):
+        if w != wid:
+            tg += load_relaxed(progress, stride * w)
+    if tg > n_tab - 1:
+        tg = n_tab - 1
+    return tg
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _gradient(loss_sum, g, dots, s, b, db, Y, i, wi, eta, loss, out):
+    """The step g[c] = −η·dloss·wi of every output for sample i. Returns (loss_sum
+    plus the sample's weighted losses, whether any step is nonzero, whether a
+    prediction is not finite: g is then incomplete)."""
+    any_step = False
+    for c in range(g.shape[0]):
+        p = dots[c] * s + b[c] + db[c]
+        if not math.isfinite(p):
+            return loss_sum, any_step, True
+        yc = Y[i, c]
+        loss_sum += wi * _loss(loss, p, yc)
+        d = _dloss(loss, p, yc)
+        if d > MAX_DLOSS or d < -MAX_DLOSS:
+            d = MAX_DLOSS if d > 0.0 else -MAX_DLOSS
+            out[O_CLIPS] += 1.0
+        g[c] = -eta * d * wi
+        if g[c] != 0.0:
+            any_step = True
+    return loss_sum, any_step, False
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _step(W, hw, db, g, inv_s, idx, val, r0, v0, nh, nnz, hot_feat, hot, fit_icpt,
+          icpt_decay):
+    """Add the steps g (in weight units; inv_s converts them to W's) on the row's
+    entries: the hot ones to the worker's copy hw when ``hot``, the others to W; the
+    intercept's steps to the private delta db."""
+    for c in range(W.shape[0]):
+        gc = g[c]
+        if gc != 0.0:
+            step = gc * inv_s
+            if hot:
+                for m in range(nh):
+                    hw[c, idx[_u(r0 + m)]] += step * val[_u(v0 + m)]
+                for m in range(nh, nnz):
+                    W[c, idx[_u(r0 + m)]] += step * val[_u(v0 + m)]
+            else:
+                for m in range(nnz):
+                    W[c, _feat(idx, r0, m, nh, hot_feat)] += step * val[_u(v0 + m)]
+            if fit_icpt:
+                db[c] += gc * icpt_decay
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _momentum_step(W, V, g, mom, inv_s, idx, val, r0, v0, nh, nnz, hot_feat):
+    """The heavy-ball step on the row's entries: V <- mom*V + g*x, W += V (in W's
+    units: inv_s)."""
+    for c in range(W.shape[0]):
+        gc = g[c]
+        for m in range(nnz):
+            j = _feat(idx, r0, m, nh, hot_feat)
+            vel = mom * V[c, j] + gc * val[_u(v0 + m)]
+            V[c, j] = vel
+            W[c, j] += vel * inv_s
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _l1_clip(W, q, u, s_after, idx, r0, nh, nnz, hot_feat):
+    """The cumulative L1 penalty on the row's weights (Tsuruoka et al.): move each
+    toward zero by what it has not yet received of the total u, without crossing
+    zero; q records what it received."""
+    for c in range(W.shape[0]):
+        for m in range(nnz):
+            j = _feat(idx, r0, m, nh, hot_feat)
+            z = W[c, j] * s_after
+            if z > 0.0:
+                w_new = max(0.0, z - (u + q[c, j]))
+            elif z < 0.0:
+                w_new = min(0.0, z + (u - q[c, j]))
+            else:
+                continue
+            W[c, j] = w_new / s_after
+            q[c, j] += w_new - z
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _flush_intercept(b, db):
+    """Publish the worker's intercept delta: b += db, db = 0."""
+    for c in range(b.shape[0]):
+        b[c] += db[c]
+        db[c] = 0.0
 
 
 @nb.njit(cache=True)
@@ -601,7 +777,7 @@ def optimal_t0(alpha: float, loss: int) -> float:
     step size is about the one that suits a weight of typical size 1/sqrt(alpha)."""
     typw = math.sqrt(1.0 / math.sqrt(alpha))
     # as scikit-learn: the derivative at (prediction -typw, label 1) is negative for
-    # every loss here, so the divisor is 1 and the first step is typw
+    # every loss of this module, so the divisor is 1 and the first step is typw
     d = float(_dloss(loss, -typw, 1.0))
     eta_init = typw / max(1.0, d)
     return 1.0 / (eta_init * alpha)

@@ -74,8 +74,8 @@ def mf_run(P, Q, bu, bi, users, items, ratings, order, lo, hi, lr, reg, reg_bias
 def shuffle_part(order, lo, hi, seed):
     """Shuffle order[lo:hi] in place (Fisher-Yates) with a splitmix64 stream from
     ``seed``: each MF worker shuffles its own part of the ratings at the start of an
-    epoch, in parallel, instead of the driver permuting all of them (32 ms for 2M
-    ratings), and so does each Hogwild worker of the linear models. Positions are
+    epoch, in parallel, instead of the driver permuting all of them serially, and so
+    does each Hogwild worker of the linear models. Positions are
     drawn as floor(u·(i+1)) with u a 53-bit uniform: a bias below (hi-lo)·2^-53."""
     state = np.uint64(seed)
     golden = np.uint64(0x9E3779B97F4A7C15)

@@ -19,9 +19,10 @@ import numpy as np
 
 from relaxed.shm import HEADER_SIZE, Segment
 from sgd_shm import _kernels as K
+from sgd_shm._intrinsics import LINE_WORDS
 
-_ALIGN = 64
-_NO_LOCK = np.zeros(16, dtype=np.int64)     # the processes backend never locks
+_ALIGN = 8 * LINE_WORDS          # every array starts on a padded cache line of its own
+_NO_LOCK = np.zeros(LINE_WORDS, dtype=np.int64)     # the processes backend never locks
 
 
 def _layout(shapes):
@@ -30,7 +31,7 @@ def _layout(shapes):
         offsets.append(pos)
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         pos += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN + _ALIGN    # a line of padding
-    return offsets, max(pos, 64)
+    return offsets, max(pos, _ALIGN)
 
 
 def shared_arrays(arrays):
@@ -51,12 +52,10 @@ def shared_arrays(arrays):
     return seg, views
 
 
-def worker_epoch(W, b, q, V, prob, order, lo, hi, fp, ip, out, progress, wid, scale_tab, eta_tab,
-                 cum_eta, clock, hist, Wh, parts, seeds):
-    """One worker's slice of an epoch (a module function so tests can replace it)."""
-    K._run(W, b, q, V, prob.cols_all, prob.indptr, prob.indices, prob.data, prob.X, prob.Y,
-           prob.sw, order, lo, hi, fp, ip, out, _NO_LOCK, progress, wid, scale_tab, eta_tab,
-           cum_eta, clock, hist, prob.hot_end, prob.hot_feat, Wh, parts, seeds)
+def worker_epoch(data, model, sched, params, report, wid):
+    """One worker's slice of a segment, ``_kernels.run_worker`` (a module function so
+    tests can replace it)."""
+    K.run_worker(data, model, sched, params, report, wid)
 
 
 def _serve(conn, wid, step, views, static):
@@ -180,12 +179,14 @@ _HOGWILD = ("W", "b", "q", "V", "order", "progress", "scale", "eta", "cum", "clo
 
 
 def _hogwild_step(wid, v, static, lo, hi, parts, seeds, fp, g0, L):
-    prob, ip = static
+    data, ip = static
     out = np.zeros(K.N_OUT)
     hists = v["hists"]
-    worker_epoch(v["W"], v["b"], v["q"], v["V"], prob, v["order"], lo, hi, fp, ip, out,
-                 v["progress"], wid, v["scale"][:L + 1], v["eta"][g0:g0 + L], v["cum"][:L + 1],
-                 v["clock"], hists[wid, :hists.shape[1] - 16], v["Wh"], parts, seeds)
+    worker_epoch(data, K.Model(v["W"], v["b"], v["q"], v["V"], v["Wh"], _NO_LOCK),
+                 K.Schedule.for_segment(v["order"], parts, seeds, lo, hi, v["progress"],
+                                        v["eta"], v["scale"], v["cum"], g0, L),
+                 K.Params.from_driver(fp, ip),
+                 K.Report(out, hists[wid, :hists.shape[1] - LINE_WORDS], v["clock"]), wid)
     return out
 
 
@@ -200,12 +201,13 @@ class ProcessPool:
         n = prob.n_samples
         shapes = [((k, d), np.float64), ((k,), np.float64), (sgd.q.shape, np.float64),
                   (sgd.V.shape, np.float64),
-                  ((n,), np.int64), ((16 * n_workers,), np.int64), ((n + 1,), np.float64),
-                  ((n,), np.float64), ((n + 1,), np.float64), ((16,), np.int64),
-                  ((n_workers, sgd.staleness.shape[0] + 16), np.int64),
+                  ((n,), np.int64), ((LINE_WORDS * n_workers,), np.int64),
+                  ((n + 1,), np.float64), ((n,), np.float64), ((n + 1,), np.float64),
+                  ((LINE_WORDS,), np.int64),
+                  ((n_workers, sgd.staleness.shape[0] + LINE_WORDS), np.int64),
                   ((n_workers + 1, k, prob.hot_feat.shape[0]), np.float64)]
         self.pool = SharedWorkers(dict(zip(_HOGWILD, shapes)), _hogwild_step,
-                                  (prob, sgd.ip))
+                                  (prob.kernel_data(), sgd.ip))
         try:
             self.pool.adopt(sgd, {"W": "W", "b": "b", "q": "q", "V": "V", "order": "_perm",
                                   "scale": "_scale", "eta": "_eta", "cum": "_cum"})

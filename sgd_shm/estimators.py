@@ -249,12 +249,10 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         publishes its steps about every K·H/4 of its samples (K: outputs), where the
         others pick them up: those cache lines stop moving between the cores on every
         sample, and no step on them is lost to a concurrent write (plain Hogwild loses
-        0.3-0.6% of the step mass per epoch on the README's problem). The others see a
-        worker's steps on them that many samples late. Costs a copy of the data per fit
-        (0.07-0.26 s on 14M nonzeros), which pays over longer fits only: on the README's
-        problem a default fit (8-10 epochs) came out about even, a 20-epoch fit faster
-        (0.70 against 0.88 s), a 5-epoch fit slower (0.36 against 0.22 s). Used with
-        several workers, penalty "l2" or None and no momentum.
+        a small share of its steps on the most frequent features that way). The others
+        see a worker's steps on them that many samples late. Costs a copy of the data
+        per fit (a pass over its nonzeros), which the faster epochs earn back over longer
+        fits only. Used with several workers, penalty "l2" or None and no momentum.
         0: plain Hogwild, every weight shared on every step. "auto": 4096
         (``sgd_shm.hogwild.AUTO_HOT_FEATURES``) in a ``fit`` with max_iter >= 10 on sparse
         data with at least 1M nonzeros and 16384 features, else 0 (small problems gain

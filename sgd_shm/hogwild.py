@@ -35,25 +35,25 @@ import numpy as np
 import scipy.sparse as sp
 
 from sgd_shm import _kernels as K
+from sgd_shm._intrinsics import LINE_WORDS
 from sgd_shm._mf import shuffle_part
 
 __all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "staleness_summary",
            "AUTO_HOT_FEATURES", "AUTO_HOT_MIN_NNZ", "AUTO_HOT_MIN_EPOCHS", "auto_hot_features"]
 
 #: the estimators' hot_features="auto" for a fit with several workers on large sparse
-#: data: on the README's 200k x 50k problem the 4096 most frequent features carry 77% of
-#: the nonzeros (1024: 62%); there 4096 measured faster than 1024 and as fast as 16384,
-#: whose folds are 4x longer and 4x rarer
+#: data. On Zipf-like text features a few thousand features carry most of the
+#: nonzeros; fewer hot features leave more of the contended lines shared, more make
+#: every fold (K·H words) longer and rarer without taking much more traffic off
 AUTO_HOT_FEATURES = 4096
 #: ... used from this many nonzeros and 4 * AUTO_HOT_FEATURES features on. Smaller
-#: problems take milliseconds per epoch, and there the delayed view of the hot weights
-#: costs accuracy in the first, large steps: on digits (64 features, all of them hot,
-#: 2 processes, 5 epochs) 16 fits scored 0.875-0.964 against 0.923-0.964 without
+#: problems take milliseconds per epoch, so there is little to gain, and the delayed
+#: view of the hot weights costs accuracy in the first, large steps when most of the
+#: features are hot
 AUTO_HOT_MIN_NNZ = 1_000_000
 #: ... and for runs of at least this many epochs (max_iter in a fit): the hot-first copy
-#: of the data pays over longer fits only. Whole fits on the README's problem, 2 workers,
-#: with the buffers against without: 5 epochs 0.36 against 0.22 s, 8-10 (the defaults'
-#: early stop) about even, 20 epochs 0.70 against 0.88 s
+#: costs a pass over the data per fit, which the buffers' faster epochs earn back over
+#: longer fits only
 AUTO_HOT_MIN_EPOCHS = 10
 
 
@@ -85,7 +85,7 @@ def staleness_summary(hist):
 
 def run_workers(work, n_workers):
     """Run ``work(w)`` for w = 0..n_workers-1 on threads (inline for one worker; the
-    kernels release the GIL) and re-raise the first worker's exception here."""
+    kernels release the GIL) and re-raise the first worker's exception in the caller."""
     if n_workers == 1:
         work(0)
         return
@@ -114,7 +114,7 @@ class Problem:
     most frequent features (``hot_feat``, most frequent first) carry their slot
     number instead of the feature id, ``hot_end[i]`` ends row i's hot part, and the
     workers buffer those weights (see ``_kernels``; this costs a copy of the data,
-    0.07-0.26 s on 14M nonzeros). The caller's matrix is never modified."""
+    a pass over its nonzeros). The caller's matrix is never modified."""
     n_samples: int
     n_features: int
     Y: np.ndarray
@@ -130,6 +130,11 @@ class Problem:
     @property
     def sparse(self) -> bool:
         return self.indptr.shape[0] > 0
+
+    def kernel_data(self) -> K.Data:
+        """The arrays as the kernel takes them (``_kernels.Data``)."""
+        return K.Data(self.X, self.cols_all, self.indptr, self.indices, self.data,
+                      self.hot_end, self.hot_feat, self.Y, self.sw)
 
     @classmethod
     def from_xy(cls, X, Y, sample_weight=None, hot_features=0) -> "Problem":
@@ -220,10 +225,10 @@ class HogwildSGD:
         self.ip[K.I_FIT_ICPT] = int(bool(fit_intercept))
         # locked=True: a spinlock around every sample's step (a baseline, not Hogwild)
         self.ip[K.I_LOCKED] = int(bool(locked))
-        self.lock = np.zeros(16, dtype=np.int64)
+        self.lock = np.zeros(LINE_WORDS, dtype=np.int64)
         # instrument=True: per-update staleness histogram (see _kernels._run)
         self.ip[K.I_INSTRUMENT] = int(bool(instrument))
-        self.clock = np.zeros(16, dtype=np.int64)
+        self.clock = np.zeros(LINE_WORDS, dtype=np.int64)
         self.staleness = np.zeros(int(stale_bins), dtype=np.int64)
         self.fp = np.zeros(K.N_FPARAMS)
         self.fp[K.F_ETA0] = eta0
@@ -291,7 +296,7 @@ class HogwildSGD:
         seeds = self.rng.integers(0, 2**63 - 1, size=nw) if self.shuffle else no_shuffle
         outs = np.zeros((nw, K.N_OUT))
         nbins = self.staleness.shape[0]
-        hists = np.zeros((nw, nbins + 16), dtype=np.int64)      # padded rows
+        hists = np.zeros((nw, nbins + LINE_WORDS), dtype=np.int64)   # padded rows
         fp = self.fp.copy()
         fp[K.F_NW] = nw
         eta, scale_buf, cum_buf = self._tables(n)
@@ -339,9 +344,9 @@ class HogwildSGD:
         random permutation (identity without shuffle): cut into the workers' contiguous
         parts, it splits the samples between the workers at random, once. Every epoch
         each worker then reshuffles its own part in place (``_mf.shuffle_part``, as the
-        MF workers do), in parallel: the driver's full reshuffle cost 0.75-1.7 ms of
-        serial time per epoch for 200k samples, and with one worker the part is all of
-        it, so a lone worker still sees a fresh uniform order every epoch."""
+        MF workers do), in parallel, so that the driver's serial time per epoch does not
+        grow with the data; with one worker the part is all of it, so a lone worker
+        still sees a fresh uniform order every epoch."""
         if self._perm.shape[0] != n:
             self._perm = np.arange(n, dtype=np.int64)
             if self.shuffle:
@@ -372,13 +377,10 @@ class HogwildSGD:
         if self._pool is not None:
             self._pool.run_epoch(lo, hi, parts, seeds, fp, outs, g0, L, hists, Wh)
             return
-        progress = K.fresh_progress(nw)
-        order = self._perm
-        scale_tab, eta_tab, cum_eta = self._scale[:L + 1], self._eta[g0:g0 + L], self._cum[:L + 1]
-
-        def work(w):
-            K._run(self.W, self.b, self.q, self.V, prob.cols_all, prob.indptr, prob.indices,
-                   prob.data, prob.X, prob.Y, prob.sw, order, lo, hi, fp, self.ip, outs[w],
-                   self.lock, progress, w, scale_tab, eta_tab, cum_eta, self.clock, hists[w],
-                   prob.hot_end, prob.hot_feat, Wh, parts, seeds)
-        run_workers(work, nw)
+        data = prob.kernel_data()
+        model = K.Model(self.W, self.b, self.q, self.V, Wh, self.lock)
+        sched = K.Schedule.for_segment(self._perm, parts, seeds, lo, hi, K.fresh_progress(nw),
+                                       self._eta, self._scale, self._cum, g0, L)
+        params = K.Params.from_driver(fp, self.ip)
+        run_workers(lambda w: K.run_worker(data, model, sched, params,
+                                           K.Report(outs[w], hists[w], self.clock), w), nw)

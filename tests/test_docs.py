@@ -44,3 +44,28 @@ def test_page_examples_run(page, tmp_path, monkeypatch):
             exec(compile(code, where, "exec"), namespace)
         except Exception as exc:  # re-raised with the page and line that failed
             raise AssertionError(f"example at {where} failed: {exc!r}") from exc
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", PAGES + [ROOT / "CHANGELOG.md"],
+                         ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_resolve(page):
+    """Every relative link (docs pages, images, source files) points at a file that exists."""
+    missing = [target for target in LINK.findall(page.read_text())
+               if "://" not in target and not (page.parent / target).exists()]
+    assert not missing, f"{page.relative_to(ROOT)} links to missing files: {missing}"
+
+
+#: what a run report looks like in source text; figures belong in docs/benchmarks.md,
+#: history in CHANGELOG.md and the commit messages
+RUN_REPORT = re.compile(r"FACTS\.md|shared/|measured here|this VM|\b20\d\d-\d\d-\d\d\b")
+
+
+def test_sources_carry_no_run_reports():
+    sources = [p for d in ("relaxed", "sgd_shm", "ext", "bench") for p in (ROOT / d).rglob("*")
+               if p.suffix in (".py", ".pyx", ".pxd", ".h", ".cpp")]
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in sources
+            for i, line in enumerate(p.read_text().splitlines(), 1) if RUN_REPORT.search(line)]
+    assert not hits, "run reports in source comments:\n" + "\n".join(hits)

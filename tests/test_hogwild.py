@@ -148,18 +148,19 @@ def test_a_worker_takes_over_an_open_part_exactly_once(backend, open_part, monke
     X, y = make_rcv1_like(5000, 400, density=0.05, random_state=4)
     n = X.shape[0]
     prob = Problem.from_xy(X, y[:, None], hot_features=400)
-    run, fresh = K._run, K.fresh_progress
+    run, fresh = K.run_worker, K.fresh_progress
+    from sgd_shm._intrinsics import LINE_WORDS
 
-    def only_worker_0(*args):
-        if args[19] == 0:                       # wid
-            run(*args)
+    def only_worker_0(data, model, sched, params, report, wid):
+        if wid == 0:
+            run(data, model, sched, params, report, wid)
 
     def progress(nw, out=None):
         p = fresh(nw, out)
         if open_part:
-            p[16 + 8] = 0                       # part 1 open, its owner paused
+            p[LINE_WORDS + LINE_WORDS // 2] = 0     # part 1's cursor: open, its owner paused
         return p
-    monkeypatch.setattr(K, "_run", only_worker_0)          # (forked workers inherit both)
+    monkeypatch.setattr(K, "run_worker", only_worker_0)    # (forked workers inherit both)
     monkeypatch.setattr(K, "fresh_progress", progress)
     steps, segment = [], HogwildSGD._run_segment
 

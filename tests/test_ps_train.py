@@ -5,7 +5,6 @@ only it, and fast workers take its minibatches; a SIGKILLed worker does not
 stop the run; checkpoints are atomic and resume continues; emulation and bad
 input."""
 import glob
-import importlib
 import os
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import WaitPolicy, load_checkpoint, train
-train_mod = importlib.import_module("sgd_shm.ps.train")   # the module, not the function
+from sgd_shm.ps import checkpoint as checkpoint_mod
 
 
 def _batches_per_partition(X, workers, batch_size=64):
@@ -244,7 +243,7 @@ def test_checkpoint_write_is_atomic(data, tmp_path, monkeypatch):
     def torn(f, **arrays):
         f.write(b"PK\x03\x04 half a zip file")
         raise OSError("disk full")
-    monkeypatch.setattr(train_mod.np, "savez", torn)
+    monkeypatch.setattr(checkpoint_mod.np, "savez", torn)
     with pytest.raises(OSError, match="disk full"):
         train(X, y, n_workers=1, policy="asp", max_seconds=0.3, seed=5, checkpoint=path)
     monkeypatch.undo()

@@ -1,19 +1,27 @@
-"""sgd_shm.ps: the multi-process parameter server's building blocks.
+"""sgd_shm.ps: a parameter server with straggler-aware policies, on shared memory or Ray.
 
+    train            train a linear model with worker processes (shm) or Ray actors
+    TrainResult      the trained model (coef_, predict, score) and the run's record
+    Policy           the asynchronous policy and the base class of every policy;
+    BSP, SSP, SaPS   its synchronous, stale-synchronous and straggler-aware variants
     ParameterStore   sharded weights, per-shard versions and locks, a global version
                      and per-worker slots in one shared-memory segment (pull / push)
     WaitPolicy       spin, yield, then defer a push on a locked shard
     PushResult       what a push applied and what it deferred
-    train            BSP / ASP / SSP / SaPS training with worker processes, minibatch
-                     stealing through MultiQueues, checkpoints and resume
-    load_checkpoint  read a checkpoint written by train
-    plot_losses      loss against time and updates, staleness histograms, detections
+    load_checkpoint  read a checkpoint written by train (either backend)
+    plot_losses, curves_of   loss against time and updates, staleness, detections
 
+The parts: config, partitions, policies, worker, coordinator, checkpoint, plots, and
+the transports shm_backend and ray_backend (Ray is imported only for backend="ray").
 ``python -m sgd_shm`` (the kit's main job) runs all four policies on an embedded
 default with worker 0 slowed 4x.
 """
+from sgd_shm.ps.checkpoint import load_checkpoint, save_checkpoint
+from sgd_shm.ps.plots import curves_of, plot_losses
+from sgd_shm.ps.policies import ASP, BSP, POLICIES, SSP, Policy, SaPS
 from sgd_shm.ps.store import ParameterStore, PushResult, WaitPolicy
-from sgd_shm.ps.train import TrainResult, load_checkpoint, plot_losses, train
+from sgd_shm.ps.trainer import TrainResult, train
 
-__all__ = ["ParameterStore", "PushResult", "WaitPolicy", "train", "TrainResult",
-           "load_checkpoint", "plot_losses"]
+__all__ = ["train", "TrainResult", "Policy", "ASP", "BSP", "SSP", "SaPS", "POLICIES",
+           "ParameterStore", "PushResult", "WaitPolicy", "load_checkpoint",
+           "save_checkpoint", "plot_losses", "curves_of"]

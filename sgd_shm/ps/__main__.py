@@ -15,7 +15,7 @@ import json
 import os
 
 from sgd_shm.data import make_rcv1_like
-from sgd_shm.ps.train import POLICIES, curves_of, plot_losses, train
+from sgd_shm.ps import POLICIES, curves_of, plot_losses, train
 
 
 def main(argv=None) -> int:

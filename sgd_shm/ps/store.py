@@ -10,7 +10,7 @@ computed from them, in the style of ps-lite's few verbs. Everything lives in one
   applied to it, and a lock word holding the pid of the process applying one
   (0 when free);
 * a global version: the number of pushes applied in full;
-* per worker, in its own cache line: the version it last pulled, its pushes,
+* per worker, in cache lines of its own: the version it last pulled, its pushes,
   its compute time, a heartbeat and a status word, the sum of the staleness of
   its pushes (global version at push minus version pulled), how many shard
   updates it deferred, what the training driver counts (pushes dropped,
@@ -47,15 +47,27 @@ import numpy as np
 from numba import njit
 
 from relaxed import shm as _shm
-from sgd_shm._intrinsics import cas_acquire, fetch_add, load_relaxed, store_release
+from sgd_shm._intrinsics import LINE_WORDS, cas_acquire, fetch_add, load_relaxed, store_release
 
 KIND_PS = 4
-LINE = 16                        # int64 per padded slot (128 bytes)
+#: int64 words per padded slot (a cache line as the compiled core pads it); a segment
+#: records it, and attaching to one laid out with another stride is refused
+LINE = LINE_WORDS
 SLOT_FIELDS = ("pulled_version", "pushes", "compute_ns", "heartbeat_ns", "status",
                "staleness_sum", "deferred", "dropped", "stolen", "spells")
+_FIELD = {f: i for i, f in enumerate(SLOT_FIELDS)}
+_PULLED, _PUSHES, _COMPUTE, _HEARTBEAT, _STATUS, _STALENESS, _DEFERRED = range(7)
+#: counters of a slot that the training driver adds to (:meth:`ParameterStore.add`)
+DRIVER_COUNTERS = ("staleness_sum", "dropped", "stolen", "spells")
+#: values of a slot's status word (set by the coordinator)
+RUNNING, FLAGGED, DEAD = 0, 1, 2
 F_APPLIED = 10                   # float64 slot field: sum of the scales of the pushes
+#: int64 words per worker slot: its fields, padded to whole lines
+SLOT = -(-(F_APPLIED + 1) // LINE) * LINE
 HIST_BINS = 32                   # staleness histogram bins per worker
-HEADER = 256
+META = _shm.HEADER_SIZE          # the store's own header (8 int64) follows the common one:
+                                 # n_params, n_shards, n_workers, LINE
+HEADER = 256                     # where the weights start
 
 
 @dataclass(frozen=True)
@@ -186,8 +198,8 @@ class ParameterStore:
         seg = _shm.Segment.create(total, shared=shared)
         try:
             _shm.write_header(seg.buf, KIND_PS, total)
-            meta = np.frombuffer(seg.buf, np.int64, 8, offset=64)
-            meta[:] = (n_params, n_shards, n_workers, 0, 0, 0, 0, 0)
+            meta = np.frombuffer(seg.buf, np.int64, 8, offset=META)
+            meta[:] = (n_params, n_shards, n_workers, LINE, 0, 0, 0, 0)
             self._map(seg)
             if init is not None:
                 a = np.asarray(init, dtype=np.float64)
@@ -203,7 +215,7 @@ class ParameterStore:
 
     @staticmethod
     def _size(n_params, n_shards, n_workers):
-        return HEADER + 8 * (n_params + 2 * LINE * n_shards + LINE + LINE * n_workers
+        return HEADER + 8 * (n_params + 2 * LINE * n_shards + LINE + SLOT * n_workers
                              + HIST_BINS * n_workers)
 
     @classmethod
@@ -213,7 +225,12 @@ class ParameterStore:
         self = cls.__new__(cls)
         try:
             _shm.check_header(seg.buf, KIND_PS, name)
-            n_params, n_shards, n_workers = np.frombuffer(seg.buf, np.int64, 3, offset=64)
+            n_params, n_shards, n_workers, line = np.frombuffer(seg.buf, np.int64, 4,
+                                                                offset=META)
+            if line != LINE:
+                raise ValueError(f"segment {name!r} pads its slots to {int(line)} words, this "
+                                 f"build to {LINE} (RELAXED_CACHE_LINE); attach from a process "
+                                 "of the same build")
             if cls._size(int(n_params), int(n_shards), int(n_workers)) != seg.size:
                 raise ValueError(f"segment {name!r} has an inconsistent ParameterStore header")
             self._map(seg)
@@ -226,7 +243,7 @@ class ParameterStore:
     def _map(self, seg):
         self._seg = seg
         n_params, n_shards, n_workers = (int(x) for x in
-                                         np.frombuffer(seg.buf, np.int64, 3, offset=64))
+                                         np.frombuffer(seg.buf, np.int64, 3, offset=META))
         self.n_params, self.n_shards, self.n_workers = n_params, n_shards, n_workers
         off = HEADER
         self.weights = np.frombuffer(seg.buf, np.float64, n_params, offset=off)
@@ -237,10 +254,10 @@ class ParameterStore:
         off += 8 * LINE * n_shards
         self._global = np.frombuffer(seg.buf, np.int64, LINE, offset=off)
         off += 8 * LINE
-        self._slots = np.frombuffer(seg.buf, np.int64, LINE * n_workers,
-                                    offset=off).reshape(n_workers, LINE)
+        self._slots = np.frombuffer(seg.buf, np.int64, SLOT * n_workers,
+                                    offset=off).reshape(n_workers, SLOT)
         self._slotsf = self._slots.view(np.float64)
-        off += 8 * LINE * n_workers
+        off += 8 * SLOT * n_workers
         self._hist = np.frombuffer(seg.buf, np.int64, HIST_BINS * n_workers,
                                    offset=off).reshape(n_workers, HIST_BINS)
         self.bounds = np.linspace(0, n_params, n_shards + 1).astype(np.int64)
@@ -366,8 +383,8 @@ class ParameterStore:
             out[:] = self.weights
         if worker is not None:
             s = self._slots[self._worker(worker)]
-            s[0] = v
-            s[3] = time.monotonic_ns()
+            s[_PULLED] = v
+            s[_HEARTBEAT] = time.monotonic_ns()
         return out, v
 
     def push(self, grad, version, *, lr, worker=None, scale=1.0, wait=WaitPolicy()):
@@ -390,12 +407,12 @@ class ParameterStore:
         self._apply(res, range(self.n_shards), wait)
         if wid is not None:
             s = self._slots[wid]
-            fetch_add_py(s, 1, 1)
-            fetch_add_py(s, 5, max(stale, 0))
-            fetch_add_py(s, 6, len(res.deferred))
+            fetch_add_py(s, _PUSHES, 1)
+            fetch_add_py(s, _STALENESS, max(stale, 0))
+            fetch_add_py(s, _DEFERRED, len(res.deferred))
             fetch_add_py(self._hist[wid], staleness_bin(stale), 1)
             self._slotsf[wid, F_APPLIED] += scale      # this worker's process only
-            s[3] = time.monotonic_ns()
+            s[_HEARTBEAT] = time.monotonic_ns()
         if not res.deferred:
             fetch_add_py(self._global, 0, 1)
         return res
@@ -463,10 +480,36 @@ class ParameterStore:
         self._check_open()
         row = self._slots[self._worker(worker)]
         if compute_ns is not None:
-            fetch_add_py(row, 2, int(compute_ns))
+            fetch_add_py(row, _COMPUTE, int(compute_ns))
         if status is not None:
-            row[4] = int(status)
-        row[3] = time.monotonic_ns()
+            row[_STATUS] = int(status)
+        row[_HEARTBEAT] = time.monotonic_ns()
+
+    def counter(self, worker, field) -> int:
+        """One field of a worker's slot (a name of :data:`SLOT_FIELDS`), read as it is
+        (the worker may be writing it)."""
+        return int(self._slots[self._worker(worker), _field(field)])
+
+    def add(self, worker, field, n):
+        """Atomically add ``n`` to a driver counter of a worker's slot (one of
+        :data:`DRIVER_COUNTERS`)."""
+        if field not in DRIVER_COUNTERS:
+            raise ValueError(f"field: must be one of {DRIVER_COUNTERS}, got {field!r}")
+        fetch_add_py(self._slots[self._worker(worker)], _FIELD[field], int(n))
+
+    def all_pushes(self) -> np.ndarray:
+        """Every worker's applied pushes (for a checkpoint)."""
+        self._check_open()
+        return self._slots[:, _FIELD["pushes"]].copy()
+
+    def set_pushes(self, pushes):
+        """Set every worker's push count (resuming from a checkpoint; only while no
+        one pushes)."""
+        self._check_open()
+        p = np.asarray(pushes)
+        if p.shape != (self.n_workers,) or p.dtype.kind not in "iu" or (p < 0).any():
+            raise ValueError(f"pushes: expected {self.n_workers} ints >= 0, got {pushes!r}")
+        self._slots[:, _FIELD["pushes"]] = p
 
     def _grad(self, grad):
         g = np.asarray(grad)
@@ -535,6 +578,13 @@ def _store_at(arr, v):
 def store_release_py(arr, v):
     """arr[0] = v with release order (int64)."""
     _store_at(arr, v)
+
+
+def _field(field):
+    try:
+        return _FIELD[field]
+    except KeyError:
+        raise ValueError(f"field: must be one of {SLOT_FIELDS}, got {field!r}") from None
 
 
 def staleness_bin(stale: int) -> int:

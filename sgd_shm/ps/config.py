@@ -1,0 +1,172 @@
+"""The validated configuration of a parameter-server run.
+
+:func:`make_config` checks every argument of :func:`sgd_shm.ps.train` and raises a
+``ValueError`` or ``TypeError`` naming the argument, the rule and the fix; the rest of
+the server trusts the :class:`TrainConfig` it returns.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sgd_shm import _kernels as K
+from sgd_shm.ps.policies import Policy, make_policy
+from sgd_shm.ps.store import WaitPolicy
+
+LOSSES = {"log_loss": K.LOG, "hinge": K.HINGE, "modified_huber": K.MODIFIED_HUBER,
+          "squared_error": K.SQUARED}
+PROFILES = ("none", "straggler", "hetero")
+BACKENDS = ("shm", "ray")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    n_workers: int
+    policy: Policy
+    factors: np.ndarray                 # compute-time stretch per worker
+    max_seconds: float
+    target_loss: float | None
+    loss: str
+    lr: float
+    alpha: float
+    batch_size: int
+    n_shards: int
+    sample_every: float
+    transient: tuple | None
+    faults: dict = field(default_factory=dict)
+    checkpoint: str | None = None
+    checkpoint_every: float = 5.0
+    resume: str | None = None
+    wait: WaitPolicy = field(default_factory=WaitPolicy)
+    seed: object = None
+    progress: bool = False
+    backend: str = "shm"
+    address: str | None = None
+
+    @property
+    def loss_code(self) -> int:
+        return LOSSES[self.loss]
+
+
+def _int_at_least(name, v, lo=1):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise ValueError(f"{name}: must be an int >= {lo}, got {v!r}")
+    return int(v)
+
+
+def _positive(name, v):
+    if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+        raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
+    return float(v)
+
+
+def factors_of(slowdown, n_workers):
+    """Per-worker compute-time factors from ``slowdown`` (see :func:`train`)."""
+    factors = np.ones(n_workers)
+    if isinstance(slowdown, str):
+        if slowdown not in PROFILES:
+            raise ValueError(f"slowdown: profile must be one of {PROFILES}, got {slowdown!r}")
+        if slowdown == "straggler":
+            factors[0] = 4.0
+        elif slowdown == "hetero" and n_workers > 1:
+            factors = 4.0 ** (1.0 - np.arange(n_workers) / (n_workers - 1))
+    elif isinstance(slowdown, dict):
+        for k, f in slowdown.items():
+            if not isinstance(k, (int, np.integer)) or not 0 <= k < n_workers:
+                raise ValueError(f"slowdown: worker {k!r} is not in [0, {n_workers})")
+            factors[k] = f
+    elif slowdown is not None:
+        factors = np.asarray(slowdown, dtype=float)
+        if factors.shape != (n_workers,):
+            raise ValueError(f"slowdown: expected {n_workers} factors, got shape "
+                             f"{factors.shape}")
+    if (factors < 1).any() or not np.isfinite(factors).all():
+        raise ValueError("slowdown: factors must be finite and >= 1 (1 = full speed)")
+    return factors
+
+
+def transient_of(transient):
+    if transient is None:
+        return None
+    try:
+        rate, factor, length = (float(x) for x in transient)
+    except (TypeError, ValueError):
+        raise ValueError("transient: expected (spells per second, factor, seconds), got "
+                         f"{transient!r}") from None
+    if not (rate > 0 and factor >= 1 and length > 0) or not all(
+            map(np.isfinite, (rate, factor, length))):
+        raise ValueError("transient: need spells per second > 0, factor >= 1 and seconds > 0, "
+                         f"got {transient!r}")
+    return rate, factor, length
+
+
+def _faults(faults, n_workers):
+    faults = dict(faults or {})
+    for k, t in faults.items():
+        if not isinstance(k, (int, np.integer)) or not 0 <= k < n_workers or not t >= 0:
+            raise ValueError(f"faults: expected {{worker in [0, {n_workers}): seconds >= 0}}, "
+                             f"got {{{k!r}: {t!r}}}")
+    return faults
+
+
+def _checkpoint_path(checkpoint):
+    if checkpoint is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(os.fspath(checkpoint)))
+    if not os.path.isdir(folder):
+        raise ValueError(f"checkpoint: folder {folder!r} does not exist; create it first")
+    return os.fspath(checkpoint)
+
+
+def _wait(wait):
+    if wait is None:
+        return WaitPolicy()
+    if not isinstance(wait, WaitPolicy):
+        raise TypeError(f"wait: expected a sgd_shm.ps.WaitPolicy, got {type(wait).__name__}")
+    return wait
+
+
+def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
+                target_loss=None, loss="log_loss", lr=0.5, alpha=1e-4, batch_size=64,
+                staleness=None, n_shards=8, sample_every=0.02, window=0.5,
+                detect_factor=2.0, transient=None, faults=None, checkpoint=None,
+                checkpoint_every=5.0, resume=None, wait=None, seed=None, progress=None,
+                backend="shm", address=None) -> TrainConfig:
+    """A :class:`TrainConfig` from :func:`sgd_shm.ps.train`'s keyword arguments."""
+    pol = make_policy(policy, staleness=staleness, window=window, detect_factor=detect_factor)
+    if loss not in LOSSES:
+        raise ValueError(f"loss: must be one of {tuple(LOSSES)}, got {loss!r}")
+    if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
+        raise ValueError(f"n_workers: must be an int >= 1, got {n_workers!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
+    if address is not None and backend != "ray":
+        raise ValueError(f"address: joins a Ray cluster, so it needs backend='ray' "
+                         f"(got backend={backend!r})")
+    for name in ("window", "detect_factor"):
+        _positive(name, locals()[name])
+    if alpha is None or isinstance(alpha, bool) or not (
+            isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha: must be a finite number >= 0, got {alpha!r}")
+    return TrainConfig(
+        n_workers=n_workers, policy=pol.bind(n_workers),
+        factors=factors_of(slowdown, n_workers), max_seconds=_positive("max_seconds", max_seconds),
+        target_loss=target_loss, loss=loss, lr=_positive("lr", lr), alpha=float(alpha),
+        batch_size=_int_at_least("batch_size", batch_size),
+        n_shards=_int_at_least("n_shards", n_shards),
+        sample_every=_positive("sample_every", sample_every),
+        transient=transient_of(transient), faults=_faults(faults, n_workers),
+        checkpoint=_checkpoint_path(checkpoint),
+        checkpoint_every=_positive("checkpoint_every", checkpoint_every),
+        resume=None if resume is None else os.fspath(resume), wait=_wait(wait), seed=seed,
+        progress=_progress(progress), backend=backend, address=address)
+
+
+def _progress(progress):
+    if progress is None:
+        import sys
+        return sys.stderr.isatty()
+    return bool(progress)

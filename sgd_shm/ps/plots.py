@@ -1,0 +1,87 @@
+"""Plots of parameter-server runs (outside the training path: matplotlib is imported
+only when a plot is drawn)."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["plot_losses", "curves_of"]
+
+def _flag_intervals(events, end):
+    """{worker: [(start, length), ...]} flagged intervals from flag events."""
+    out, since = {}, {}
+    for t, k, on in events:
+        if on:
+            since[k] = t
+        elif k in since:
+            out.setdefault(k, []).append((since[k], t - since.pop(k)))
+    for k, t in since.items():
+        out.setdefault(k, []).append((t, end - t))
+    return out
+
+
+def plot_losses(curves, target, path, title="", n_workers=None):
+    """Four panels: training loss against seconds (SaPS detections dotted) and
+    against updates, one line per policy; the staleness histogram of each
+    policy's pushes; SaPS's detection timeline (which worker was flagged when).
+
+    ``curves``: {policy: {"seconds": [...], "loss": [...], "updates": [...]
+    (optional), "detections": [(seconds, worker)], "events": [(seconds, worker,
+    flagged)] (optional), "staleness_hist": [counts per log2 bin] (optional)}}.
+    Writes a PNG."""
+    from matplotlib.figure import Figure      # no pyplot: the caller's backend is left alone
+    fig = Figure(figsize=(11, 7.5))
+    axes = fig.subplots(2, 2)
+    (a_t, a_u), (a_h, a_d) = axes
+    colors = {}
+    for pol, c in curves.items():
+        line, = a_t.plot(c["seconds"], c["loss"], label=pol)
+        colors[pol] = line.get_color()
+        for t, _ in c["detections"]:
+            a_t.axvline(t, color=line.get_color(), ls=":", lw=1)
+        if c.get("updates"):
+            a_u.plot(c["updates"], c["loss"], label=pol, color=colors[pol])
+        h = np.asarray(c.get("staleness_hist") or [], dtype=float)
+        if h.sum() > 0:
+            last = int(np.flatnonzero(h)[-1]) + 1
+            a_h.step(np.arange(last), h[:last] / h.sum(), where="mid", label=pol,
+                     color=colors[pol])
+    for ax, xl in ((a_t, "seconds"), (a_u, "updates applied")):
+        ax.axhline(target, color="grey", ls="--", lw=1, label="target")
+        ax.set_xlabel(xl)
+        ax.set_ylabel("training loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    a_h.set_xlabel("push staleness τ, log2 bins (0: τ=0; i: 2^(i-1) ≤ τ < 2^i)")
+    a_h.set_ylabel("fraction of pushes")
+    a_h.grid(alpha=0.3)
+    a_h.legend(fontsize=8)
+    sa = curves.get("saps")
+    a_d.set_title("SaPS: workers flagged as stragglers", fontsize=9)
+    a_d.set_xlabel("seconds")
+    a_d.set_ylabel("worker")
+    if sa is not None:
+        end = sa["seconds"][-1] if sa["seconds"] else 0.0
+        ev = sa.get("events") or [(t, k, True) for t, k in sa["detections"]]
+        spans = _flag_intervals(ev, end)
+        nw = n_workers or (max(spans) + 1 if spans else 1)
+        for k, iv in spans.items():
+            a_d.broken_barh(iv, (k - 0.35, 0.7), color=colors.get("saps"))
+        a_d.set_ylim(-0.6, nw - 0.4)
+        a_d.set_yticks(range(nw))
+        a_d.set_xlim(0, max(end, 1e-9))
+    a_d.grid(alpha=0.3, axis="x")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def curves_of(results):
+    """The ``plot_losses`` input for {policy: TrainResult}."""
+    return {pol: {"seconds": [h["seconds"] for h in r.history],
+                  "loss": [h["loss"] for h in r.history],
+                  "updates": [h["version"] for h in r.history],
+                  "detections": r.detections, "events": r.events,
+                  "staleness_hist": np.sum(r.staleness_hist, axis=0).tolist()}
+            for pol, r in results.items()}

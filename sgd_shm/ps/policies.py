@@ -1,0 +1,243 @@
+"""Training policies of the parameter server, as objects.
+
+Every policy answers the same few questions, so the worker loop and the coordinator
+never compare policy names:
+
+* ``may_step(k, my_pushes, link)``: may worker k start its next step? (a gate; the
+  worker sleeps briefly and asks again while the answer is no);
+* ``sources(k, link)``: partitions to take a minibatch from before k's own, each with
+  a refill limit (see :meth:`Policy.sources`);
+* ``push_scale(tau, flagged)``: the weight of a push whose staleness is ``tau``
+  (global version at push minus the version pulled), or ``None`` to drop it (the
+  worker re-queues its minibatch and pulls again);
+* ``on_sample(view)``: called by the coordinator at every sample (every
+  ``sample_every`` seconds), e.g. to flag stragglers.
+
+:class:`Policy` is ASP: every hook has the asynchronous answer. BSP and SSP override
+the gate, SaPS the push, the sources and the sample. A user-defined policy subclasses
+:class:`Policy` and overrides what it changes; it must pickle (it is sent to the
+workers). Example: a policy that drops every push staler than 8 updates::
+
+    class DropStale(Policy):
+        name = "drop-stale"
+        uses_staleness = True
+        def push_scale(self, tau, flagged):
+            return None if tau > 8 else 1.0
+
+    train(X, y, policy=DropStale())
+
+Sources: SSP is Ho et al., "More effective distributed ML via a stale synchronous
+parallel parameter server", NIPS 2013; SaPS after Yu, Zhu, Chen, Cheng, Hu, Li,
+"Accelerating distributed training in heterogeneous clusters via a straggler-aware
+parameter server", HPCC 2019, with the exact rules stated in :class:`SaPS`.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+
+from sgd_shm.ps.store import DEAD, FLAGGED
+
+__all__ = ["Policy", "ASP", "BSP", "SSP", "SaPS", "POLICIES", "make_policy"]
+
+
+class Policy:
+    """The asynchronous policy (ASP), and the base class of every policy.
+
+    Attributes: ``name`` (for reports and checkpoints); ``uses_staleness``: the
+    worker computes tau for :meth:`push_scale` only when this is true (one version
+    read per push)."""
+
+    name = "asp"
+    uses_staleness = False
+
+    def bind(self, n_workers: int) -> "Policy":
+        """A copy of this policy set up for a run of ``n_workers`` workers (a
+        policy object can be reused for several runs)."""
+        p = copy.copy(self)
+        p.n_workers = n_workers
+        return p
+
+    def may_step(self, k: int, my_pushes: int, link) -> bool:
+        """Worker k has pushed ``my_pushes`` times; may it start another step?"""
+        return True
+
+    def sources(self, k: int, link):
+        """[(partition, refill_limit)] to take from before k's own partition. A
+        partition's queue is refilled with its next epoch e + 1 when it is found
+        empty and e < refill_limit (``None``: always)."""
+        return ()
+
+    def push_scale(self, tau: int, flagged: bool):
+        """Weight of a push of staleness tau (1.0: as is; ``None``: drop it)."""
+        return 1.0
+
+    def on_sample(self, view) -> None:
+        """Coordinator hook, once per sample; ``view`` is a
+        :class:`sgd_shm.ps.coordinator.SampleView`."""
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+ASP = Policy
+
+
+class SSP(Policy):
+    """Stale synchronous parallel: worker k starts step c only when every live
+    worker has pushed at least c - staleness times (Ho et al. 2013)."""
+
+    name = "ssp"
+
+    def __init__(self, staleness=None):
+        self.staleness = staleness
+
+    def bind(self, n_workers):
+        p = super().bind(n_workers)
+        p.s = _bound(self.staleness, n_workers)
+        return p
+
+    def may_step(self, k, my_pushes, link):
+        need = my_pushes - self.s
+        for j in range(self.n_workers):
+            if link.status(j) != DEAD and link.pushes(j) < need:
+                return False
+        return True
+
+    def __repr__(self):
+        return f"{type(self).__name__}(staleness={self.staleness!r})"
+
+
+class BSP(SSP):
+    """Bulk synchronous: worker k starts its c-th step only when every live worker
+    has pushed c times (SSP with staleness 0)."""
+
+    name = "bsp"
+
+    def __init__(self):
+        super().__init__(staleness=0)
+
+    def __repr__(self):
+        return "BSP()"
+
+
+class SaPS(Policy):
+    """Straggler-aware: never makes a fast worker wait.
+
+    - Detection reads the version counters. A push's staleness is the global version
+      at push minus the version its worker pulled. At every sample the coordinator
+      takes each worker's mean staleness over its pushes (applied or dropped) of the
+      last ``window`` seconds (a worker with no push in the window counts as
+      infinitely stale). After a first full window, worker w is flagged while its
+      mean exceeds ``detect_factor`` times the median of the other live workers'
+      means (and at least 1) and exceeds n_workers; it is unflagged when that stops.
+    - Bound: a push with staleness tau above ``staleness`` (default n_workers) is
+      down-weighted by staleness / tau; from a flagged worker it is dropped instead,
+      the worker re-pulls, and its minibatch goes back to its queue.
+    - Stealing: when worker q is flagged (or dies), its partition's deficit is
+      written off (``lag_q`` = the smallest epoch of the other unflagged live
+      partitions minus q's, at that moment). An unflagged worker first takes
+      minibatches from the queue of a flagged or dead worker q whose partition is not
+      ahead of its own (q's epoch + lag_q <= its own), refilling that queue when it
+      is empty and strictly behind; only then from its own. A straggler's unstarted
+      minibatches are processed by the fast workers and its data keeps pace from the
+      detection on. (Making up the deficit from before the detection would be a
+      burst of one partition's gradients, which biases the model.)
+    """
+
+    name = "saps"
+    uses_staleness = True
+
+    def __init__(self, staleness=None, window=0.5, detect_factor=2.0):
+        for nm, v in (("window", window), ("detect_factor", detect_factor)):
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v)
+                                           and v > 0):
+                raise ValueError(f"{nm}: must be a finite number > 0, got {v!r}")
+        self.staleness, self.window, self.detect_factor = staleness, window, detect_factor
+
+    def bind(self, n_workers):
+        p = super().bind(n_workers)
+        p.s = _bound(self.staleness, n_workers)
+        p._samples = [[] for _ in range(n_workers)]     # (t, staleness sum, pushes)
+        return p
+
+    def push_scale(self, tau, flagged):
+        if tau <= self.s:
+            return 1.0
+        return None if flagged else self.s / tau
+
+    def sources(self, k, link):
+        if link.status(k) == FLAGGED:
+            return ()
+        own = link.epoch(k)
+        out = []
+        for q in range(self.n_workers):
+            if q != k and link.status(q) in (FLAGGED, DEAD):
+                lag = link.lag(q)
+                if link.epoch(q) + lag <= own:
+                    out.append((q, own - lag))
+        return out
+
+    def on_sample(self, view):
+        n, now = self.n_workers, view.now
+        for k in range(n):
+            s = self._samples[k]
+            s.append((now, view.staleness_sum(k), view.pushes_tried(k)))
+            while len(s) > 1 and s[0][0] < now - self.window:
+                s.pop(0)
+        if now < self.window:                    # a full window before any verdict
+            return
+        level = []
+        for s in self._samples:
+            (_, s0, p0), (_, s1, p1) = s[0], s[-1]
+            level.append((s1 - s0) / (p1 - p0) if p1 > p0 else math.inf)
+        for k in range(n):
+            if k in view.killed:
+                continue
+            others = [level[j] for j in range(n) if j != k and j not in view.killed]
+            if not others:
+                continue
+            slow = (level[k] > self.detect_factor * max(float(np.median(others)), 1.0)
+                    and level[k] > n)
+            if slow and k not in view.flagged:
+                view.flag(k)
+            elif not slow and k in view.flagged:
+                view.unflag(k)
+
+    def __repr__(self):
+        return (f"SaPS(staleness={self.staleness!r}, window={self.window!r}, "
+                f"detect_factor={self.detect_factor!r})")
+
+
+#: the policies by name, as ``train(policy=...)`` takes them
+POLICIES = ("bsp", "asp", "ssp", "saps")
+
+
+def _bound(staleness, n_workers):
+    s = n_workers if staleness is None else staleness
+    if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+        raise ValueError(f"staleness: must be an int >= 0, got {staleness!r}")
+    return int(s)
+
+
+def make_policy(policy, *, staleness=None, window=0.5, detect_factor=2.0) -> Policy:
+    """A policy object from ``train``'s arguments: a name in :data:`POLICIES` (with
+    ``staleness``, ``window``, ``detect_factor``), or a :class:`Policy` instance,
+    returned as it is."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, type) and issubclass(policy, Policy):
+        raise TypeError(f"policy: pass an instance, e.g. policy={policy.__name__}(), "
+                        "not the class")
+    if policy == "asp":
+        return Policy()
+    if policy == "bsp":
+        return BSP()
+    if policy == "ssp":
+        return SSP(staleness)
+    if policy == "saps":
+        return SaPS(staleness, window, detect_factor)
+    raise ValueError(f"policy: must be one of {POLICIES} or a sgd_shm.ps.Policy instance, "
+                     f"got {policy!r}")

@@ -1,0 +1,325 @@
+"""The Ray transport: the same parameter server on a Ray cluster (one box or several).
+
+* One actor per shard (:class:`_Shard`) holds its slice of the weights and its
+  version counter; a push applies the worker's gradient slice there.
+* A hub actor (:class:`_Hub`) holds what the shared segment holds on one box: the
+  global version, the per-worker slots and staleness histograms, the stop flag, and
+  the partitions' minibatch queues with their epoch counters, lags and the
+  exactly-once tally. An actor runs one call at a time, so its counters and its
+  queue refills are atomic without locks.
+* Workers are actors (:class:`_Worker`) running the same loop as the processes of the
+  shared-memory transport (:func:`sgd_shm.ps.worker.run_worker`) through a
+  :class:`RayLink`. The data and the job travel once, through Ray's object store
+  (numpy arrays are shared zero-copy by the workers of a node).
+* The coordinator (the caller's process) reads shard versions and worker counters
+  through actor calls; ``ray.kill`` of a worker actor is the fault injection.
+
+Ray is an optional extra (``pip install 'relaxed-sgd-kit[ray]'``): this module is
+imported only by ``train(..., backend="ray")``. With ``address=None`` a local Ray
+instance sized to the machine is started (or the running one is used); with an
+address, that cluster is joined.
+
+Differences from shared memory, by design: a push reads no shard locks (each shard
+actor applies one update at a time), so ``wait`` has no effect; a dead worker's
+partial push stays applied on the shards it reached, as on shared memory.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import ray
+
+from sgd_shm.ps.partitions import tally
+from sgd_shm.ps.store import HIST_BINS, SLOT_FIELDS, staleness_bin
+from sgd_shm.ps.worker import Diverged, run_worker
+
+_SLOT = {f: i for i, f in enumerate(SLOT_FIELDS)}
+
+
+def ensure_ray(address=None):
+    """Connect to Ray: the running instance, the cluster at ``address``, or a new local
+    instance sized to the machine."""
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=True,
+                 configure_logging=False)
+
+
+@ray.remote(num_cpus=0)
+class _Shard:
+    def __init__(self, w, version):
+        self.w = np.array(w, dtype=np.float64)
+        self.version = int(version)
+
+    def pull(self):
+        return self.w, self.version
+
+    def apply(self, g, step):
+        self.w -= step * g
+        self.version += 1
+
+    def ping(self):
+        return True
+
+
+@ray.remote(num_cpus=0)
+class _Hub:
+    """Global version, slots, histograms, stop flag and minibatch queues."""
+
+    def __init__(self, n_workers, n_batches, seed, version=0, pushes=None, epochs=None):
+        self.n, self.nb = n_workers, np.asarray(n_batches, np.int64)
+        self.boff = np.concatenate([[0], np.cumsum(self.nb)])
+        self.rng = np.random.default_rng(seed)
+        self.version = int(version)
+        self.slots = np.zeros((n_workers, len(SLOT_FIELDS)), np.int64)
+        self.applied_weight = np.zeros(n_workers)
+        self.hist = np.zeros((n_workers, HIST_BINS), np.int64)
+        self.epochs = np.zeros(n_workers, np.int64)
+        if pushes is not None:
+            self.slots[:, _SLOT["pushes"]] = pushes
+            self.epochs[:] = epochs
+        self.epoch0 = self.epochs.copy()
+        self.lags = np.zeros(n_workers, np.int64)
+        self.queues = [[] for _ in range(n_workers)]
+        self.taken = np.zeros((n_workers, int(self.boff[-1])), np.int64)
+        self.stop = False
+
+    # ---- workers ---------------------------------------------------------------------
+    def view(self):
+        """(stop, pushes, statuses, epochs, lags): a worker's once-per-step read."""
+        return (self.stop, self.slots[:, _SLOT["pushes"]].copy(),
+                self.slots[:, _SLOT["status"]].copy(), self.epochs.copy(), self.lags.copy())
+
+    def get_version(self):
+        return self.version
+
+    def pulled(self, k):
+        self.slots[k, _SLOT["pulled_version"]] = self.version
+        return self.version
+
+    def pushed(self, k, pulled_version, scale):
+        stale = self.version - pulled_version
+        s = self.slots[k]
+        s[_SLOT["pushes"]] += 1
+        s[_SLOT["staleness_sum"]] += max(stale, 0)
+        self.hist[k, staleness_bin(stale)] += 1
+        self.applied_weight[k] += scale
+        self.version += 1
+
+    def add(self, k, field, n):
+        self.slots[k, _SLOT[field]] += n
+
+    def take(self, p, limit):
+        q = self.queues[p]
+        if not q:
+            e = int(self.epochs[p])
+            if limit is not None and e >= limit:
+                return None
+            self.epochs[p] = e + 1
+            n = int(self.nb[p])
+            keys = (e + 1) * n + self.rng.permutation(n)
+            for j in range(n):
+                heapq.heappush(q, (int(keys[j]), j))
+        return heapq.heappop(q)
+
+    def requeue(self, p, key, j):
+        heapq.heappush(self.queues[p], (key, j))
+
+    def applied(self, k, p, j):
+        self.taken[k, self.boff[p] + j] += 1
+
+    # ---- coordinator -----------------------------------------------------------------
+    def counters(self):
+        s = self.slots
+        return (s[:, _SLOT["staleness_sum"]].copy(),
+                s[:, _SLOT["pushes"]] + s[:, _SLOT["dropped"]])
+
+    def set_status(self, k, status):
+        self.slots[k, _SLOT["status"]] = status
+
+    def write_off(self, q, unflagged_live):
+        others = [int(self.epochs[p]) for p in unflagged_live if p != q]
+        if others:
+            self.lags[q] = max(0, min(others) - int(self.epochs[q]))
+
+    def set_stop(self):
+        self.stop = True
+
+    def state(self):
+        """(version, pushes, epochs) for a checkpoint."""
+        return self.version, self.slots[:, _SLOT["pushes"]].copy(), self.epochs.copy()
+
+    def report(self):
+        workers = []
+        for k in range(self.n):
+            d = {f: int(self.slots[k, i]) for i, f in enumerate(SLOT_FIELDS)}
+            d["applied_weight"] = float(self.applied_weight[k])
+            workers.append(d)
+        queued = [np.bincount([j for _, j in self.queues[p]], minlength=int(self.nb[p]))
+                  for p in range(self.n)]
+        batches = tally(self.taken, queued, self.epochs, self.epoch0, self.nb, self.boff)
+        return workers, self.hist.tolist(), batches
+
+
+class RayLink:
+    """A worker's view of the run on Ray (see :mod:`sgd_shm.ps.worker`). The hub's
+    counters are read once per step, when the loop asks whether to stop, and cached
+    for the policy's questions of that step."""
+
+    def __init__(self, hub, shards, bounds, lr):
+        self.hub, self.shards, self.bounds, self.lr = hub, shards, bounds, lr
+        self._view = ray.get(hub.view.remote())
+
+    def stopped(self):
+        self._view = ray.get(self.hub.view.remote())
+        return self._view[0]
+
+    def coordinator_alive(self):
+        return True                      # Ray ends a job's actors with its driver
+
+    def pull(self, k):
+        v = ray.get(self.hub.pulled.remote(k))
+        parts = ray.get([s.pull.remote() for s in self.shards])
+        return np.concatenate([w for w, _ in parts]), v
+
+    def push(self, k, g, v, scale):
+        step = self.lr * scale
+        b = self.bounds
+        ray.get([s.apply.remote(g[b[i]:b[i + 1]], step) for i, s in enumerate(self.shards)])
+        ray.get(self.hub.pushed.remote(k, v, scale))
+
+    def version(self):
+        return ray.get(self.hub.get_version.remote())
+
+    def pushes(self, j):
+        return int(self._view[1][j])
+
+    def status(self, j):
+        return int(self._view[2][j])
+
+    def add(self, k, field, n):
+        self.hub.add.remote(k, field, n)            # ordered after this worker's earlier calls
+
+    def epoch(self, p):
+        return int(self._view[3][p])
+
+    def lag(self, p):
+        return int(self._view[4][p])
+
+    def take(self, p, rng, limit):
+        return ray.get(self.hub.take.remote(p, limit))
+
+    def requeue(self, p, key, j):
+        self.hub.requeue.remote(p, key, j)
+
+    def applied(self, k, p, j):
+        self.hub.applied.remote(k, p, j)
+
+
+@ray.remote(num_cpus=0)
+class _Worker:
+    def node(self):
+        return ray.get_runtime_context().get_node_id()
+
+    def run(self, hub, shards, bounds, lr, job, k, seed):
+        link = RayLink(hub, shards, bounds, lr)
+        try:
+            run_worker(link, job, k, seed)
+        except Diverged:
+            return "diverged"
+        ray.get(hub.get_version.remote())           # the fire-and-forget calls have landed
+        return "stopped"
+
+
+class RayBackend:
+    """Coordinator side of the Ray transport."""
+
+    name = "ray"
+
+    def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, address=None):
+        ensure_ray(address)
+        self.n_workers = n_workers
+        self.bounds = np.linspace(0, n_params, n_shards + 1).astype(np.int64)
+        w = np.zeros(n_params) if ckpt is None else ckpt["weights"]
+        vers = np.zeros(n_shards, np.int64) if ckpt is None else ckpt["shard_versions"]
+        self.shards = [_Shard.remote(w[self.bounds[s]:self.bounds[s + 1]], int(vers[s]))
+                       for s in range(n_shards)]
+        restore = ckpt is not None and len(ckpt["pushes"]) == n_workers
+        self.hub = _Hub.remote(n_workers, batches.n_batches, int(rng.integers(2**31)),
+                               version=0 if ckpt is None else ckpt["version"],
+                               pushes=ckpt["pushes"] if restore else None,
+                               epochs=ckpt["epochs"] if restore else None)
+        self.workers, self.runs, self._seen, self.nodes = [], [], set(), []
+
+    def start(self, job, seeds, lr, wait):
+        job_ref = ray.put(job)
+        self.workers = [_Worker.options(scheduling_strategy="SPREAD").remote()
+                        for _ in range(self.n_workers)]
+        self.nodes = ray.get([w.node.remote() for w in self.workers])
+        self.runs = [w.run.remote(self.hub, self.shards, self.bounds, lr, job_ref, k,
+                                  int(seeds[k])) for k, w in enumerate(self.workers)]
+
+    def kill(self, k):
+        ray.kill(self.workers[k], no_restart=True)
+        return True
+
+    def poll(self):
+        out = {}
+        done, _ = ray.wait([r for k, r in enumerate(self.runs) if k not in self._seen],
+                           num_returns=len(self.runs) - len(self._seen), timeout=0)
+        for k, r in enumerate(self.runs):
+            if r in done and k not in self._seen:
+                self._seen.add(k)
+                how = _outcome(r)
+                if how != "stopped":
+                    out[k] = how
+        return out
+
+    def stop(self):
+        ray.get(self.hub.set_stop.remote())
+        if self.runs:
+            ray.wait(self.runs, num_returns=len(self.runs), timeout=30)
+
+    def pull(self):
+        v = ray.get(self.hub.get_version.remote())
+        parts = ray.get([s.pull.remote() for s in self.shards])
+        return np.concatenate([w for w, _ in parts]), v
+
+    def version(self):
+        return ray.get(self.hub.get_version.remote())
+
+    def counters(self, k):
+        st, tried = ray.get(self.hub.counters.remote())
+        return int(st[k]), int(tried[k])
+
+    def set_status(self, k, status):
+        ray.get(self.hub.set_status.remote(k, status))
+
+    def write_off(self, q, unflagged_live):
+        ray.get(self.hub.write_off.remote(q, unflagged_live))
+
+    def snapshot(self):
+        v, pushes, epochs = ray.get(self.hub.state.remote())
+        parts = ray.get([s.pull.remote() for s in self.shards])
+        return (np.concatenate([w for w, _ in parts]),
+                np.array([sv for _, sv in parts], np.int64), v, pushes, epochs)
+
+    def report(self):
+        return ray.get(self.hub.report.remote())
+
+    def close(self):
+        for a in self.workers + self.shards + [self.hub]:
+            ray.kill(a, no_restart=True)
+        self.workers, self.shards = [], []
+
+
+def _outcome(ref):
+    try:
+        res = ray.get(ref)
+    except ray.exceptions.ActorDiedError:
+        return "killed"
+    except ray.exceptions.RayActorError:
+        return "killed"
+    except ray.exceptions.RayTaskError as e:
+        return f"failed: {e}"
+    return "diverged" if res == "diverged" else "killed" if res != "stopped" else "stopped"

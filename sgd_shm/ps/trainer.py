@@ -1,0 +1,252 @@
+"""``train``: a linear model trained by worker processes on a parameter server.
+
+The parts, each a module with one job: :mod:`~sgd_shm.ps.config` (validated
+arguments), :mod:`~sgd_shm.ps.partitions` (rows, minibatches and their queues),
+:mod:`~sgd_shm.ps.policies` (BSP, ASP, SSP, SaPS, or a user's policy object),
+:mod:`~sgd_shm.ps.worker` (the worker loop), :mod:`~sgd_shm.ps.coordinator`
+(sampling, detection, faults, checkpoints, stop), :mod:`~sgd_shm.ps.checkpoint`,
+the transports :mod:`~sgd_shm.ps.shm_backend` and :mod:`~sgd_shm.ps.ray_backend`,
+and :mod:`~sgd_shm.ps.plots`. This module wires them together and returns a
+:class:`TrainResult` that carries the trained model.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from sgd_shm.ps._grad import batch_grad, matrix_parts, mean_loss
+from sgd_shm.ps.checkpoint import load_checkpoint
+from sgd_shm.ps.config import make_config
+from sgd_shm.ps.coordinator import Coordinator
+from sgd_shm.ps.partitions import Batches
+from sgd_shm.ps.worker import Job
+
+__all__ = ["train", "TrainResult"]
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the trained linear model and the run's record.
+
+    Model: ``coef_`` (the final weights), ``classes_`` (the two labels; the second is
+    the positive class), ``decision_function(X)``, ``predict(X)``, ``score(X, y)``.
+
+    Record: history: dicts (seconds, version, loss), one per sample; detections:
+    (seconds, worker), the first time each worker was flagged; events: (seconds,
+    worker, flagged) every flag change; workers: per-worker slot dicts (pushes,
+    dropped, stolen, spells, staleness_sum, slowdown, ...); staleness_hist: per
+    worker, push staleness counts in log2 bins (bin 0: 0; bin i: [2**(i-1), 2**i));
+    batches: per-partition epochs and the exactly-once check of minibatches; killed:
+    workers that died; checkpoints: (seconds, path) written; resumed_from: the
+    checkpoint's seconds and version, when resumed; backend: "shm" or "ray"; nodes:
+    where each worker ran (the host name, or the Ray node id).
+    """
+    policy: str
+    history: list
+    detections: list
+    workers: list
+    final_loss: float
+    seconds: float
+    time_to_target: float | None = None
+    killed: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+    staleness_hist: list = field(default_factory=list)
+    batches: dict = field(default_factory=dict)
+    checkpoints: list = field(default_factory=list)
+    resumed_from: dict | None = None
+    coef_: np.ndarray | None = field(default=None, repr=False)
+    classes_: np.ndarray | None = None
+    backend: str = "shm"
+    nodes: list = field(default_factory=list)
+
+    @property
+    def updates(self) -> int:
+        return self.history[-1]["version"] if self.history else 0
+
+    def time_to(self, target) -> float | None:
+        """Seconds of the first sample whose loss is <= target (None: not reached)."""
+        return next((h["seconds"] for h in self.history if h["loss"] <= target), None)
+
+    @property
+    def mean_staleness(self) -> float:
+        """Mean staleness of all pushes, applied or dropped."""
+        pushes = sum(w["pushes"] + w["dropped"] for w in self.workers)
+        return sum(w["staleness_sum"] for w in self.workers) / max(pushes, 1)
+
+    def decision_function(self, X) -> np.ndarray:
+        """X @ coef_ (the model has no intercept)."""
+        X = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.coef_.shape[0]:
+            raise ValueError(f"X: expected a 2-D matrix with {self.coef_.shape[0]} features, "
+                             f"got shape {X.shape}")
+        return np.asarray(X @ self.coef_).ravel()
+
+    def predict(self, X) -> np.ndarray:
+        """The second class where the decision function is > 0, else the first."""
+        return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
+
+    def score(self, X, y) -> float:
+        """Accuracy of :meth:`predict` on (X, y)."""
+        return float(np.mean(self.predict(X) == np.asarray(y)))
+
+
+def _data(X, y, n_workers):
+    X = sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else \
+        np.ascontiguousarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"X: expected a 2-D matrix, got {X.ndim} dimensions")
+    if not np.isfinite(X.data if sp.issparse(X) else X).all():
+        raise ValueError("X: contains NaN or inf; clean or impute the data first")
+    y = np.asarray(y)
+    classes = np.unique(y)
+    if classes.size != 2:
+        raise ValueError(f"y: expected two classes, got {classes.size} ({classes[:5].tolist()})")
+    ys = np.where(y == classes[1], 1.0, -1.0)
+    if X.shape[0] != ys.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but y has {ys.shape[0]}")
+    if X.shape[0] < n_workers:
+        raise ValueError(f"n_workers: X has only {X.shape[0]} rows, fewer than the {n_workers} "
+                         "workers (each needs a partition); use fewer workers")
+    return X, ys, classes
+
+
+def _resume_point(cfg, d):
+    if cfg.resume is None:
+        return None
+    ckpt = load_checkpoint(cfg.resume)
+    if ckpt["weights"].shape != (d,):
+        raise ValueError(f"resume: the checkpoint has {ckpt['weights'].shape[0]} weights but X "
+                         f"has {d} features; resume with the data it was trained on")
+    return ckpt
+
+
+def _fixed(grad, d):
+    if grad is None:
+        return None
+    fixed = np.ascontiguousarray(grad, dtype=np.float64)
+    if fixed.shape != (d,):
+        raise ValueError(f"_fixed_gradient: expected shape ({d},), got {fixed.shape}")
+    return fixed
+
+
+def _backend(cfg, d, batches, rng, ckpt, X, ys):
+    shards = min(cfg.n_shards, d) if ckpt is None else len(ckpt["shard_versions"])
+    if cfg.backend == "ray":
+        from sgd_shm.ps.ray_backend import RayBackend     # Ray is an optional extra
+        return RayBackend(d, shards, cfg.n_workers, batches, rng, ckpt, cfg.address)
+    from sgd_shm.ps.shm_backend import ShmBackend
+    return ShmBackend(d, shards, cfg.n_workers, batches, rng, ckpt)
+
+
+def _progress_bar(cfg, label):
+    if not cfg.progress:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=round(cfg.max_seconds, 1), desc=label, unit="s",
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s {postfix}",
+                leave=False)
+
+
+def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
+    """Train a linear model (L2-regularised ``loss``) with ``n_workers`` workers on a
+    parameter server under ``policy``; every rule is in the modules named above.
+
+    Parameters (all keyword; defaults in brackets)
+    ----------------------------------------------
+    X, y : CSR/dense matrix and binary labels.
+    n_workers [4] : worker processes (``backend="shm"``) or Ray actors.
+    policy ["saps"] : "bsp", "asp", "ssp", "saps", or a :class:`sgd_shm.ps.Policy`
+        instance (e.g. ``SSP(staleness=2)`` or a user's subclass).
+    staleness [n_workers] : s for "ssp" and the bound for "saps".
+    window [0.5], detect_factor [2.0] : SaPS detection; the window should span
+        several steps of the slowest worker.
+    slowdown [None] : stretch of each worker's compute time: a sequence of
+        n_workers factors >= 1, a dict {worker: factor}, or a profile: "straggler"
+        (worker 0 is 4x slower), "hetero" (worker k at 4 ** (1 - k / (n_workers - 1))),
+        "none".
+    transient [None] : (spells per second, factor, seconds): random slow spells (a
+        Poisson process) during which a worker's compute time is stretched by
+        ``factor``; counted in the slots.
+    max_seconds [5.0], target_loss [None] : stop after this long (this call), or
+        once the training loss (on up to 4096 rows) is <= target_loss.
+    loss ["log_loss"] : "log_loss", "hinge", "modified_huber" or "squared_error".
+    lr [0.5], alpha [1e-4], batch_size [64] : constant step, L2, rows per minibatch.
+    n_shards [8], sample_every [0.02] : weight shards; the coordinator's period.
+    faults [None] : {worker: seconds}: kill that worker (SIGKILL, or ``ray.kill``)
+        that long into the run; reported in ``.killed``; BSP/SSP stop waiting for
+        it; under SaPS its queued minibatches are stolen.
+    checkpoint [None], checkpoint_every [5.0] : write a checkpoint there every so
+        many seconds and at the end (atomically). resume [None] : continue from one
+        (same number of features; either backend): weights, versions, pushes and
+        epochs are restored and the clock goes on from its seconds.
+    wait [WaitPolicy()] : how a push waits on a held shard lock (shared memory).
+    backend ["shm"] : "shm" (processes on this box) or "ray" (actors; optional
+        extra). address [None] : a Ray cluster to join; None starts a local one.
+    seed [None], progress [stderr is a terminal] : seed; a progress bar.
+    _fixed_gradient : tests: every worker pushes this vector instead of a gradient.
+    """
+    unknown = sorted(set(kwargs) - set(inspect.signature(make_config).parameters))
+    if unknown:
+        raise TypeError(f"train() got unexpected keyword arguments {unknown}; see "
+                        "help(sgd_shm.ps.train)")
+    cfg = make_config(**kwargs)
+    X, ys, classes = _data(X, y, cfg.n_workers)
+    d = X.shape[1]
+    fixed = _fixed(_fixed_gradient, d)
+    ckpt = _resume_point(cfg, d)
+    rng = np.random.default_rng(cfg.seed)
+    eval_rows = np.sort(rng.choice(X.shape[0], min(4096, X.shape[0]), replace=False))
+    Xe, ye = matrix_parts(X[eval_rows]), ys[eval_rows]
+
+    def evaluate(w):
+        return float(mean_loss(cfg.loss_code, *Xe, ye, w, cfg.alpha))
+
+    batches = Batches.draw(X.shape[0], cfg.n_workers, cfg.batch_size, rng)
+    backend = _backend(cfg, d, batches, rng, ckpt, X, ys)
+    try:
+        job = Job(matrix_parts(X), ys, batches, cfg.policy, cfg.lr, cfg.alpha, cfg.loss_code,
+                  cfg.factors, cfg.transient, fixed)
+        return _run(cfg, job, backend, evaluate, rng, ckpt, classes, d)
+    finally:
+        backend.close()
+
+
+def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
+    # compile the kernels once, before the workers start and before the clock
+    w0 = np.zeros(d)
+    evaluate(w0)
+    batch_grad(cfg.loss_code, *job.X, job.ys, job.batches.rows_of(0, 0), w0, cfg.alpha,
+               np.empty(d))
+    meta = {"policy": cfg.policy.name, "n_workers": cfg.n_workers,
+            "n_samples": int(job.ys.shape[0]), "n_features": int(d), "loss": cfg.loss}
+    coord = Coordinator(backend, cfg.policy, evaluate, cfg.n_workers,
+                        t_off=ckpt["seconds"] if ckpt is not None else 0.0)
+    seeds = rng.integers(0, 2**63 - 1, cfg.n_workers)
+    bar = _progress_bar(cfg, cfg.policy.name)
+    try:
+        backend.start(job, seeds, cfg.lr, cfg.wait)
+        t0 = time.perf_counter()
+        coord.run(cfg, meta, t0, bar)
+    finally:
+        backend.stop()
+        if bar is not None:
+            bar.close()
+    now = time.perf_counter() - t0
+    if cfg.checkpoint is not None:
+        coord.checkpoint(cfg.checkpoint, now, meta)
+    w, v = backend.pull()
+    workers, hist, batches = backend.report()
+    for k, sl in enumerate(workers):
+        sl["slowdown"] = float(cfg.factors[k])
+    final = evaluate(w)
+    coord.history.append({"seconds": coord.t_off + now, "version": v, "loss": final})
+    resumed = None if ckpt is None else {"seconds": ckpt["seconds"], "version": ckpt["version"],
+                                        "path": cfg.resume}
+    return TrainResult(cfg.policy.name, coord.history, coord.detections, workers, final,
+                       coord.history[-1]["seconds"], coord.t_target, coord.killed,
+                       coord.events, hist, batches, coord.written, resumed, w.copy(),
+                       classes, backend.name, list(backend.nodes))

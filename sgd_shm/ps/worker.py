@@ -1,0 +1,153 @@
+"""The worker loop of the parameter server, the same on every transport.
+
+A worker repeats one step: wait while its policy's gate says so, take the next
+minibatch (from the partitions its policy names, then its own), ``pull`` the weights,
+compute the minibatch gradient, sleep to emulate a slower machine, and ``push`` the
+gradient with the weight its policy gives the push's staleness (or drop it and
+re-queue the minibatch). It talks to the store and the partitions only through a
+*link*, which each transport implements (:class:`sgd_shm.ps.shm_backend.ShmLink`,
+:class:`sgd_shm.ps.ray_backend.RayLink`):
+
+=============================  =========================================================
+``stopped()``                  the run's stop flag
+``coordinator_alive()``        False once the coordinator is gone (the worker exits)
+``pull(k)``                    (weights, version); records the version in k's slot
+``push(k, g, v, scale)``       apply ``-lr * scale * g``, completing deferred shards
+``version()``                  the global version (pushes applied in full)
+``pushes(j)``, ``status(j)``   worker j's applied pushes, status (0, FLAGGED, DEAD)
+``add(k, field, n)``           add to a counter of k's slot (``dropped``,
+                               ``staleness_sum``, ``stolen``, ``spells``, ``compute_ns``)
+``epoch(p)``, ``lag(p)``       partition p's epoch counter and written-off deficit
+``take(p, rng, limit)``        a (key, batch) of partition p, refilling below ``limit``
+``requeue(p, key, j)``         put a minibatch back
+``applied(k, p, j)``           record that k applied minibatch j of partition p
+=============================  =========================================================
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from sgd_shm.ps._grad import batch_grad
+from sgd_shm.ps.store import FLAGGED
+
+#: a worker's exit code when its gradient is NaN or inf (the coordinator reports it)
+EXIT_DIVERGED = 3
+
+
+class Diverged(Exception):
+    """A worker's gradient is NaN or inf."""
+
+
+@dataclass
+class Job:
+    """What every worker of a run needs besides its link: the data (kernel parts of X,
+    labels in {-1, +1}), the minibatches, the step, the policy (bound to the run) and
+    the straggler emulation."""
+    X: tuple
+    ys: np.ndarray
+    batches: object               # partitions.Batches
+    policy: object                # policies.Policy, bound
+    lr: float
+    alpha: float
+    loss: int
+    factors: np.ndarray           # compute-time stretch per worker (>= 1)
+    transient: tuple | None       # (spells per second, factor, seconds)
+    fixed_grad: np.ndarray | None  # tests: pushed instead of a gradient
+
+
+def _take(link, job, k, rng):
+    """(partition, key, batch): from the policy's sources first, then k's own."""
+    for q, limit in job.policy.sources(k, link):
+        it = link.take(q, rng, limit)
+        if it is not None:
+            return q, it[0], it[1]
+    key, j = link.take(k, rng, None)
+    return k, key, j
+
+
+class _Spells:
+    """Transient slow spells of one worker: a Poisson process of spells, each of
+    ``length`` seconds during which compute time is stretched by ``factor``."""
+
+    def __init__(self, transient, rng):
+        self.spec, self.rng = transient, rng
+        self.until, self.next = -1.0, math.inf
+        if transient is not None:
+            self.next = time.perf_counter() + rng.exponential(1.0 / transient[0])
+
+    def factor(self, now):
+        """The extra stretch at ``now``; the second value is True when a spell began."""
+        began = False
+        if now >= self.next:
+            rate, _, length = self.spec
+            self.until = now + length
+            self.next = self.until + self.rng.exponential(1.0 / rate)
+            began = True
+        return (self.spec[1] if now < self.until else 1.0), began
+
+
+def _wait_gate(link, job, k, my_pushes):
+    """Sleep while the policy's gate is closed. False: stop (or the coordinator died)."""
+    while not job.policy.may_step(k, my_pushes, link):
+        if link.stopped() or not link.coordinator_alive():
+            return False
+        time.sleep(0.0002)
+    return not link.stopped()
+
+
+def _gradient(job, p, j, w, g):
+    if job.fixed_grad is not None:
+        return job.fixed_grad
+    batch_grad(job.loss, *job.X, job.ys, job.batches.rows_of(p, j), w, job.alpha, g)
+    return g
+
+
+def run_worker(link, job, k, seed):
+    """Worker k's loop until the stop flag is set or the coordinator dies. Raises
+    :class:`Diverged` when a gradient is not finite."""
+    rng = np.random.default_rng(seed)
+    g = None
+    spells = _Spells(job.transient, rng)
+    policy = job.policy
+    my_pushes = link.pushes(k)
+    step = 0
+    while not link.stopped():
+        step += 1
+        if step % 64 == 0 and not link.coordinator_alive():
+            return                                   # the coordinator died: do not linger
+        if not _wait_gate(link, job, k, my_pushes):
+            return
+        p, key, j = _take(link, job, k, rng)
+        w, v = link.pull(k)
+        if g is None:
+            g = np.empty(w.shape[0])
+        t0 = time.perf_counter()
+        grad = _gradient(job, p, j, w, g)
+        now = time.perf_counter()
+        extra, began = spells.factor(now)
+        if began:
+            link.add(k, "spells", 1)
+        factor = job.factors[k] * extra
+        if factor > 1:
+            time.sleep((factor - 1.0) * (now - t0))
+        link.add(k, "compute_ns", int(1e9 * (time.perf_counter() - t0)))
+        scale = 1.0
+        if policy.uses_staleness:
+            tau = link.version() - v
+            scale = policy.push_scale(tau, link.status(k) == FLAGGED)
+            if scale is None:                        # dropped: re-queue, pull again
+                link.add(k, "staleness_sum", tau)    # detection sees its staleness too
+                link.add(k, "dropped", 1)
+                link.requeue(p, key, j)
+                continue
+        if not np.isfinite(grad).all():
+            raise Diverged(f"worker {k}'s gradient is NaN or inf")
+        link.push(k, grad, v, scale)
+        link.applied(k, p, j)
+        if p != k:
+            link.add(k, "stolen", 1)
+        my_pushes += 1
