@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sgd_shm.ps import ParameterStore, WaitPolicy
+from sgd_shm.ps.store import LINE
 from tests.workers import ps_hold_lock_and_die, ps_push_fixed
 
 LR = 0.25                                    # a power of two: every sum below is exact
@@ -195,7 +196,7 @@ def test_snapshot_and_restore(no_shm_leak):
         _kill_while_holding(s, 1)
         s._lock_shard_for_test(3)                    # a live holder (this process) stays
         assert s.release_dead_locks() == 1
-        assert s._locks[::16].tolist() == [0, 0, 0, os.getpid()]
+        assert s._locks[::LINE].tolist() == [0, 0, 0, os.getpid()]
 
 
 def test_wait_policy_from_ski_rental_conflict_policies():

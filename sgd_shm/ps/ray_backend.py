@@ -29,7 +29,9 @@ import heapq
 
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from sgd_shm.ps._grad import batch_grad
 from sgd_shm.ps.partitions import tally
 from sgd_shm.ps.store import HIST_BINS, SLOT_FIELDS, staleness_bin
 from sgd_shm.ps.worker import Diverged, run_worker
@@ -47,7 +49,7 @@ def ensure_ray(address=None):
 
 @ray.remote(num_cpus=0)
 class _Shard:
-    def __init__(self, w, version):
+    def reset(self, w, version):
         self.w = np.array(w, dtype=np.float64)
         self.version = int(version)
 
@@ -66,7 +68,7 @@ class _Shard:
 class _Hub:
     """Global version, slots, histograms, stop flag and minibatch queues."""
 
-    def __init__(self, n_workers, n_batches, seed, version=0, pushes=None, epochs=None):
+    def reset(self, n_workers, n_batches, seed, version=0, pushes=None, epochs=None):
         self.n, self.nb = n_workers, np.asarray(n_batches, np.int64)
         self.boff = np.concatenate([[0], np.cumsum(self.nb)])
         self.rng = np.random.default_rng(seed)
@@ -166,6 +168,8 @@ class RayLink:
     counters are read once per step, when the loop asks whether to stop, and cached
     for the policy's questions of that step."""
 
+    poll_s = 0.002                   # a look at the gate is an actor call
+
     def __init__(self, hub, shards, bounds, lr):
         self.hub, self.shards, self.bounds, self.lr = hub, shards, bounds, lr
         self._view = ray.get(hub.view.remote())
@@ -218,7 +222,12 @@ class RayLink:
 
 @ray.remote(num_cpus=0)
 class _Worker:
-    def node(self):
+    def warm(self, job):
+        """Import and compile (or load from Numba's cache) the gradient kernel before
+        the clock starts; returns this actor's node id."""
+        rows = job.batches.rows_of(0, 0)
+        w = np.zeros(job.n_features)
+        batch_grad(job.loss, *job.X, job.ys, rows, w, job.alpha, np.empty_like(w))
         return ray.get_runtime_context().get_node_id()
 
     def run(self, hub, shards, bounds, lr, job, k, seed):
@@ -229,6 +238,41 @@ class _Worker:
             return "diverged"
         ray.get(hub.get_version.remote())           # the fire-and-forget calls have landed
         return "stopped"
+
+
+class _Pool:
+    """Idle actors of this Ray session, reused by the next run (an actor is a process,
+    whose start costs more than a short run)."""
+
+    def __init__(self):
+        self.session, self.idle = None, {}
+
+    def _check_session(self):
+        node = ray.get_runtime_context().get_node_id()
+        gcs = ray.get_runtime_context().gcs_address
+        if self.session != (node, gcs):
+            self.session, self.idle = (node, gcs), {}
+
+    def take(self, cls, n, node=None):
+        """n actors of ``cls`` (placed on ``node`` when given), idle ones first."""
+        self._check_session()
+        idle = self.idle.setdefault((cls, node), [])
+        out = [idle.pop() for _ in range(min(n, len(idle)))]
+        opts = {}
+        if node is not None:
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+        return out + [cls.options(**opts).remote() for _ in range(n - len(out))]
+
+    def give(self, cls, actor, node=None):
+        self.idle.setdefault((cls, node), []).append(actor)
+
+
+def _alive_nodes():
+    """The ids of the cluster's live nodes, in a fixed order."""
+    return sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+
+
+_POOL = _Pool()
 
 
 class RayBackend:
@@ -242,25 +286,29 @@ class RayBackend:
         self.bounds = np.linspace(0, n_params, n_shards + 1).astype(np.int64)
         w = np.zeros(n_params) if ckpt is None else ckpt["weights"]
         vers = np.zeros(n_shards, np.int64) if ckpt is None else ckpt["shard_versions"]
-        self.shards = [_Shard.remote(w[self.bounds[s]:self.bounds[s + 1]], int(vers[s]))
-                       for s in range(n_shards)]
+        self.shards = _POOL.take(_Shard, n_shards)
+        self.hub = _POOL.take(_Hub, 1)[0]
+        self.workers, self.runs, self._seen, self.nodes, self._killed = [], [], set(), [], set()
         restore = ckpt is not None and len(ckpt["pushes"]) == n_workers
-        self.hub = _Hub.remote(n_workers, batches.n_batches, int(rng.integers(2**31)),
-                               version=0 if ckpt is None else ckpt["version"],
-                               pushes=ckpt["pushes"] if restore else None,
-                               epochs=ckpt["epochs"] if restore else None)
-        self.workers, self.runs, self._seen, self.nodes = [], [], set(), []
+        ray.get([s.reset.remote(w[self.bounds[i]:self.bounds[i + 1]], int(vers[i]))
+                 for i, s in enumerate(self.shards)]
+                + [self.hub.reset.remote(n_workers, batches.n_batches, int(rng.integers(2**31)),
+                                         version=0 if ckpt is None else ckpt["version"],
+                                         pushes=ckpt["pushes"] if restore else None,
+                                         epochs=ckpt["epochs"] if restore else None)])
 
     def start(self, job, seeds, lr, wait):
         job_ref = ray.put(job)
-        self.workers = [_Worker.options(scheduling_strategy="SPREAD").remote()
-                        for _ in range(self.n_workers)]
-        self.nodes = ray.get([w.node.remote() for w in self.workers])
+        nodes = _alive_nodes()                       # worker k on node k mod #nodes
+        self.placed = [nodes[k % len(nodes)] for k in range(self.n_workers)]
+        self.workers = [_POOL.take(_Worker, 1, node)[0] for node in self.placed]
+        self.nodes = ray.get([w.warm.remote(job_ref) for w in self.workers])
         self.runs = [w.run.remote(self.hub, self.shards, self.bounds, lr, job_ref, k,
                                   int(seeds[k])) for k, w in enumerate(self.workers)]
 
     def kill(self, k):
         ray.kill(self.workers[k], no_restart=True)
+        self._killed.add(k)
         return True
 
     def poll(self):
@@ -278,7 +326,8 @@ class RayBackend:
     def stop(self):
         ray.get(self.hub.set_stop.remote())
         if self.runs:
-            ray.wait(self.runs, num_returns=len(self.runs), timeout=30)
+            done, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=30)
+            self._killed |= {k for k, r in enumerate(self.runs) if r not in done}
 
     def pull(self):
         v = ray.get(self.hub.get_version.remote())
@@ -308,9 +357,18 @@ class RayBackend:
         return ray.get(self.hub.report.remote())
 
     def close(self):
-        for a in self.workers + self.shards + [self.hub]:
-            ray.kill(a, no_restart=True)
-        self.workers, self.shards = [], []
+        """Idle actors go back to the pool for the next run; a killed or stuck worker
+        is killed for good."""
+        for k, a in enumerate(self.workers):
+            if k in self._killed:
+                ray.kill(a, no_restart=True)
+            else:
+                _POOL.give(_Worker, a, self.placed[k])
+        for a in self.shards:
+            _POOL.give(_Shard, a)
+        if self.hub is not None:
+            _POOL.give(_Hub, self.hub)
+        self.workers, self.shards, self.hub = [], [], None
 
 
 def _outcome(ref):

@@ -38,6 +38,8 @@ def warm_up():
 class ShmLink:
     """A worker's view of the run on shared memory (see :mod:`sgd_shm.ps.worker`)."""
 
+    poll_s = 0.0002                  # a look at the gate is a few loads
+
     def __init__(self, store, parts, lr, wait, parent):
         self.store, self.parts, self.lr, self.wait, self.parent = store, parts, lr, wait, parent
 

@@ -208,7 +208,7 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
     batches = Batches.draw(X.shape[0], cfg.n_workers, cfg.batch_size, rng)
     backend = _backend(cfg, d, batches, rng, ckpt, X, ys)
     try:
-        job = Job(matrix_parts(X), ys, batches, cfg.policy, cfg.lr, cfg.alpha, cfg.loss_code,
+        job = Job(matrix_parts(X), ys, d, batches, cfg.policy, cfg.lr, cfg.alpha, cfg.loss_code,
                   cfg.factors, cfg.transient, fixed)
         return _run(cfg, job, backend, evaluate, rng, ckpt, classes, d)
     finally:

@@ -2,13 +2,15 @@
 
 A worker repeats one step: wait while its policy's gate says so, take the next
 minibatch (from the partitions its policy names, then its own), ``pull`` the weights,
-compute the minibatch gradient, sleep to emulate a slower machine, and ``push`` the
+compute the minibatch gradient, sleep to emulate a slower machine (``factor - 1``
+times the pull and the computation), and ``push`` the
 gradient with the weight its policy gives the push's staleness (or drop it and
 re-queue the minibatch). It talks to the store and the partitions only through a
 *link*, which each transport implements (:class:`sgd_shm.ps.shm_backend.ShmLink`,
 :class:`sgd_shm.ps.ray_backend.RayLink`):
 
 =============================  =========================================================
+``poll_s``                     seconds between two looks at a closed gate
 ``stopped()``                  the run's stop flag
 ``coordinator_alive()``        False once the coordinator is gone (the worker exits)
 ``pull(k)``                    (weights, version); records the version in k's slot
@@ -49,6 +51,7 @@ class Job:
     the straggler emulation."""
     X: tuple
     ys: np.ndarray
+    n_features: int
     batches: object               # partitions.Batches
     policy: object                # policies.Policy, bound
     lr: float
@@ -95,7 +98,7 @@ def _wait_gate(link, job, k, my_pushes):
     while not job.policy.may_step(k, my_pushes, link):
         if link.stopped() or not link.coordinator_alive():
             return False
-        time.sleep(0.0002)
+        time.sleep(link.poll_s)
     return not link.stopped()
 
 
@@ -122,6 +125,7 @@ def run_worker(link, job, k, seed):
         if not _wait_gate(link, job, k, my_pushes):
             return
         p, key, j = _take(link, job, k, rng)
+        t_step = time.perf_counter()         # a slower machine pulls slower, too
         w, v = link.pull(k)
         if g is None:
             g = np.empty(w.shape[0])
@@ -133,7 +137,7 @@ def run_worker(link, job, k, seed):
             link.add(k, "spells", 1)
         factor = job.factors[k] * extra
         if factor > 1:
-            time.sleep((factor - 1.0) * (now - t0))
+            time.sleep((factor - 1.0) * (now - t_step))
         link.add(k, "compute_ns", int(1e9 * (time.perf_counter() - t0)))
         scale = 1.0
         if policy.uses_staleness:
