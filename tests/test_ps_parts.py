@@ -1,0 +1,131 @@
+"""The parameter server's parts on their own: policy objects (the built-in ones against
+hand-computed answers, and a user-defined policy through train), the result's model,
+and the configuration's errors."""
+import numpy as np
+import pytest
+
+from sgd_shm.data import make_rcv1_like
+from sgd_shm.ps import BSP, SSP, Policy, SaPS, train
+from sgd_shm.ps.policies import make_policy
+from sgd_shm.ps.store import DEAD, FLAGGED
+
+
+class FakeLink:
+    """What a policy may read of the run: pushes, statuses, epochs, lags."""
+
+    def __init__(self, pushes, status, epochs=None, lags=None):
+        self._p, self._s = pushes, status
+        self._e = epochs or [0] * len(pushes)
+        self._l = lags or [0] * len(pushes)
+
+    def pushes(self, j):
+        return self._p[j]
+
+    def status(self, j):
+        return self._s[j]
+
+    def epoch(self, p):
+        return self._e[p]
+
+    def lag(self, p):
+        return self._l[p]
+
+
+def test_ssp_and_bsp_gates():
+    link = FakeLink([5, 3, 9], [0, 0, 0])
+    ssp = SSP(staleness=2).bind(3)
+    assert ssp.may_step(0, 5, link)                  # slowest has 3 >= 5 - 2
+    assert not ssp.may_step(0, 6, link)              # 3 < 6 - 2
+    bsp = BSP().bind(3)
+    assert bsp.may_step(1, 3, link) and not bsp.may_step(0, 5, link)
+    dead = FakeLink([5, 3, 9], [0, DEAD, 0])         # a dead worker is not waited for
+    assert bsp.may_step(0, 5, dead)
+
+
+def test_saps_push_scale_and_sources():
+    saps = SaPS(staleness=4).bind(3)
+    assert saps.push_scale(4, False) == 1.0
+    assert saps.push_scale(8, False) == 0.5          # down-weighted by s / tau
+    assert saps.push_scale(8, True) is None          # dropped from a flagged worker
+    link = FakeLink([0, 0, 0], [FLAGGED, 0, 0], epochs=[2, 3, 3], lags=[1, 0, 0])
+    assert saps.sources(1, link) == [(0, 2)]         # q's epoch + lag <= own; refill below 3-1
+    assert saps.sources(0, link) == ()               # a flagged worker steals nothing
+    behind = FakeLink([0, 0, 0], [FLAGGED, 0, 0], epochs=[5, 3, 3], lags=[0, 0, 0])
+    assert saps.sources(1, behind) == []             # its partition is ahead: leave it
+
+
+def test_make_policy_errors():
+    assert isinstance(make_policy("asp"), Policy) and make_policy("asp").name == "asp"
+    mine = SSP(1)
+    assert make_policy(mine) is mine
+    with pytest.raises(ValueError, match="policy: must be one of"):
+        make_policy("fast")
+    with pytest.raises(TypeError, match="pass an instance"):
+        make_policy(SaPS)
+    with pytest.raises(ValueError, match="staleness"):
+        SSP(-1).bind(2)
+    with pytest.raises(ValueError, match="window"):
+        SaPS(window=0)
+
+
+class DropStale(Policy):
+    """A user's policy: asynchronous, but a push staler than 2 updates is dropped."""
+    name = "drop-stale"
+    uses_staleness = True
+
+    def push_scale(self, tau, flagged):
+        return None if tau > 2 else 1.0
+
+
+class CountSamples(Policy):
+    """A user's policy that counts the coordinator's samples (the hook runs in the
+    coordinator's process, on the bound copy)."""
+    name = "count-samples"
+    samples = 0
+
+    def on_sample(self, view):
+        type(self).samples += 1
+        assert 0 <= view.now and view.flagged == set()
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_rcv1_like(3000, 300, random_state=0)
+
+
+def test_user_defined_policies_run(data, no_shm_leak):
+    X, y = data
+    r = train(X, y, n_workers=3, policy=DropStale(), max_seconds=0.8, seed=0, progress=False)
+    assert r.policy == "drop-stale"
+    dropped = sum(w["dropped"] for w in r.workers)
+    assert dropped > 0                                # 3 workers on 2 cores: stale pushes
+    assert sum(w["pushes"] for w in r.workers) == r.updates and r.batches["lost"] == 0
+    assert np.sum(r.staleness_hist) == r.updates     # the histogram counts applied pushes
+    CountSamples.samples = 0
+    c = train(X, y, n_workers=2, policy=CountSamples(), max_seconds=0.5, seed=0,
+              progress=False)
+    assert CountSamples.samples == len(c.history) - 1   # every sample but the final one
+
+
+def test_result_is_a_model(data, no_shm_leak):
+    X, y = data
+    yl = np.where(y > 0, "spam", "ham")
+    r = train(X[:2500], yl[:2500], n_workers=2, policy="asp", max_seconds=0.8, seed=0,
+              progress=False)
+    assert list(r.classes_) == ["ham", "spam"] and r.coef_.shape == (X.shape[1],)
+    np.testing.assert_allclose(r.decision_function(X[2500:]), X[2500:] @ r.coef_)
+    assert set(r.predict(X[2500:])) <= {"ham", "spam"}
+    majority = max(np.mean(yl[2500:] == "ham"), np.mean(yl[2500:] == "spam"))
+    assert r.score(X[2500:], yl[2500:]) > majority
+    with pytest.raises(ValueError, match="features"):
+        r.predict(X[:, :10])
+
+
+def test_configuration_errors(data):
+    X, y = data
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        train(X, y, n_worker=2)
+    with pytest.raises(ValueError, match="backend"):
+        train(X, y, backend="mpi")
+    with pytest.raises(ValueError, match="address"):
+        train(X, y, address="ray://head:10001")
