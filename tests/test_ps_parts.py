@@ -129,3 +129,30 @@ def test_configuration_errors(data):
         train(X, y, backend="mpi")
     with pytest.raises(ValueError, match="address"):
         train(X, y, address="ray://head:10001")
+
+
+def test_scikit_learn_classifier(data, no_shm_leak):
+    """ParameterServerClassifier: fit/predict/score on held-out rows, clone and
+    get_params as scikit-learn expects, a pipeline, clear errors."""
+    from sklearn.base import clone
+    from sklearn.exceptions import NotFittedError
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import MaxAbsScaler
+    from sgd_shm.ps import ParameterServerClassifier
+    X, y = data
+    clf = ParameterServerClassifier(n_workers=2, policy="asp", max_seconds=0.6,
+                                    random_state=0)
+    with pytest.raises(NotFittedError):
+        clf.predict(X)
+    assert clone(clf).get_params() == clf.get_params()
+    clf.fit(X[:2500], y[:2500])
+    majority = max(np.mean(y[2500:] > 0), np.mean(y[2500:] < 0))
+    assert clf.score(X[2500:], y[2500:]) > majority
+    assert clf.coef_.shape == (1, X.shape[1]) and clf.n_features_in_ == X.shape[1]
+    assert clf.result_.batches["lost"] == 0
+    with pytest.raises(ValueError, match="features"):
+        clf.predict(X[:, :10])
+    pipe = make_pipeline(MaxAbsScaler(), clone(clf)).fit(X[:2500], y[:2500])
+    assert pipe.score(X[2500:], y[2500:]) > majority
+    with pytest.raises(ValueError, match="policy"):
+        ParameterServerClassifier(policy="fast").fit(X, y)

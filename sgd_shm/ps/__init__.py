@@ -2,6 +2,7 @@
 
     train            train a linear model with worker processes (shm) or Ray actors
     TrainResult      the trained model (coef_, predict, score) and the run's record
+    ParameterServerClassifier   the same as a scikit-learn classifier
     Policy           the asynchronous policy and the base class of every policy;
     BSP, SSP, SaPS   its synchronous, stale-synchronous and straggler-aware variants
     ParameterStore   sharded weights, per-shard versions and locks, a global version
@@ -17,11 +18,12 @@ the transports shm_backend and ray_backend (Ray is imported only for backend="ra
 default with worker 0 slowed 4x.
 """
 from sgd_shm.ps.checkpoint import load_checkpoint, save_checkpoint
+from sgd_shm.ps.estimator import ParameterServerClassifier
 from sgd_shm.ps.plots import curves_of, plot_losses
 from sgd_shm.ps.policies import ASP, BSP, POLICIES, SSP, Policy, SaPS
 from sgd_shm.ps.store import ParameterStore, PushResult, WaitPolicy
 from sgd_shm.ps.trainer import TrainResult, train
 
-__all__ = ["train", "TrainResult", "Policy", "ASP", "BSP", "SSP", "SaPS", "POLICIES",
+__all__ = ["train", "TrainResult", "ParameterServerClassifier", "Policy", "ASP", "BSP", "SSP", "SaPS", "POLICIES",
            "ParameterStore", "PushResult", "WaitPolicy", "load_checkpoint",
            "save_checkpoint", "plot_losses", "curves_of"]

@@ -1,0 +1,65 @@
+"""A scikit-learn classifier trained on the parameter server.
+
+``ParameterServerClassifier(policy="saps", backend="shm", ...).fit(X, y)`` runs
+:func:`sgd_shm.ps.train` and keeps its result: a binary linear classifier (no
+intercept) with ``coef_``, ``classes_``, ``decision_function``, ``predict`` and
+``score``, usable in pipelines and grid searches. The run's record is ``result_``.
+
+Example::
+
+    from sgd_shm.ps import ParameterServerClassifier
+    clf = ParameterServerClassifier(n_workers=2, max_seconds=1.0, random_state=0)
+    clf.fit(X_train, y_train).score(X_test, y_test)
+"""
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from sgd_shm.ps.trainer import train
+
+__all__ = ["ParameterServerClassifier"]
+
+
+class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
+    """Binary linear classifier trained by :func:`sgd_shm.ps.train`; the parameters
+    are ``train``'s (``random_state`` is its ``seed``). ``fit`` trains for
+    ``max_seconds`` or until ``target_loss``, so two fits are not identical."""
+
+    def __init__(self, *, loss="log_loss", policy="saps", n_workers=2, backend="shm",
+                 address=None, max_seconds=2.0, target_loss=None, lr=0.5, alpha=1e-4,
+                 batch_size=64, staleness=None, n_shards=8, slowdown=None,
+                 random_state=None):
+        self.loss = loss
+        self.policy = policy
+        self.n_workers = n_workers
+        self.backend = backend
+        self.address = address
+        self.max_seconds = max_seconds
+        self.target_loss = target_loss
+        self.lr = lr
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.staleness = staleness
+        self.n_shards = n_shards
+        self.slowdown = slowdown
+        self.random_state = random_state
+
+    def fit(self, X, y):
+        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64)
+        params = self.get_params()
+        seed = params.pop("random_state")
+        self.result_ = train(X, y, seed=seed, progress=False, **params)
+        self.coef_ = self.result_.coef_[None, :]
+        self.intercept_ = np.zeros(1)
+        self.classes_ = self.result_.classes_
+        return self
+
+    def decision_function(self, X):
+        check_is_fitted(self)
+        X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, reset=False)
+        return np.asarray(X @ self.coef_[0]).ravel()
+
+    def predict(self, X):
+        return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
