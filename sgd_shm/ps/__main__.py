@@ -34,6 +34,10 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=20_000)
     ap.add_argument("--features", type=int, default=2_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", choices=("shm", "ray"), default="shm",
+                    help="shm: worker processes on shared memory (default); ray: Ray actors "
+                         "(a local Ray instance, or --address)")
+    ap.add_argument("--address", default=None, help="a Ray cluster to join (--backend ray)")
     ap.add_argument("--out", default=".", help="folder for ps-main.json / ps-main.png (default .)")
     args = ap.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -48,16 +52,20 @@ def main(argv=None) -> int:
             ap.error(f"--{name} must be > 0")
     if args.slow < 1:
         ap.error("--slow must be >= 1")
+    if args.address is not None and args.backend != "ray":
+        ap.error("--address joins a Ray cluster: add --backend ray")
     X, y = make_rcv1_like(args.samples, args.features, random_state=args.seed)
+    kind = "worker processes" if args.backend == "shm" else "Ray worker actors"
     print(f"parameter server: {args.samples:,} x {args.features:,} RCV1-like, {args.workers} "
-          f"worker processes, worker 0 slowed {args.slow:g}x, {args.seconds:g} s per policy "
+          f"{kind}, worker 0 slowed {args.slow:g}x, {args.seconds:g} s per policy "
           f"({os.cpu_count()} CPUs)")
     print(f"{'policy':8s} {'time to target':>15s} {'final loss':>11s} {'updates':>9s} "
           f"{'mean tau':>9s} {'stolen':>7s}  detections")
     out, results = {}, {}
     for pol in policies:
         r = train(X, y, n_workers=args.workers, policy=pol, max_seconds=args.seconds,
-                  slowdown={0: args.slow} if args.slow > 1 else None, seed=args.seed)
+                  slowdown={0: args.slow} if args.slow > 1 else None, seed=args.seed,
+                  backend=args.backend, address=args.address)
         results[pol] = r
         ttt = r.time_to(args.target)
         det = ", ".join(f"worker {w} at {t:.1f} s" for t, w in r.detections) or "none"
