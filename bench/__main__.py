@@ -18,7 +18,8 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   mf             Hogwild matrix factorization: seconds per epoch vs workers, threads and
                  processes, train and test RMSE
   ps             parameter server, worker 0 slowed 4x: BSP, ASP, SSP, SaPS time to a
-                 target loss, final loss, detections
+                 target loss, final loss, detections; pull+push latency and pushes/s
+                 (--backend shm|ray|both: shared memory, Ray, or both side by side)
   stm            TL2 bank transfers: commits/s and abort rate vs workers, global vs
                  MultiCounter clock, each conflict policy, threads and processes
   all            every scenario above, then plot
@@ -335,11 +336,20 @@ def cmd_mf(args):
 
 def cmd_ps(args):
     def measure(ps):
-        rows, extra = ps.run(args.ps_workers, args.reps, args.seed, samples=args.ps_samples,
-                             features=args.ps_features, seconds=args.ps_seconds,
-                             target=args.ps_target, tight=args.ps_tight)
+        # --quick: one repetition of runs of at most 1 s, short transport loops
+        rows, extra = ps.run(args.ps_workers, 1 if args.quick else args.reps, args.seed,
+                             samples=args.ps_samples, features=args.ps_features,
+                             seconds=min(args.ps_seconds, 1.0) if args.quick else args.ps_seconds,
+                             target=args.ps_target, tight=args.ps_tight, loose=args.ps_loose,
+                             backends=ps.backends_of(args.backend),
+                             transport_seconds=0.3 if args.quick else 1.0)
         return rows, {**extra, "ratios": ps.ratios(rows)}
-    _scenario(args, "ps", measure)
+    try:
+        _scenario(args, "ps", measure)
+    finally:
+        if args.backend != "shm":
+            import ray
+            ray.shutdown()
 
 
 def cmd_plot(args):
@@ -408,7 +418,13 @@ def main(argv=None):
     ap.add_argument("--ps-target", type=float, default=0.53, help="target training loss (default 0.53)")
     ap.add_argument("--ps-tight", type=float, default=0.521,
                     help="tighter target training loss, also reported (default 0.521)")
-    ap.add_argument("--quick", action="store_true", help="conflict: fewer samples")
+    ap.add_argument("--ps-loose", type=float, default=0.68,
+                    help="looser target training loss, also reported (default 0.68)")
+    ap.add_argument("--backend", choices=["shm", "ray", "both"], default="shm",
+                    help="ps: the parameter server's transport, shared memory, Ray or both side "
+                         "by side (default shm)")
+    ap.add_argument("--quick", action="store_true",
+                    help="conflict: fewer samples; ps: 1 repetition of runs of at most 1 s")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
@@ -418,7 +434,7 @@ def main(argv=None):
                  "delay_samples"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("ps_seconds", "ps_target", "ps_tight"):
+    for name in ("ps_seconds", "ps_target", "ps_tight", "ps_loose"):
         if not getattr(args, name) > 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
     if args.workers:
@@ -426,6 +442,11 @@ def main(argv=None):
             common.parse_counts(args.workers)
         except ValueError as e:
             ap.error(str(e))
+    if args.backend != "shm" and args.scenario in ("ps", "all"):
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            ap.error(f"--backend {args.backend} needs Ray: pip install 'relaxed-sgd-kit[ray]'")
     if args.out:
         common.set_results_dir(args.out)
     t0 = time.time()

@@ -1,14 +1,29 @@
-"""Parameter server with one straggler (``python -m bench ps``): BSP, ASP, SSP and
-SaPS on the same problem, worker 0 slowed 4x. Each repetition runs every policy
-once (interleaved) for ``seconds``, plus a SaPS control run with no slowdown
-(nobody should be flagged); reported: the time to the target training loss and
-to a tighter one (from the loss history), the final loss, updates, mean push
-staleness, minibatches stolen, the epochs of the straggler's partition against
-the others', and detections. Medians.
+"""Parameter server with one straggler (``python -m bench ps``), on shared memory, on
+Ray, or both side by side (``--backend shm|ray|both``).
+
+Policies: BSP, ASP, SSP and SaPS on the same problem, worker 0 slowed 4x. Each
+repetition runs every policy once on every backend (interleaved: policy by policy,
+the backends in turn, their order alternating between repetitions) for ``seconds``,
+plus a SaPS control run with no slowdown per backend (nobody should be flagged);
+reported per backend: the time to a loose, the main and a tight target training
+loss (from the loss history), the final loss, updates and updates/s, mean push
+staleness, minibatches stolen, the epochs of the straggler's partition against the
+others', and detections. Medians.
+
+Transport: in the same repetitions, each backend's pull and push alone, through the
+link the worker loop talks to (:class:`sgd_shm.ps.shm_backend.ShmLink` on a
+:class:`sgd_shm.ps.ParameterStore`, in worker processes forked as the backend forks
+them; :class:`sgd_shm.ps.ray_backend.RayLink` on the backend's own shard and hub
+actors, from worker actors): 1 worker, then ``n_workers`` at once, each repeating
+``pull`` + ``push`` of a dense gradient of the problem's dimension for
+``transport_seconds``. Reported: the median pull, push and pull+push latency and the
+pushes per second (summed over the workers). Medians over the repetitions.
 """
 from __future__ import annotations
 
+import os
 import statistics
+import time
 
 import numpy as np
 from tqdm import tqdm
@@ -16,124 +31,516 @@ from tqdm import tqdm
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import POLICIES, curves_of, plot_losses, train
 
+BACKENDS = ("shm", "ray")
+N_SHARDS = 8                 # train()'s default, used by every run of the scenario
+TRANSPORT_LR = 1e-9          # the transport pushes move the weights by next to nothing
+
+
+def backends_of(choice: str) -> list[str]:
+    """``--backend`` -> the backends to run, in order."""
+    return list(BACKENDS) if choice == "both" else [choice]
+
+
+def ensure_ray():
+    """A local Ray instance sized to this machine, started once (or the running one)."""
+    import ray
+    if not ray.is_initialized():
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False,
+                 log_to_driver=False)
+    return ray
+
 
 def _median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
 
-def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
-        target=0.53, tight=0.521, slow=4.0, progress=True):
-    X, y = make_rcv1_like(samples, features, random_state=seed)
-    acc = {p: [] for p in POLICIES}
-    control = []
-    first = {}
-    bar = tqdm(total=(reps + 1) * (len(POLICIES) + 1), desc="ps", leave=False,
-               disable=not progress)
-    for rep in range(reps + 1):                      # rep 0 is the warm-up
-        for pol in POLICIES:
-            # one seed for every repetition: the same partitions and evaluation
-            # rows, so the targets mean the same; repetitions differ in timing only
-            r = train(X, y, n_workers=n_workers, policy=pol, slowdown={0: slow},
-                      max_seconds=seconds, seed=seed)
-            if rep:
-                acc[pol].append(r)
-                first.setdefault(pol, r)
-            bar.update()
-        r = train(X, y, n_workers=n_workers, policy="saps", max_seconds=seconds, seed=seed)
-        if rep:
-            control.append([w for _, w in r.detections])
-        bar.update()
-    bar.close()
+# ---- transport ------------------------------------------------------------------------
+
+def pull_push_loop(link, k, g, seconds):
+    """Worker k repeats ``link.pull(k)`` then ``link.push(k, g, v, 1.0)`` for ``seconds``;
+    returns the count, the seconds it took and its latency medians (µs)."""
+    perf = time.perf_counter
+    pulls, pushes = [], []
+    t0 = perf()
+    end = t0 + seconds
+    while True:
+        a = perf()
+        _, v = link.pull(k)
+        b = perf()
+        link.push(k, g, v, 1.0)
+        c = perf()
+        pulls.append(b - a)
+        pushes.append(c - b)
+        if c >= end:
+            break
+    pl, ps = np.array(pulls), np.array(pushes)
+    rt = pl + ps
+    return {"pushes": int(rt.size), "seconds": c - t0,
+            "pull_us": 1e6 * float(np.median(pl)), "push_us": 1e6 * float(np.median(ps)),
+            "roundtrip_us": 1e6 * float(np.median(rt)),
+            "roundtrip_p90_us": 1e6 * float(np.percentile(rt, 90))}
+
+
+def _shm_main(link, k, g, seconds, barrier, queue):
+    barrier.wait()
+    queue.put((k, pull_push_loop(link, k, g, seconds)))
+
+
+def transport_shm(d, n_shards, n, seconds, g):
+    """``n`` forked processes pulling and pushing on one :class:`ParameterStore`."""
+    import multiprocess as mp
+
+    from sgd_shm.ps.shm_backend import ShmLink, warm_up
+    from sgd_shm.ps.store import ParameterStore, WaitPolicy
+    warm_up()                                    # the kernels compiled before the fork
+    with ParameterStore(d, n_shards=n_shards, n_workers=n) as store:
+        link = ShmLink(store, None, TRANSPORT_LR, WaitPolicy(), os.getpid())
+        ctx = mp.get_context("fork")
+        barrier, queue = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_shm_main, args=(link, k, g, seconds, barrier, queue),
+                             daemon=True) for k in range(n)]
+        for p in procs:
+            p.start()
+        try:
+            out = dict(queue.get(timeout=seconds + 120) for _ in range(n))
+        finally:
+            for p in procs:
+                p.join(10)
+                if p.is_alive():
+                    p.kill()
+        assert store.version == sum(r["pushes"] for r in out.values())
+    return [out[k] for k in range(n)]
+
+
+_PUSHERS = []                # worker actors of the Ray transport runs, kept for the session
+
+
+def _pusher_class():
+    ray = ensure_ray()
+
+    @ray.remote(num_cpus=0)
+    class Pusher:
+        def ready(self):
+            return True
+
+        def run(self, hub, shards, bounds, lr, k, g, seconds):
+            from sgd_shm.ps.ray_backend import RayLink
+            return pull_push_loop(RayLink(hub, shards, bounds, lr), k, g, seconds)
+    return Pusher
+
+
+def transport_ray(d, n_shards, n, seconds, g):
+    """``n`` worker actors pulling and pushing through :class:`RayLink` on the shard and
+    hub actors that the Ray backend uses (taken from its pool, given back after)."""
+    ray = ensure_ray()
+    from sgd_shm.ps.ray_backend import _POOL, _Hub, _Shard
+    if _PUSHERS and not _alive(_PUSHERS[0]):
+        _PUSHERS.clear()                         # a new Ray session
+    if len(_PUSHERS) < n:
+        cls = _pusher_class()
+        _PUSHERS.extend(cls.remote() for _ in range(n - len(_PUSHERS)))
+    ray.get([p.ready.remote() for p in _PUSHERS[:n]])
+    bounds = np.linspace(0, d, n_shards + 1).astype(np.int64)
+    shards, hub = _POOL.take(_Shard, n_shards), _POOL.take(_Hub, 1)[0]
+    try:
+        ray.get([s.reset.remote(np.zeros(int(bounds[i + 1] - bounds[i])), 0)
+                 for i, s in enumerate(shards)] + [hub.reset.remote(n, [1] * n, 0)])
+        g_ref = ray.put(g)
+        out = ray.get([p.run.remote(hub, shards, bounds, TRANSPORT_LR, k, g_ref, seconds)
+                       for k, p in enumerate(_PUSHERS[:n])])
+        assert ray.get(hub.get_version.remote()) == sum(r["pushes"] for r in out)
+    finally:
+        for s in shards:
+            _POOL.give(_Shard, s)
+        _POOL.give(_Hub, hub)
+    return out
+
+
+def _alive(actor):
+    import ray
+    try:
+        return ray.get(actor.ready.remote(), timeout=30)
+    except Exception:
+        return False
+
+
+def transport(backend, d, n_shards, n, seconds, g):
+    """One transport measurement: per-worker dicts of :func:`pull_push_loop`."""
+    f = transport_ray if backend == "ray" else transport_shm
+    return f(d, n_shards, n, seconds, g)
+
+
+def _transport_rows(tr, d, n_shards, seconds):
     rows = []
-    for pol in POLICIES:
-        rs = acc[pol]
-        ttts = [r.time_to(target) for r in rs]
-        tights = [r.time_to(tight) for r in rs]
-        reached = [t for t in ttts if t is not None]
-        tau = [r.mean_staleness for r in rs]
-        ep0 = [r.batches["epochs"][0] / max(1, statistics.median(r.batches["epochs"][1:]))
-               for r in rs] if n_workers > 1 else [1.0] * len(rs)
-        rows.append({"policy": pol, "workers": n_workers, "slowdown_worker0": slow,
-                     "time_to_target_median": _median(ttts),
-                     "reached": len(reached), "runs": len(rs), "time_to_target": ttts,
-                     "time_to_tight_median": _median(tights),
-                     "reached_tight": sum(t is not None for t in tights),
-                     "time_to_tight": tights,
-                     "final_loss_median": statistics.median(r.final_loss for r in rs),
-                     "updates_median": statistics.median(r.updates for r in rs),
-                     "mean_staleness_median": statistics.median(tau),
-                     "stolen_median": statistics.median(sum(r.batches["stolen_by_worker"])
-                                                        for r in rs),
-                     "straggler_epochs_ratio_median": statistics.median(ep0),
-                     "lost_batches": [r.batches["lost"] for r in rs],
-                     "staleness_hist": np.sum([np.sum(r.staleness_hist, axis=0)
-                                               for r in rs], axis=0).tolist(),
-                     "detections": [[w for _, w in r.detections] for r in rs],
-                     "first_detection_s": [r.detections[0][0] if r.detections else None
-                                           for r in rs],
-                     "dropped_worker0": [r.workers[0]["dropped"] for r in rs]})
+    for (b, n), reps in tr.items():
+        # per repetition: the latencies of the median worker, pushes/s summed over workers
+        lat = {key: [statistics.median(w[key] for w in rep) for rep in reps]
+               for key in ("pull_us", "push_us", "roundtrip_us", "roundtrip_p90_us")}
+        rate = [sum(w["pushes"] / w["seconds"] for w in rep) for rep in reps]
+        rows.append({"backend": b, "workers": n, "features": d, "n_shards": n_shards,
+                     "seconds": seconds,
+                     **{f"{key}_median": statistics.median(v) for key, v in lat.items()},
+                     "roundtrip_us_range": [min(lat["roundtrip_us"]),
+                                            max(lat["roundtrip_us"])],
+                     "pushes_per_s_median": statistics.median(rate),
+                     "pushes_per_s_range": [min(rate), max(rate)],
+                     "pushes_per_s": rate, "roundtrip_us": lat["roundtrip_us"]})
+    return rows
+
+
+# ---- the runs -------------------------------------------------------------------------
+
+def _policy_row(pol, backend, rs, n_workers, slow, targets):
+    ttt = {name: [r.time_to(t) for r in rs] for name, t in targets.items()}
+    tau = [r.mean_staleness for r in rs]
+    ep0 = [r.batches["epochs"][0] / max(1, statistics.median(r.batches["epochs"][1:]))
+           for r in rs] if n_workers > 1 else [1.0] * len(rs)
+    return {"policy": pol, "backend": backend, "workers": n_workers, "slowdown_worker0": slow,
+            "time_to_target_median": _median(ttt["target"]),
+            "reached": sum(t is not None for t in ttt["target"]), "runs": len(rs),
+            "time_to_target": ttt["target"],
+            "time_to_tight_median": _median(ttt["tight"]),
+            "reached_tight": sum(t is not None for t in ttt["tight"]),
+            "time_to_tight": ttt["tight"],
+            "time_to_loose_median": _median(ttt["loose"]),
+            "reached_loose": sum(t is not None for t in ttt["loose"]),
+            "time_to_loose": ttt["loose"],
+            "final_loss_median": statistics.median(r.final_loss for r in rs),
+            "updates_median": statistics.median(r.updates for r in rs),
+            "updates_per_s_median": statistics.median(r.updates / r.seconds for r in rs),
+            "mean_staleness_median": statistics.median(tau),
+            "stolen_median": statistics.median(sum(r.batches["stolen_by_worker"]) for r in rs),
+            "straggler_epochs_ratio_median": statistics.median(ep0),
+            "lost_batches": [r.batches["lost"] for r in rs],
+            "staleness_hist": np.sum([np.sum(r.staleness_hist, axis=0) for r in rs],
+                                     axis=0).tolist(),
+            "detections": [[w for _, w in r.detections] for r in rs],
+            "first_detection_s": [r.detections[0][0] if r.detections else None for r in rs],
+            "dropped_worker0": [r.workers[0]["dropped"] for r in rs]}
+
+
+def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
+        target=0.53, tight=0.521, loose=0.68, slow=4.0, backends=("shm",),
+        transport_seconds=1.0, progress=True):
+    backends = list(backends)
+    X, y = make_rcv1_like(samples, features, random_state=seed)
+    if "ray" in backends:
+        ensure_ray()
+    counts = sorted({1, n_workers})
+    g = np.random.default_rng(seed).standard_normal(features)
+    acc = {(b, p): [] for b in backends for p in POLICIES}
+    control = {b: [] for b in backends}
+    tr = {(b, n): [] for b in backends for n in counts}
+    first = {b: {} for b in backends}
+    bar = tqdm(total=(reps + 1) * len(backends) * (len(POLICIES) + 1 + len(counts)),
+               desc="ps", leave=False, disable=not progress)
+    for rep in range(reps + 1):                      # rep 0 is the warm-up
+        order = backends if rep % 2 else backends[::-1]
+        for pol in POLICIES:
+            for b in order:
+                # one seed for every repetition: the same partitions and evaluation
+                # rows, so the targets mean the same; repetitions differ in timing only
+                r = train(X, y, n_workers=n_workers, policy=pol, slowdown={0: slow},
+                          max_seconds=seconds, seed=seed, backend=b)
+                if rep:
+                    acc[b, pol].append(r)
+                    first[b].setdefault(pol, r)
+                bar.update()
+        for b in order:
+            r = train(X, y, n_workers=n_workers, policy="saps", max_seconds=seconds,
+                      seed=seed, backend=b)
+            if rep:
+                control[b].append([w for _, w in r.detections])
+            bar.update()
+        for b in order:
+            for n in counts:
+                res = transport(b, features, N_SHARDS, n, transport_seconds, g)
+                if rep:
+                    tr[b, n].append(res)
+                bar.update()
+    bar.close()
+    targets = {"target": target, "tight": tight, "loose": loose}
+    rows = [_policy_row(pol, b, acc[b, pol], n_workers, slow, targets)
+            for b in backends for pol in POLICIES]
     problem = {"samples": samples, "features": features, "seconds": seconds, "target": target,
-               "tight_target": tight}
-    return rows, {"problem": problem, "curves": curves_of(first),
-                  "control_detections": control}
+               "tight_target": tight, "loose_target": loose, "backends": backends,
+               "reps": reps, "n_shards": N_SHARDS, "transport_seconds": transport_seconds}
+    if "ray" in backends:
+        import ray
+        problem["ray_version"] = ray.__version__
+    return rows, {"problem": problem,
+                  "curves": {b: curves_of(first[b]) for b in backends},
+                  "control_detections": control,
+                  "transport": _transport_rows(tr, features, N_SHARDS, transport_seconds)}
 
 
 def ratios(rows):
-    by = {r["policy"]: r for r in rows}
+    """Per backend: BSP's time to each target over SaPS's, and SaPS's final loss minus
+    ASP's. ({backend: {...}}; rows without a backend are shared memory's.)"""
     out = {}
-    if by["bsp"]["time_to_target_median"] and by["saps"]["time_to_target_median"]:
-        out["bsp_over_saps_time_to_target"] = (by["bsp"]["time_to_target_median"]
-                                               / by["saps"]["time_to_target_median"])
-    if by["bsp"]["time_to_tight_median"] and by["saps"]["time_to_tight_median"]:
-        out["bsp_over_saps_time_to_tight"] = (by["bsp"]["time_to_tight_median"]
-                                              / by["saps"]["time_to_tight_median"])
-    out["saps_minus_asp_final_loss"] = (by["saps"]["final_loss_median"]
-                                        - by["asp"]["final_loss_median"])
+    for b in dict.fromkeys(r.get("backend", "shm") for r in rows):
+        by = {r["policy"]: r for r in rows if r.get("backend", "shm") == b}
+        o = out[b] = {}
+        for name in ("target", "tight", "loose"):
+            key = f"time_to_{name}_median"
+            if by["bsp"].get(key) and by["saps"].get(key):
+                o[f"bsp_over_saps_time_to_{name}"] = by["bsp"][key] / by["saps"][key]
+        o["saps_minus_asp_final_loss"] = (by["saps"]["final_loss_median"]
+                                          - by["asp"]["final_loss_median"])
+        o["saps_over_bsp_updates"] = (by["saps"]["updates_median"]
+                                      / max(1, by["bsp"]["updates_median"]))
     return out
+
+
+# ---- reading the JSON (this layout, and the single-backend one before it) ------------
+
+def _backend_of(r):
+    return r.get("backend", "shm")
+
+
+def _normalised(d):
+    """(backends, curves {backend: {policy: curve}}, controls {backend: [...]},
+    ratios {backend: {...}}) of a results dict, old layouts included."""
+    rows = d["results"]
+    backends = list(dict.fromkeys(_backend_of(r) for r in rows))
+    curves = d.get("curves") or {}
+    if curves and set(curves) <= set(POLICIES):
+        curves = {"shm": curves}
+    ctl = d.get("control_detections")
+    if isinstance(ctl, list):
+        ctl = {"shm": ctl}
+    rt = d.get("ratios") or {}
+    if rt and not all(isinstance(v, dict) for v in rt.values()):
+        rt = {"shm": rt}
+    return backends, curves, ctl or {}, rt
+
+
+# ---- plot -----------------------------------------------------------------------------
+
+_STYLE = {"shm": "-", "ray": "--"}
+_LABEL = {"shm": "shared memory", "ray": "Ray"}
 
 
 def plot(d, path):
     r0 = d["results"][0]
-    return plot_losses(d["curves"], d["problem"]["target"], path,
-                       f"parameter server, {r0['workers']} workers, worker 0 slowed "
-                       f"{r0['slowdown_worker0']:g}x (dotted: SaPS detection; first "
-                       f"repetition)", n_workers=r0["workers"])
+    backends, curves, _, _ = _normalised(d)
+    if not d.get("transport"):                   # a single-backend file of the old layout
+        return plot_losses(curves["shm"], d["problem"]["target"], path,
+                           f"parameter server, {r0['workers']} workers, worker 0 slowed "
+                           f"{r0['slowdown_worker0']:g}x (dotted: SaPS detection; first "
+                           f"repetition)", n_workers=r0["workers"])
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    p = d["problem"]
+    fig = Figure(figsize=(12, 8))
+    gs = fig.add_gridspec(2, 4)
+    a_t, a_u = fig.add_subplot(gs[0, :2]), fig.add_subplot(gs[0, 2:])
+    a_h, a_l, a_r = fig.add_subplot(gs[1, :2]), fig.add_subplot(gs[1, 2]), \
+        fig.add_subplot(gs[1, 3])
+    color = {pol: f"C{i}" for i, pol in enumerate(POLICIES)}
+    for b in backends:
+        for pol, c in curves.get(b, {}).items():
+            kw = dict(color=color.get(pol), ls=_STYLE.get(b, ":"), lw=1.4)
+            a_t.plot(c["seconds"], c["loss"], **kw)
+            for t, _ in c["detections"][:1]:      # SaPS's first detection, on its curve
+                i = int(np.searchsorted(c["seconds"], t))
+                if i < len(c["loss"]):
+                    a_t.plot([c["seconds"][i]], [c["loss"][i]], marker="v", ms=7,
+                             color=color.get(pol), mec="k")
+            if c.get("updates"):
+                u = np.maximum(c["updates"], 1)
+                a_u.plot(u, c["loss"], **kw)
+            h = np.asarray(c.get("staleness_hist") or [], dtype=float)
+            if h.sum() > 0:
+                last = int(np.flatnonzero(h)[-1]) + 1
+                a_h.step(np.arange(last), h[:last] / h.sum(), where="mid", **kw)
+    for ax, xl in ((a_t, "seconds" + (" (log)" if len(backends) > 1 else "")),
+                   (a_u, "updates applied (log)")):
+        for t, ls in ((p["target"], "--"), (p.get("loose_target"), ":")):
+            if t is not None:
+                ax.axhline(t, color="grey", ls=ls, lw=1)
+        ax.set_xlabel(xl)
+        ax.set_ylabel("training loss")
+        ax.grid(alpha=0.3)
+    a_u.set_xscale("log")
+    if len(backends) > 1:
+        a_t.set_xscale("log")                     # the transports differ by orders of magnitude
+    handles = [Line2D([], [], color=color[pol], label=pol) for pol in POLICIES] + \
+              [Line2D([], [], ls="", marker="v", color="grey", mec="k",
+                      label="SaPS flags a worker")] + \
+              [Line2D([], [], color="k", ls=_STYLE.get(b, ":"), label=_LABEL.get(b, b))
+               for b in backends] + \
+              [Line2D([], [], color="grey", ls="--", lw=1, label=f"target {p['target']}")]
+    if p.get("loose_target") is not None:
+        handles.append(Line2D([], [], color="grey", ls=":", lw=1,
+                              label=f"loose target {p['loose_target']}"))
+    a_t.legend(handles=handles, fontsize=8, ncol=2)
+    a_t.set_title("loss against time (first repetition)", fontsize=9)
+    a_u.set_title("loss against updates: the same algorithm on both transports", fontsize=9)
+    a_h.set_xlabel("push staleness τ, log2 bins (0: τ=0; i: 2^(i-1) ≤ τ < 2^i)")
+    a_h.set_ylabel("fraction of pushes")
+    a_h.grid(alpha=0.3)
+    a_h.set_title("staleness of the pushes (all repetitions)", fontsize=9)
+    tr = d["transport"]
+    counts = sorted({t["workers"] for t in tr})
+    width = 0.8 / max(1, len(backends))
+    for ax, key, rng, yl in ((a_l, "roundtrip_us_median", "roundtrip_us_range",
+                              "pull + push latency, µs (log)"),
+                             (a_r, "pushes_per_s_median", "pushes_per_s_range",
+                              "pushes / s, all workers (log)")):
+        for i, b in enumerate(backends):
+            rows = {t["workers"]: t for t in tr if t["backend"] == b}
+            xs = np.arange(len(counts)) + (i - (len(backends) - 1) / 2) * width
+            med = [rows[n][key] if n in rows else np.nan for n in counts]
+            lo = [rows[n][key] - rows[n][rng][0] if n in rows else 0 for n in counts]
+            hi = [rows[n][rng][1] - rows[n][key] if n in rows else 0 for n in counts]
+            bars = ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=_LABEL.get(b, b),
+                          color="C7" if b == "shm" else "C9",
+                          hatch="" if b == "shm" else "//", edgecolor="k")
+            for bar_, m, up in zip(bars, med, hi):       # above the bar's error bar
+                if np.isfinite(m):
+                    ax.annotate(_short(m), (bar_.get_x() + bar_.get_width() / 2, m + up),
+                                ha="center", va="bottom", fontsize=7,
+                                xytext=(0, 2), textcoords="offset points")
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(counts)))
+        ax.set_xticklabels([f"{n} worker{'s' if n > 1 else ''}" for n in counts])
+        ax.set_ylabel(yl, fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+        ax.margins(y=0.2)
+        ax.legend(fontsize=7)
+    a_l.set_title(f"transport: d = {p['features']:,}, {p.get('n_shards', N_SHARDS)} shards",
+                  fontsize=9)
+    fig.suptitle(f"parameter server, {r0['workers']} workers, worker 0 slowed "
+                 f"{r0['slowdown_worker0']:g}×, " + " vs ".join(_LABEL.get(b, b)
+                                                               for b in backends), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _short(x):
+    if x >= 1e6:
+        return f"{x / 1e6:.1f}M"
+    if x >= 1e4:
+        return f"{x / 1e3:.0f}k"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+
+
+# ---- tables ---------------------------------------------------------------------------
+
+def _sec(x):
+    return f"{x:.2f}" if x is not None else "–"
+
+
+def _reach(r, name):
+    key = "" if name == "target" else f"_{name}"
+    med = r.get(f"time_to_{name}_median")
+    n = r.get(f"reached{key}")
+    if n is None:
+        return "n/a"
+    return f"{_sec(med)} ({n}/{r['runs']})"
+
+
+def _us(x):
+    return f"{x:,.0f} µs" if x >= 100 else f"{x:.1f} µs"
 
 
 def summary_markdown(d):
     p = d["problem"]
     rows = d["results"]
-    lines = [f"RCV1-like {p['samples']:,} × {p['features']:,}, {rows[0]['workers']} worker "
-             f"processes, worker 0 slowed {rows[0]['slowdown_worker0']:g}×, {p['seconds']:g} s "
-             f"per run, target loss {p['target']} (tight target {p['tight_target']}):", "",
-             "| policy | time to target (s) | reached | time to tight target (s) | reached | "
-             "final loss | updates | mean τ | stolen | straggler epochs / others' | "
-             "SaPS detections |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-
-    def sec(x):
-        return f"{x:.2f}" if x is not None else "–"
+    backends, _, ctl, rt = _normalised(d)
+    h = d["header"]
+    reps = p.get("reps", h["reps"])
+    loose = p.get("loose_target")
+    lines = [f"RCV1-like {p['samples']:,} × {p['features']:,}, {rows[0]['workers']} workers, "
+             f"worker 0 slowed {rows[0]['slowdown_worker0']:g}×, {p['seconds']:g} s per run; "
+             "time to a target training loss, median (runs that reached it) — "
+             + (f"loose {loose}, " if loose is not None else "")
+             + f"target {p['target']}, tight {p['tight_target']}:", "",
+             "| backend | policy | " + ("time to loose (s) | " if loose is not None else "")
+             + "time to target (s) | time to tight (s) | final loss | updates | updates/s | "
+             "mean τ | stolen | straggler epochs / others' | SaPS detections |",
+             "|---|---|" + ("---:|" if loose is not None else "")
+             + "---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         det = "; ".join(",".join(map(str, x)) or "none" for x in r["detections"]) \
             if r["policy"] == "saps" else ""
-        lines.append(f"| {r['policy']} | {sec(r['time_to_target_median'])} | "
-                     f"{r['reached']}/{r['runs']} | {sec(r['time_to_tight_median'])} | "
-                     f"{r['reached_tight']}/{r['runs']} | {r['final_loss_median']:.4f} | "
-                     f"{r['updates_median']:,.0f} | {r['mean_staleness_median']:.2f} | "
-                     f"{r['stolen_median']:,.0f} | {r['straggler_epochs_ratio_median']:.2f} | "
-                     f"{det} |")
-    rt = d.get("ratios", {})
-    if "bsp_over_saps_time_to_target" in rt:
-        lines.append(f"\nSaPS reaches the target {rt['bsp_over_saps_time_to_target']:.2f}× sooner "
-                     f"than BSP" + (f" ({rt['bsp_over_saps_time_to_tight']:.2f}× for the tight "
-                                    "target)" if "bsp_over_saps_time_to_tight" in rt else "")
-                     + f"; its final loss minus ASP's: {rt['saps_minus_asp_final_loss']:+.4f}.")
-    ctl = d.get("control_detections")
-    if ctl is not None:
-        lines.append(f"Control, SaPS with no slowdown: workers flagged per run: "
-                     f"{'; '.join(','.join(map(str, x)) or 'none' for x in ctl)}.")
-    h = d["header"]
+        ups = r.get("updates_per_s_median")
+        lines.append(f"| {_backend_of(r)} | {r['policy']} | "
+                     + (f"{_reach(r, 'loose')} | " if loose is not None else "")
+                     + f"{_reach(r, 'target')} | {_reach(r, 'tight')} | "
+                     f"{r['final_loss_median']:.4f} | {r['updates_median']:,.0f} | "
+                     + (f"{ups:,.0f}" if ups is not None else "–") + " | "
+                     f"{r['mean_staleness_median']:.2f} | {r['stolen_median']:,.0f} | "
+                     f"{r['straggler_epochs_ratio_median']:.2f} | {det} |")
+    tr = d.get("transport")
+    if tr:
+        lines += ["", f"Transport: pull + push of a dense {p['features']:,}-float gradient "
+                  f"over {p.get('n_shards', N_SHARDS)} shards, each worker repeating them for "
+                  f"{p.get('transport_seconds', 1):g} s; latencies of the median worker, "
+                  "pushes/s summed over the workers, median (min–max) over the repetitions:",
+                  "", "| backend | workers | pull | push | pull + push | pull + push p90 | "
+                  "pushes/s |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for t in tr:
+            lo, hi = t["pushes_per_s_range"]
+            lines.append(f"| {t['backend']} | {t['workers']} | {_us(t['pull_us_median'])} | "
+                         f"{_us(t['push_us_median'])} | {_us(t['roundtrip_us_median'])} | "
+                         f"{_us(t['roundtrip_p90_us_median'])} | "
+                         f"{t['pushes_per_s_median']:,.0f} ({lo:,.0f}–{hi:,.0f}) |")
+    lines.append("")
+    names = {"target": f"the target {p['target']}",
+             "tight": f"the tight target {p['tight_target']}",
+             "loose": f"the loose target {loose}"}
+    for b in backends:
+        o = rt.get(b, {})
+        mine = [r for r in rows if _backend_of(r) == b]
+        s = f"On {_LABEL.get(b, b)}, "
+        if not any(r["reached"] for r in mine):
+            best = min(mine, key=lambda r: r["final_loss_median"])
+            s += (f"no policy reaches the target {p['target']} within the {p['seconds']:g} s "
+                  f"runs (lowest final loss {best['final_loss_median']:.4f}, {best['policy']}); ")
+        both = [n for n in ("target", "tight", "loose") if f"bsp_over_saps_time_to_{n}" in o]
+        if both:
+            first, rest = both[0], both[1:]
+            s += (f"BSP takes {o[f'bsp_over_saps_time_to_{first}']:.2f}× as long as SaPS to "
+                  f"reach {names[first]}")
+            if rest:
+                s += " (" + ", ".join(f"{o[f'bsp_over_saps_time_to_{n}']:.2f}× for {names[n]}"
+                                      for n in rest) + ")"
+            s += "; "
+        else:
+            s += "SaPS and BSP reach no target in common; "
+        if "saps_over_bsp_updates" in o:
+            s += f"SaPS applies {o['saps_over_bsp_updates']:.2f}× BSP's updates"
+        if "saps_minus_asp_final_loss" in o:
+            s += f", and its final loss minus ASP's is {o['saps_minus_asp_final_loss']:+.4f}"
+        lines.append(s.rstrip("; ") + ".")
+    if tr and len(backends) > 1:
+        by = {(t["backend"], t["workers"]): t for t in tr}
+        n = max(t["workers"] for t in tr)
+        if ("shm", 1) in by and ("ray", 1) in by:
+            s1, r1 = by["shm", 1], by["ray", 1]
+            s = (f"A pull + push takes {r1['roundtrip_us_median'] / s1['roundtrip_us_median']:,.0f}"
+                 f"× longer on Ray than on shared memory with one worker "
+                 f"({_us(r1['roundtrip_us_median'])} against {_us(s1['roundtrip_us_median'])})")
+            if ("shm", n) in by and ("ray", n) in by and n > 1:
+                sn, rn = by["shm", n], by["ray", n]
+                s += (f"; with {n} workers shared memory moves "
+                      f"{sn['pushes_per_s_median'] / rn['pushes_per_s_median']:,.0f}× as many "
+                      f"pushes per second ({sn['pushes_per_s_median']:,.0f} against "
+                      f"{rn['pushes_per_s_median']:,.0f})")
+            lines.append(s + ".")
+    for b in backends:
+        if b in ctl:
+            lines.append(f"Control, SaPS with no slowdown on {_LABEL.get(b, b)}: workers "
+                         f"flagged per run: "
+                         f"{'; '.join(','.join(map(str, x)) or 'none' for x in ctl[b])}.")
     lines.append(f"\n<sub>`{h['command']}` · {h['date']} · {h['cpu']}, {h['cpu_count']} CPUs · "
-                 f"medians of {h['reps']} interleaved repetitions after a warm-up</sub>")
+                 f"{h.get('platform', '')} · python {h['python']}"
+                 + (f", Ray {p['ray_version']}" if p.get("ray_version") else "")
+                 + f" · medians of {reps} interleaved repetitions after a warm-up</sub>")
     return "\n".join(lines)

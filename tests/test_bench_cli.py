@@ -73,6 +73,37 @@ def test_bench_all_tiny(tmp_path):
         assert (tmp_path / png).stat().st_size > 1000
 
 
+def test_bench_ps_both_backends(tmp_path):
+    """``bench ps --backend both``: every policy on shared memory and on Ray side by side,
+    the transport rows (pull + push latency, pushes/s) of both, and the plot and page
+    drawn from them. Skipped where Ray is not installed."""
+    pytest.importorskip("ray")
+    r = subprocess.run([sys.executable, "-m", "bench", "ps", "--quick", "--backend", "both",
+                        "--ps-workers", "2", "--ps-samples", "2000", "--ps-features", "200",
+                        "--ps-seconds", "0.5", "--ps-target", "0.69", "--out", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    ps = json.loads((tmp_path / "ps.json").read_text())
+    assert {(r["backend"], r["policy"]) for r in ps["results"]} == {
+        (b, p) for b in ("shm", "ray") for p in ("bsp", "asp", "ssp", "saps")}
+    assert all(r["runs"] == 1 and r["updates_median"] > 0 for r in ps["results"])
+    tr = ps["transport"]
+    assert {(t["backend"], t["workers"]) for t in tr} == {(b, n) for b in ("shm", "ray")
+                                                         for n in (1, 2)}
+    for t in tr:
+        assert 0 < t["pull_us_median"] < t["roundtrip_us_median"]
+        assert t["push_us_median"] < t["roundtrip_us_median"] and t["pushes_per_s_median"] > 0
+    assert set(ps["curves"]) == set(ps["ratios"]) == set(ps["control_detections"]) == {
+        "shm", "ray"}
+    assert "| ray | saps |" in r.stdout and "| ray | 2 |" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "bench", "plot", "--out", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ps.png").stat().st_size > 1000
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert "| shm | bsp |" in page and "| ray | 1 |" in page and "on Ray" in page
+
+
 def test_bench_rejects_bad_settings():
     r = subprocess.run([sys.executable, "-m", "bench", "pq-threads", "--workers", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
