@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 import threading
@@ -251,7 +252,7 @@ def cmd_hogwild(args):
               f"{sk['epoch_s_median'] / r['epoch_s_median']:9.2f}x {sp1:>13s} "
               f"{r['final_train_loss']:10.4f} {ttt:>16s}")
     hl = extra["hot_layout_s"]
-    print(f"\none-time copy of the data per fit, not in the epoch times: " +
+    print("\none-time copy of the data per fit, not in the epoch times: " +
           (f"hot-first rows ({hl['hot_features']} hot features) {hl['hot_s']:.3f} s, "
            if hl["hot_features"] else "(no hot features at this size) ") +
           f"plain rows {hl['plain_s']:.3f} s")
@@ -443,9 +444,7 @@ def main(argv=None):
         except ValueError as e:
             ap.error(str(e))
     if args.backend != "shm" and args.scenario in ("ps", "all"):
-        try:
-            import ray  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("ray") is None:
             ap.error(f"--backend {args.backend} needs Ray: pip install 'relaxed-sgd-kit[ray]'")
     if args.out:
         common.set_results_dir(args.out)

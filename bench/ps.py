@@ -322,22 +322,9 @@ _STYLE = {"shm": "-", "ray": "--"}
 _LABEL = {"shm": "shared memory", "ray": "Ray"}
 
 
-def plot(d, path):
-    r0 = d["results"][0]
-    backends, curves, _, _ = _normalised(d)
-    if not d.get("transport"):                   # a single-backend file of the old layout
-        return plot_losses(curves["shm"], d["problem"]["target"], path,
-                           f"parameter server, {r0['workers']} workers, worker 0 slowed "
-                           f"{r0['slowdown_worker0']:g}x (dotted: SaPS detection; first "
-                           f"repetition)", n_workers=r0["workers"])
-    from matplotlib.figure import Figure
+def _loss_panels(a_t, a_u, a_h, backends, curves, p):
+    """Loss against time and updates, and the staleness histograms, per backend."""
     from matplotlib.lines import Line2D
-    p = d["problem"]
-    fig = Figure(figsize=(12, 8))
-    gs = fig.add_gridspec(2, 4)
-    a_t, a_u = fig.add_subplot(gs[0, :2]), fig.add_subplot(gs[0, 2:])
-    a_h, a_l, a_r = fig.add_subplot(gs[1, :2]), fig.add_subplot(gs[1, 2]), \
-        fig.add_subplot(gs[1, 3])
     color = {pol: f"C{i}" for i, pol in enumerate(POLICIES)}
     for b in backends:
         for pol, c in curves.get(b, {}).items():
@@ -382,7 +369,10 @@ def plot(d, path):
     a_h.set_ylabel("fraction of pushes")
     a_h.grid(alpha=0.3)
     a_h.set_title("staleness of the pushes (all repetitions)", fontsize=9)
-    tr = d["transport"]
+
+
+def _transport_panels(a_l, a_r, tr, backends):
+    """Bars of pull + push latency and pushes/s per backend and worker count."""
     counts = sorted({t["workers"] for t in tr})
     width = 0.8 / max(1, len(backends))
     for ax, key, rng, yl in ((a_l, "roundtrip_us_median", "roundtrip_us_range",
@@ -410,6 +400,25 @@ def plot(d, path):
         ax.grid(alpha=0.3, axis="y")
         ax.margins(y=0.2)
         ax.legend(fontsize=7)
+
+
+def plot(d, path):
+    r0 = d["results"][0]
+    backends, curves, _, _ = _normalised(d)
+    if not d.get("transport"):                   # a single-backend file of the old layout
+        return plot_losses(curves["shm"], d["problem"]["target"], path,
+                           f"parameter server, {r0['workers']} workers, worker 0 slowed "
+                           f"{r0['slowdown_worker0']:g}x (dotted: SaPS detection; first "
+                           f"repetition)", n_workers=r0["workers"])
+    from matplotlib.figure import Figure
+    p = d["problem"]
+    fig = Figure(figsize=(12, 8))
+    gs = fig.add_gridspec(2, 4)
+    a_t, a_u = fig.add_subplot(gs[0, :2]), fig.add_subplot(gs[0, 2:])
+    a_h, a_l, a_r = fig.add_subplot(gs[1, :2]), fig.add_subplot(gs[1, 2]), \
+        fig.add_subplot(gs[1, 3])
+    _loss_panels(a_t, a_u, a_h, backends, curves, p)
+    _transport_panels(a_l, a_r, d["transport"], backends)
     a_l.set_title(f"transport: d = {p['features']:,}, {p.get('n_shards', N_SHARDS)} shards",
                   fontsize=9)
     fig.suptitle(f"parameter server, {r0['workers']} workers, worker 0 slowed "
@@ -449,13 +458,8 @@ def _us(x):
     return f"{x:,.0f} µs" if x >= 100 else f"{x:.1f} µs"
 
 
-def summary_markdown(d):
-    p = d["problem"]
-    rows = d["results"]
-    backends, _, ctl, rt = _normalised(d)
-    h = d["header"]
-    reps = p.get("reps", h["reps"])
-    loose = p.get("loose_target")
+def _policy_table(d, loose):
+    p, rows = d["problem"], d["results"]
     lines = [f"RCV1-like {p['samples']:,} × {p['features']:,}, {rows[0]['workers']} workers, "
              f"worker 0 slowed {rows[0]['slowdown_worker0']:g}×, {p['seconds']:g} s per run; "
              "time to a target training loss, median (runs that reached it) — "
@@ -477,63 +481,90 @@ def summary_markdown(d):
                      + (f"{ups:,.0f}" if ups is not None else "–") + " | "
                      f"{r['mean_staleness_median']:.2f} | {r['stolen_median']:,.0f} | "
                      f"{r['straggler_epochs_ratio_median']:.2f} | {det} |")
+    return lines
+
+
+def _transport_table(p, tr):
+    lines = ["", f"Transport: pull + push of a dense {p['features']:,}-float gradient "
+             f"over {p.get('n_shards', N_SHARDS)} shards, each worker repeating them for "
+             f"{p.get('transport_seconds', 1):g} s; latencies of the median worker, "
+             "pushes/s summed over the workers, median (min–max) over the repetitions:",
+             "", "| backend | workers | pull | push | pull + push | pull + push p90 | "
+             "pushes/s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for t in tr:
+        lo, hi = t["pushes_per_s_range"]
+        lines.append(f"| {t['backend']} | {t['workers']} | {_us(t['pull_us_median'])} | "
+                     f"{_us(t['push_us_median'])} | {_us(t['roundtrip_us_median'])} | "
+                     f"{_us(t['roundtrip_p90_us_median'])} | "
+                     f"{t['pushes_per_s_median']:,.0f} ({lo:,.0f}–{hi:,.0f}) |")
+    return lines
+
+
+def _policy_finding(p, b, o, mine, names):
+    """One sentence per backend: targets reached, BSP over SaPS, updates, final loss."""
+    s = f"On {_LABEL.get(b, b)}, "
+    if not any(r["reached"] for r in mine):
+        best = min(mine, key=lambda r: r["final_loss_median"])
+        s += (f"no policy reaches the target {p['target']} within the {p['seconds']:g} s "
+              f"runs (lowest final loss {best['final_loss_median']:.4f}, {best['policy']}); ")
+    both = [n for n in ("target", "tight", "loose") if f"bsp_over_saps_time_to_{n}" in o]
+    if both:
+        first, rest = both[0], both[1:]
+        s += (f"BSP takes {o[f'bsp_over_saps_time_to_{first}']:.2f}× as long as SaPS to "
+              f"reach {names[first]}")
+        if rest:
+            s += " (" + ", ".join(f"{o[f'bsp_over_saps_time_to_{n}']:.2f}× for {names[n]}"
+                                  for n in rest) + ")"
+        s += "; "
+    else:
+        s += "SaPS and BSP reach no target in common; "
+    if "saps_over_bsp_updates" in o:
+        s += f"SaPS applies {o['saps_over_bsp_updates']:.2f}× BSP's updates"
+    if "saps_minus_asp_final_loss" in o:
+        s += f", and its final loss minus ASP's is {o['saps_minus_asp_final_loss']:+.4f}"
+    return s.rstrip("; ") + "."
+
+
+def _transport_finding(tr):
+    by = {(t["backend"], t["workers"]): t for t in tr}
+    n = max(t["workers"] for t in tr)
+    if ("shm", 1) not in by or ("ray", 1) not in by:
+        return None
+    s1, r1 = by["shm", 1], by["ray", 1]
+    s = (f"A pull + push takes {r1['roundtrip_us_median'] / s1['roundtrip_us_median']:,.0f}"
+         f"× longer on Ray than on shared memory with one worker "
+         f"({_us(r1['roundtrip_us_median'])} against {_us(s1['roundtrip_us_median'])})")
+    if ("shm", n) in by and ("ray", n) in by and n > 1:
+        sn, rn = by["shm", n], by["ray", n]
+        s += (f"; with {n} workers shared memory moves "
+              f"{sn['pushes_per_s_median'] / rn['pushes_per_s_median']:,.0f}× as many "
+              f"pushes per second ({sn['pushes_per_s_median']:,.0f} against "
+              f"{rn['pushes_per_s_median']:,.0f})")
+    return s + "."
+
+
+def summary_markdown(d):
+    p = d["problem"]
+    rows = d["results"]
+    backends, _, ctl, rt = _normalised(d)
+    h = d["header"]
+    reps = p.get("reps", h["reps"])
+    loose = p.get("loose_target")
+    lines = _policy_table(d, loose)
     tr = d.get("transport")
     if tr:
-        lines += ["", f"Transport: pull + push of a dense {p['features']:,}-float gradient "
-                  f"over {p.get('n_shards', N_SHARDS)} shards, each worker repeating them for "
-                  f"{p.get('transport_seconds', 1):g} s; latencies of the median worker, "
-                  "pushes/s summed over the workers, median (min–max) over the repetitions:",
-                  "", "| backend | workers | pull | push | pull + push | pull + push p90 | "
-                  "pushes/s |", "|---|---:|---:|---:|---:|---:|---:|"]
-        for t in tr:
-            lo, hi = t["pushes_per_s_range"]
-            lines.append(f"| {t['backend']} | {t['workers']} | {_us(t['pull_us_median'])} | "
-                         f"{_us(t['push_us_median'])} | {_us(t['roundtrip_us_median'])} | "
-                         f"{_us(t['roundtrip_p90_us_median'])} | "
-                         f"{t['pushes_per_s_median']:,.0f} ({lo:,.0f}–{hi:,.0f}) |")
+        lines += _transport_table(p, tr)
     lines.append("")
     names = {"target": f"the target {p['target']}",
              "tight": f"the tight target {p['tight_target']}",
              "loose": f"the loose target {loose}"}
     for b in backends:
-        o = rt.get(b, {})
-        mine = [r for r in rows if _backend_of(r) == b]
-        s = f"On {_LABEL.get(b, b)}, "
-        if not any(r["reached"] for r in mine):
-            best = min(mine, key=lambda r: r["final_loss_median"])
-            s += (f"no policy reaches the target {p['target']} within the {p['seconds']:g} s "
-                  f"runs (lowest final loss {best['final_loss_median']:.4f}, {best['policy']}); ")
-        both = [n for n in ("target", "tight", "loose") if f"bsp_over_saps_time_to_{n}" in o]
-        if both:
-            first, rest = both[0], both[1:]
-            s += (f"BSP takes {o[f'bsp_over_saps_time_to_{first}']:.2f}× as long as SaPS to "
-                  f"reach {names[first]}")
-            if rest:
-                s += " (" + ", ".join(f"{o[f'bsp_over_saps_time_to_{n}']:.2f}× for {names[n]}"
-                                      for n in rest) + ")"
-            s += "; "
-        else:
-            s += "SaPS and BSP reach no target in common; "
-        if "saps_over_bsp_updates" in o:
-            s += f"SaPS applies {o['saps_over_bsp_updates']:.2f}× BSP's updates"
-        if "saps_minus_asp_final_loss" in o:
-            s += f", and its final loss minus ASP's is {o['saps_minus_asp_final_loss']:+.4f}"
-        lines.append(s.rstrip("; ") + ".")
+        lines.append(_policy_finding(p, b, rt.get(b, {}),
+                                     [r for r in rows if _backend_of(r) == b], names))
     if tr and len(backends) > 1:
-        by = {(t["backend"], t["workers"]): t for t in tr}
-        n = max(t["workers"] for t in tr)
-        if ("shm", 1) in by and ("ray", 1) in by:
-            s1, r1 = by["shm", 1], by["ray", 1]
-            s = (f"A pull + push takes {r1['roundtrip_us_median'] / s1['roundtrip_us_median']:,.0f}"
-                 f"× longer on Ray than on shared memory with one worker "
-                 f"({_us(r1['roundtrip_us_median'])} against {_us(s1['roundtrip_us_median'])})")
-            if ("shm", n) in by and ("ray", n) in by and n > 1:
-                sn, rn = by["shm", n], by["ray", n]
-                s += (f"; with {n} workers shared memory moves "
-                      f"{sn['pushes_per_s_median'] / rn['pushes_per_s_median']:,.0f}× as many "
-                      f"pushes per second ({sn['pushes_per_s_median']:,.0f} against "
-                      f"{rn['pushes_per_s_median']:,.0f})")
-            lines.append(s + ".")
+        s = _transport_finding(tr)
+        if s:
+            lines.append(s)
     for b in backends:
         if b in ctl:
             lines.append(f"Control, SaPS with no slowdown on {_LABEL.get(b, b)}: workers "
