@@ -149,6 +149,9 @@ def test_parameter_server_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sgd_shm.ps", "--policies", "gossip"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "sgd_shm", "--address", "ray://head:10001"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--backend ray" in r.stderr
 
 
 def test_torch_reference_trains():
