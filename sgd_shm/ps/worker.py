@@ -94,12 +94,16 @@ class _Spells:
 
 
 def _wait_gate(link, job, k, my_pushes):
-    """Sleep while the policy's gate is closed. False: stop (or the coordinator died)."""
-    while not job.policy.may_step(k, my_pushes, link):
+    """Sleep while the policy's gate is closed. False: stop (or the coordinator died).
+    An open gate costs no further look at the stop flag (the loop has just read it)."""
+    if job.policy.may_step(k, my_pushes, link):
+        return True
+    while True:
         if link.stopped() or not link.coordinator_alive():
             return False
         time.sleep(link.poll_s)
-    return not link.stopped()
+        if job.policy.may_step(k, my_pushes, link):
+            return not link.stopped()
 
 
 def _gradient(job, p, j, w, g):
