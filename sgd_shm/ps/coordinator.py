@@ -34,12 +34,19 @@ class SampleView:
     def killed(self) -> list:
         return self.coordinator.killed
 
+    _counters: tuple | None = None
+
+    def _read(self):
+        if self._counters is None:                # one read of the backend per sample
+            self._counters = self.coordinator.backend.counters()
+        return self._counters
+
     def staleness_sum(self, k) -> int:
-        return self.coordinator.backend.counters(k)[0]
+        return int(self._read()[0][k])
 
     def pushes_tried(self, k) -> int:
         """Pushes applied plus pushes dropped."""
-        return self.coordinator.backend.counters(k)[1]
+        return int(self._read()[1][k])
 
     def flag(self, k):
         self.coordinator.flag(k, self.now)

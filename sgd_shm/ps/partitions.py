@@ -61,7 +61,6 @@ class Partitions:
     only)."""
 
     def __init__(self, batches: Batches, rng):
-        self.batches = batches
         n_workers = len(batches.part_lo)
         self.nb = batches.n_batches
         self.boff = np.concatenate([[0], np.cumsum(self.nb)])
@@ -101,9 +100,9 @@ class Partitions:
         """q was flagged or died: set lag_q to the smallest epoch of the other
         partitions whose workers are live and unflagged, minus q's (see
         :class:`sgd_shm.ps.policies.SaPS`)."""
-        others = [self.epoch(p) for p in unflagged_live if p != q]
-        if others:
-            self.lag_words[q * LINE] = max(0, min(others) - self.epoch(q))
+        lag = written_off_lag(self.all_epochs(), q, unflagged_live)
+        if lag is not None:
+            self.lag_words[q * LINE] = lag
 
     def restore_epochs(self, epochs):
         self.epochs[::LINE] = epochs
@@ -155,6 +154,14 @@ class Partitions:
         if getattr(self, "_seg", None) is not None:
             self._seg.close()
             self._seg = None
+
+
+def written_off_lag(epochs, q, unflagged_live):
+    """The lag of partition q when its worker is flagged or dies: the smallest epoch of
+    the other partitions whose workers are live and unflagged, minus q's (never below
+    0); None when there is no such partition. The rule of every transport."""
+    others = [int(epochs[p]) for p in unflagged_live if p != q]
+    return max(0, min(others) - int(epochs[q])) if others else None
 
 
 def tally(taken, queued, epochs, epoch0, nb, boff):

@@ -32,11 +32,14 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sgd_shm.ps._grad import batch_grad
-from sgd_shm.ps.partitions import tally
-from sgd_shm.ps.store import HIST_BINS, SLOT_FIELDS, staleness_bin
+from sgd_shm.ps.partitions import tally, written_off_lag
+from sgd_shm.ps.store import HIST_BINS, SLOT_FIELDS, SLOT_INDEX as _SLOT, staleness_bin
 from sgd_shm.ps.worker import Diverged, run_worker
 
-_SLOT = {f: i for i, f in enumerate(SLOT_FIELDS)}
+def _gather(shards):
+    """(weights, shard versions) from the shard actors, read in parallel."""
+    parts = ray.get([s.pull.remote() for s in shards])
+    return np.concatenate([w for w, _ in parts]), np.array([v for _, v in parts], np.int64)
 
 
 def ensure_ray(address=None):
@@ -140,9 +143,9 @@ class _Hub:
         self.slots[k, _SLOT["status"]] = status
 
     def write_off(self, q, unflagged_live):
-        others = [int(self.epochs[p]) for p in unflagged_live if p != q]
-        if others:
-            self.lags[q] = max(0, min(others) - int(self.epochs[q]))
+        lag = written_off_lag(self.epochs, q, unflagged_live)
+        if lag is not None:
+            self.lags[q] = lag
 
     def set_stop(self):
         self.stop = True
@@ -183,8 +186,7 @@ class RayLink:
 
     def pull(self, k):
         v = ray.get(self.hub.pulled.remote(k))
-        parts = ray.get([s.pull.remote() for s in self.shards])
-        return np.concatenate([w for w, _ in parts]), v
+        return _gather(self.shards)[0], v
 
     def push(self, k, g, v, scale):
         step = self.lr * scale
@@ -331,15 +333,14 @@ class RayBackend:
 
     def pull(self):
         v = ray.get(self.hub.get_version.remote())
-        parts = ray.get([s.pull.remote() for s in self.shards])
-        return np.concatenate([w for w, _ in parts]), v
+        return _gather(self.shards)[0], v
 
     def version(self):
         return ray.get(self.hub.get_version.remote())
 
-    def counters(self, k):
-        st, tried = ray.get(self.hub.counters.remote())
-        return int(st[k]), int(tried[k])
+    def counters(self):
+        """(staleness sums, pushes tried: applied + dropped) of every worker."""
+        return ray.get(self.hub.counters.remote())
 
     def set_status(self, k, status):
         ray.get(self.hub.set_status.remote(k, status))
@@ -349,9 +350,8 @@ class RayBackend:
 
     def snapshot(self):
         v, pushes, epochs = ray.get(self.hub.state.remote())
-        parts = ray.get([s.pull.remote() for s in self.shards])
-        return (np.concatenate([w for w, _ in parts]),
-                np.array([sv for _, sv in parts], np.int64), v, pushes, epochs)
+        w, vers = _gather(self.shards)
+        return w, vers, v, pushes, epochs
 
     def report(self):
         return ray.get(self.hub.report.remote())
@@ -374,10 +374,8 @@ class RayBackend:
 def _outcome(ref):
     try:
         res = ray.get(ref)
-    except ray.exceptions.ActorDiedError:
-        return "killed"
-    except ray.exceptions.RayActorError:
+    except ray.exceptions.RayActorError:           # ActorDiedError after ray.kill
         return "killed"
     except ray.exceptions.RayTaskError as e:
         return f"failed: {e}"
-    return "diverged" if res == "diverged" else "killed" if res != "stopped" else "stopped"
+    return res                                     # "diverged" or "stopped"

@@ -165,11 +165,12 @@ class ShmBackend:
     def version(self):
         return self.store.version
 
-    def counters(self, k):
-        """(staleness sum, pushes tried: applied + dropped) of worker k."""
+    def counters(self):
+        """(staleness sums, pushes tried: applied + dropped) of every worker."""
         st = self.store
-        return (st.counter(k, "staleness_sum"),
-                st.counter(k, "pushes") + st.counter(k, "dropped"))
+        ks = range(self.n_workers)
+        return (np.array([st.counter(k, "staleness_sum") for k in ks]),
+                np.array([st.counter(k, "pushes") + st.counter(k, "dropped") for k in ks]))
 
     def set_status(self, k, status):
         self.store.record(k, status=status)

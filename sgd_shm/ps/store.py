@@ -55,7 +55,8 @@ KIND_PS = 4
 LINE = LINE_WORDS
 SLOT_FIELDS = ("pulled_version", "pushes", "compute_ns", "heartbeat_ns", "status",
                "staleness_sum", "deferred", "dropped", "stolen", "spells")
-_FIELD = {f: i for i, f in enumerate(SLOT_FIELDS)}
+#: the column of each slot field (the Ray hub keeps its slots in the same layout)
+SLOT_INDEX = {f: i for i, f in enumerate(SLOT_FIELDS)}
 _PULLED, _PUSHES, _COMPUTE, _HEARTBEAT, _STATUS, _STALENESS, _DEFERRED = range(7)
 #: counters of a slot that the training driver adds to (:meth:`ParameterStore.add`)
 DRIVER_COUNTERS = ("staleness_sum", "dropped", "stolen", "spells")
@@ -495,12 +496,12 @@ class ParameterStore:
         :data:`DRIVER_COUNTERS`)."""
         if field not in DRIVER_COUNTERS:
             raise ValueError(f"field: must be one of {DRIVER_COUNTERS}, got {field!r}")
-        fetch_add_py(self._slots[self._worker(worker)], _FIELD[field], int(n))
+        fetch_add_py(self._slots[self._worker(worker)], SLOT_INDEX[field], int(n))
 
     def all_pushes(self) -> np.ndarray:
         """Every worker's applied pushes (for a checkpoint)."""
         self._check_open()
-        return self._slots[:, _FIELD["pushes"]].copy()
+        return self._slots[:, SLOT_INDEX["pushes"]].copy()
 
     def set_pushes(self, pushes):
         """Set every worker's push count (resuming from a checkpoint; only while no
@@ -509,7 +510,7 @@ class ParameterStore:
         p = np.asarray(pushes)
         if p.shape != (self.n_workers,) or p.dtype.kind not in "iu" or (p < 0).any():
             raise ValueError(f"pushes: expected {self.n_workers} ints >= 0, got {pushes!r}")
-        self._slots[:, _FIELD["pushes"]] = p
+        self._slots[:, SLOT_INDEX["pushes"]] = p
 
     def _grad(self, grad):
         g = np.asarray(grad)
@@ -582,7 +583,7 @@ def store_release_py(arr, v):
 
 def _field(field):
     try:
-        return _FIELD[field]
+        return SLOT_INDEX[field]
     except KeyError:
         raise ValueError(f"field: must be one of {SLOT_FIELDS}, got {field!r}") from None
 

@@ -133,7 +133,7 @@ def _fixed(grad, d):
     return fixed
 
 
-def _backend(cfg, d, batches, rng, ckpt, X, ys):
+def _backend(cfg, d, batches, rng, ckpt):
     shards = min(cfg.n_shards, d) if ckpt is None else len(ckpt["shard_versions"])
     if cfg.backend == "ray":
         from sgd_shm.ps.ray_backend import RayBackend     # Ray is an optional extra
@@ -206,7 +206,7 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
         return float(mean_loss(cfg.loss_code, *Xe, ye, w, cfg.alpha))
 
     batches = Batches.draw(X.shape[0], cfg.n_workers, cfg.batch_size, rng)
-    backend = _backend(cfg, d, batches, rng, ckpt, X, ys)
+    backend = _backend(cfg, d, batches, rng, ckpt)
     try:
         job = Job(matrix_parts(X), ys, d, batches, cfg.policy, cfg.lr, cfg.alpha, cfg.loss_code,
                   cfg.factors, cfg.transient, fixed)
