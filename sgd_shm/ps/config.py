@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -146,8 +147,8 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
     if address is not None and backend != "ray":
         raise ValueError(f"address: joins a Ray cluster, so it needs backend='ray' "
                          f"(got backend={backend!r})")
-    for name in ("window", "detect_factor"):
-        _positive(name, locals()[name])
+    _positive("window", window)                   # checked for every policy, used by SaPS
+    _positive("detect_factor", detect_factor)
     if alpha is None or isinstance(alpha, bool) or not (
             isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"alpha: must be a finite number >= 0, got {alpha!r}")
@@ -167,6 +168,5 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
 
 def _progress(progress):
     if progress is None:
-        import sys
         return sys.stderr.isatty()
     return bool(progress)
