@@ -20,6 +20,9 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   ps             parameter server, worker 0 slowed 4x: BSP, ASP, SSP, SaPS time to a
                  target loss, final loss, detections; pull+push latency and pushes/s
                  (--backend shm|ray|both: shared memory, Ray, or both side by side)
+  eager          eager-SGD: shm and MPI allreduce against memcpy and MPI_Allreduce,
+                 round latency; sync, solo and majority allreduce training under the
+                 paper's load-imbalance model (shm, and MPI when mpi4py is installed)
   stm            TL2 bank transfers: commits/s and abort rate vs workers, global vs
                  MultiCounter clock, each conflict policy, threads and processes
   all            every scenario above, then plot
@@ -353,6 +356,14 @@ def cmd_ps(args):
             ray.shutdown()
 
 
+def cmd_eager(args):
+    # --quick: one repetition, a 1 MB buffer, trainer runs of 1 s
+    _scenario(args, "eager", lambda eager: eager.run(
+        1 if args.quick else args.reps, args.seed,
+        seconds=1.0 if args.quick else args.eager_seconds, target=args.eager_target,
+        imbalance=(1, args.eager_sleep), quick=args.quick))
+
+
 def cmd_plot(args):
     from bench import plot, report
     for p in plot.plot_all():
@@ -365,7 +376,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
                                          "hogwild", "mis", "conflict", "stm", "delay", "mf", "ps",
-                                         "all", "plot"])
+                                         "eager", "all", "plot"])
     ap.add_argument("--workers", default=None,
                     help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
@@ -421,11 +432,18 @@ def main(argv=None):
                     help="tighter target training loss, also reported (default 0.521)")
     ap.add_argument("--ps-loose", type=float, default=0.68,
                     help="looser target training loss, also reported (default 0.68)")
+    ap.add_argument("--eager-seconds", type=float, default=3.0,
+                    help="seconds per eager-SGD trainer run (default 3)")
+    ap.add_argument("--eager-target", type=float, default=0.53,
+                    help="eager-SGD target training loss (default 0.53)")
+    ap.add_argument("--eager-sleep", type=float, default=0.002,
+                    help="eager-SGD: seconds the rank drawn each round sleeps (default 0.002)")
     ap.add_argument("--backend", choices=["shm", "ray", "both"], default="shm",
                     help="ps: the parameter server's transport, shared memory, Ray or both side "
                          "by side (default shm)")
     ap.add_argument("--quick", action="store_true",
-                    help="conflict: fewer samples; ps: 1 repetition of runs of at most 1 s")
+                    help="conflict: fewer samples; ps: 1 repetition of runs of at most 1 s; "
+                         "eager: 1 repetition, a 1 MB buffer, runs of 1 s")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
@@ -435,7 +453,8 @@ def main(argv=None):
                  "delay_samples"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("ps_seconds", "ps_target", "ps_tight", "ps_loose"):
+    for name in ("ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",
+                 "eager_target", "eager_sleep"):
         if not getattr(args, name) > 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
     if args.workers:
@@ -471,6 +490,8 @@ def main(argv=None):
         cmd_mf(args)
     if args.scenario in ("ps", "all"):
         cmd_ps(args)
+    if args.scenario in ("eager", "all"):
+        cmd_eager(args)
     if args.scenario in ("plot", "all"):
         cmd_plot(args)
     print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)

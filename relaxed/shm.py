@@ -49,7 +49,7 @@ MAGIC = b"RLXKIT\x00\x01"
 LAYOUT_VERSION = 1
 HEADER_SIZE = 64
 #: structure kinds stored in the header
-KIND_NAMES = {1: "MultiQueue", 2: "MultiCounter", 3: "TL2", 4: "ParameterStore"}
+KIND_NAMES = {1: "MultiQueue", 2: "MultiCounter", 3: "TL2", 4: "ParameterStore", 5: "Collective"}
 _HEADER = struct.Struct("<8sIIQq")  # magic, version, kind, total size, owner pid
 _PREFIX = "rlx"
 

@@ -4,6 +4,9 @@
 embedded default: BSP, ASP, SSP and straggler-aware SaPS with worker 0 slowed
 4x (see ``python -m sgd_shm --help`` and :mod:`sgd_shm.ps.__main__`).
 
+``python -m sgd_shm eager [options]`` compares synchronous, solo and majority
+allreduce (eager-SGD) under load imbalance (see :mod:`sgd_shm.eager.__main__`).
+
 ``python -m sgd_shm hogwild [options]`` runs lock-free Hogwild SGD on an
 embedded default: an RCV1-like sparse binary classification problem is
 generated (seeded), then logistic regression is trained by Hogwild SGD with 1
@@ -24,6 +27,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["hogwild"]:
         return hogwild_main(argv[1:])
+    if argv[:1] == ["eager"]:
+        from sgd_shm.eager.__main__ import main as eager_main
+        return eager_main(argv[1:])
     from sgd_shm.ps.__main__ import main as ps_main
     return ps_main(argv)
 

@@ -235,3 +235,47 @@ def delayed_sgd_naive(X, y, order, epochs, lr, alpha, tau, mu, squared):
             v = mu * v + g
             past.append(past[-1] - lr * v)
     return past[-1]
+
+
+def partial_allreduce_naive(grads, masks, late):
+    """What a sequence of (partial) allreduce rounds must produce.
+
+    grads[k][r]: the vector rank k handed to round r; masks[r]: the contributor bit
+    mask round r reported; late: "drop" or "carry". Replays the rounds serially: a
+    rank accumulates what it hands in, a contributor sends its accumulation (with
+    "drop" only the current vector) and starts again. Returns (sums, leftover):
+    sums[r] is the exact result round r must have; leftover[k] what rank k still
+    carries at the end (zeros with "drop")."""
+    size = len(grads)
+    n_rounds = len(masks)
+    acc = [np.zeros_like(np.asarray(grads[k][0], dtype=np.float64)) for k in range(size)]
+    sums = []
+    for r in range(n_rounds):
+        total = np.zeros_like(acc[0])
+        for k in range(size):
+            g = np.asarray(grads[k][r], dtype=np.float64)
+            acc[k] = acc[k] + g if late == "carry" else g.copy()
+            if (int(masks[r]) >> k) & 1:
+                total = total + acc[k]
+                acc[k] = np.zeros_like(acc[k])
+        sums.append(total)
+    leftover = acc if late == "carry" else [np.zeros_like(a) for a in acc]
+    return sums, leftover
+
+
+def data_parallel_sgd_naive(X, y, batches, lr, alpha):
+    """Synchronous data-parallel SGD of L2-regularised logistic regression, serially:
+    ``batches[t]`` is the list of P row-index arrays of step t (one per rank); every
+    step applies w -= lr * mean over ranks of (mean log-loss gradient of the rank's
+    rows + alpha w). y in {-1, +1}. Returns the weights."""
+    X = np.asarray(X.todense()) if hasattr(X, "todense") else np.asarray(X, dtype=float)
+    w = np.zeros(X.shape[1])
+    for step in batches:
+        total = np.zeros_like(w)
+        for rows in step:
+            Xb, yb = X[rows], y[rows]
+            z = yb * (Xb @ w)
+            dl = -yb / (1.0 + np.exp(z))
+            total += Xb.T @ dl / len(rows) + alpha * w
+        w = w - lr * total / len(step)
+    return w

@@ -26,7 +26,7 @@ def test_bench_all_tiny(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stderr
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
-                 "conflict", "stm", "delay", "mf", "ps"):
+                 "conflict", "stm", "delay", "mf", "ps", "eager"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name

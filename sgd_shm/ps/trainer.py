@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.sparse as sp
 
+from sgd_shm._linear import LinearModel, binary_data
 from sgd_shm.ps._grad import batch_grad, matrix_parts, mean_loss
 from sgd_shm.ps.checkpoint import load_checkpoint
 from sgd_shm.ps.config import make_config
@@ -29,7 +29,7 @@ __all__ = ["train", "TrainResult"]
 
 
 @dataclass
-class TrainResult:
+class TrainResult(LinearModel):
     """What :func:`train` returns: the trained linear model and the run's record.
 
     Model: ``coef_`` (the final weights), ``classes_`` (the two labels; the second is
@@ -67,51 +67,11 @@ class TrainResult:
     def updates(self) -> int:
         return self.history[-1]["version"] if self.history else 0
 
-    def time_to(self, target) -> float | None:
-        """Seconds of the first sample whose loss is <= target (None: not reached)."""
-        return next((h["seconds"] for h in self.history if h["loss"] <= target), None)
-
     @property
     def mean_staleness(self) -> float:
         """Mean staleness of all pushes, applied or dropped."""
         pushes = sum(w["pushes"] + w["dropped"] for w in self.workers)
         return sum(w["staleness_sum"] for w in self.workers) / max(pushes, 1)
-
-    def decision_function(self, X) -> np.ndarray:
-        """X @ coef_ (the model has no intercept)."""
-        X = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.coef_.shape[0]:
-            raise ValueError(f"X: expected a 2-D matrix with {self.coef_.shape[0]} features, "
-                             f"got shape {X.shape}")
-        return np.asarray(X @ self.coef_).ravel()
-
-    def predict(self, X) -> np.ndarray:
-        """The second class where the decision function is > 0, else the first."""
-        return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
-
-    def score(self, X, y) -> float:
-        """Accuracy of :meth:`predict` on (X, y)."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))
-
-
-def _data(X, y, n_workers):
-    X = sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else \
-        np.ascontiguousarray(X, dtype=np.float64)
-    if X.ndim != 2:
-        raise ValueError(f"X: expected a 2-D matrix, got {X.ndim} dimensions")
-    if not np.isfinite(X.data if sp.issparse(X) else X).all():
-        raise ValueError("X: contains NaN or inf; clean or impute the data first")
-    y = np.asarray(y)
-    classes = np.unique(y)
-    if classes.size != 2:
-        raise ValueError(f"y: expected two classes, got {classes.size} ({classes[:5].tolist()})")
-    ys = np.where(y == classes[1], 1.0, -1.0)
-    if X.shape[0] != ys.shape[0]:
-        raise ValueError(f"X has {X.shape[0]} rows but y has {ys.shape[0]}")
-    if X.shape[0] < n_workers:
-        raise ValueError(f"n_workers: X has only {X.shape[0]} rows, fewer than the {n_workers} "
-                         "workers (each needs a partition); use fewer workers")
-    return X, ys, classes
 
 
 def _resume_point(cfg, d):
@@ -194,7 +154,7 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
         raise TypeError(f"train() got unexpected keyword arguments {unknown}; see "
                         "help(sgd_shm.ps.train)")
     cfg = make_config(**kwargs)
-    X, ys, classes = _data(X, y, cfg.n_workers)
+    X, ys, classes = binary_data(X, y, cfg.n_workers)
     d = X.shape[1]
     fixed = _fixed(_fixed_gradient, d)
     ckpt = _resume_point(cfg, d)

@@ -1,0 +1,174 @@
+"""``python -m sgd_shm eager``: synchronous, solo and majority allreduce side by side
+on an embedded default, under the eager-SGD paper's load-imbalance model.
+
+An RCV1-like sparse problem (20k x 2k by default) is trained by 4 ranks; each round,
+a draw from a shared seed puts one rank to sleep for a while (``--imbalance``) before
+its gradient. Each collective runs ``--reps`` times, interleaved; the table has the
+medians: rounds, time to the target loss, final loss, rounds the ranks' gradients were
+in, and the speed-up over sync. Writes eager-main.json and eager-main.png (loss
+against time and against rounds). Under MPI, every rank runs this command and rank 0
+prints: ``mpiexec -n 4 python -m sgd_shm eager --backend mpi --seconds 5``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+from sgd_shm.data import make_rcv1_like
+from sgd_shm.eager.trainer import train
+
+COLLECTIVES = ("sync", "solo", "majority")
+
+
+def _args(argv):
+    ap = argparse.ArgumentParser(prog="python -m sgd_shm eager", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=("shm", "mpi"), default="shm",
+                    help="shm: forked processes on shared memory (default); mpi: the ranks "
+                         "of mpiexec")
+    ap.add_argument("--workers", type=int, default=4, help="ranks with --backend shm "
+                    "(default 4; under MPI: mpiexec -n)")
+    ap.add_argument("--collectives", default=",".join(COLLECTIVES),
+                    help="comma-separated, from sync, solo, majority (default all)")
+    ap.add_argument("--late", choices=("carry", "drop"), default="carry",
+                    help="what a late gradient does (default carry)")
+    ap.add_argument("--imbalance", type=float, nargs=2, default=(1, 0.002),
+                    metavar=("K", "SECONDS"),
+                    help="each round K ranks sleep SECONDS (default 1 0.002)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="seconds per run (default 3)")
+    ap.add_argument("--target", type=float, default=0.53,
+                    help="target training loss (default 0.53)")
+    ap.add_argument("--reps", type=int, default=1, help="runs per collective (default 1)")
+    ap.add_argument("--lr", type=float, default=8.0, help="step size (default 8)")
+    ap.add_argument("--batch", type=int, default=64, help="rows per rank per step")
+    ap.add_argument("--samples", type=int, default=20_000)
+    ap.add_argument("--features", type=int, default=2_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=".", help="folder for eager-main.json / .png (default .)")
+    args = ap.parse_args(argv)
+    args.collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    bad = [c for c in args.collectives if c not in COLLECTIVES]
+    if bad or not args.collectives:
+        ap.error(f"--collectives: unknown {bad}; choose from {', '.join(COLLECTIVES)}")
+    for name in ("workers", "samples", "features", "reps", "batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+    for name in ("seconds", "target", "lr"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name} must be > 0")
+    k, s = args.imbalance
+    if k != int(k) or k < 0 or s < 0:
+        ap.error("--imbalance: K must be a whole number >= 0 and SECONDS >= 0")
+    args.imbalance = (int(k), float(s))
+    return args
+
+
+def compare(X, y, collectives, reps, **kw):
+    """Run each collective ``reps`` times, interleaved, each for its whole time (the
+    time to ``target`` is read from the history afterwards); {collective: [EagerResult]}."""
+    runs = {c: [] for c in collectives}
+    for rep in range(reps):
+        for c in collectives:
+            runs[c].append(train(X, y, collective=c, **kw))
+    return runs
+
+
+def summary(runs, target):
+    """Medians per collective, and the speed-up over sync in time to target."""
+    out = {}
+    for c, rs in runs.items():
+        ttt = [r.time_to(target) for r in rs]
+        reached = [t for t in ttt if t is not None]
+        out[c] = {"time_to_target": statistics.median(reached) if len(reached) == len(rs)
+                  else None, "times_to_target": ttt,
+                  "final_loss": statistics.median(r.final_loss for r in rs),
+                  "rounds": statistics.median(r.rounds for r in rs),
+                  "rounds_per_s": statistics.median(r.rounds / r.seconds for r in rs),
+                  "participation": statistics.median(
+                      sum(r.participation) / len(r.participation) for r in rs),
+                  "mean_contributors": statistics.median(r.mean_contributors for r in rs),
+                  "replicas_equal": all(r.replicas_equal for r in rs)}
+    base = out.get("sync", {}).get("time_to_target")
+    for c, o in out.items():
+        o["speedup"] = base / o["time_to_target"] if base and o["time_to_target"] else None
+        if "sync" in out:
+            o["final_vs_sync"] = o["final_loss"] / out["sync"]["final_loss"] - 1.0
+    return out
+
+
+def plot(runs, target, path, title):
+    """Loss against seconds and against rounds, every run of every collective."""
+    from matplotlib.figure import Figure      # no pyplot: the caller's backend is left alone
+    fig = Figure(figsize=(11, 4.2))
+    a_t, a_r = fig.subplots(1, 2)
+    for i, (c, rs) in enumerate(runs.items()):
+        for j, r in enumerate(rs):
+            kw = {"color": f"C{i}", "alpha": 0.9 if j == 0 else 0.35, "lw": 1.2,
+                  "label": c if j == 0 else None}
+            a_t.plot([h["seconds"] for h in r.history], [h["loss"] for h in r.history], **kw)
+            a_r.plot([h["step"] for h in r.history], [h["loss"] for h in r.history], **kw)
+    for ax, xl in ((a_t, "seconds"), (a_r, "rounds (steps)")):
+        ax.axhline(target, color="grey", ls="--", lw=1, label="target")
+        ax.set_xlabel(xl)
+        ax.set_ylabel("training loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _table(summ):
+    lines = [f"{'collective':10s} {'rounds/s':>9s} {'time to target':>15s} {'speed-up':>9s} "
+             f"{'final loss':>11s} {'vs sync':>8s} {'in round':>9s}"]
+    for c, o in summ.items():
+        ttt = f"{o['time_to_target']:.2f} s" if o["time_to_target"] else "not reached"
+        sp = f"{o['speedup']:.2f}x" if o["speedup"] else "-"
+        vs = f"{100 * o['final_vs_sync']:+.2f}%" if "final_vs_sync" in o else "-"
+        lines.append(f"{c:10s} {o['rounds_per_s']:9.0f} {ttt:>15s} {sp:>9s} "
+                     f"{o['final_loss']:11.4f} {vs:>8s} {100 * o['participation']:8.0f}%")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    rank, n_workers = 0, args.workers
+    if args.backend == "mpi":
+        from mpi4py import MPI
+        rank, n_workers = MPI.COMM_WORLD.Get_rank(), None
+    X, y = make_rcv1_like(args.samples, args.features, random_state=args.seed)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    P = n_workers or MPI.COMM_WORLD.Get_size()
+    say(f"eager-SGD: {args.samples:,} x {args.features:,} RCV1-like, {P} ranks "
+        f"({args.backend}), {args.imbalance[0]} rank(s) sleeping {args.imbalance[1] * 1e3:g} ms "
+        f"per round, late gradients {args.late}, {args.seconds:g} s x {args.reps} per "
+        f"collective ({os.cpu_count()} CPUs here)")
+    runs = compare(X, y, args.collectives, args.reps, n_workers=n_workers,
+                   backend=args.backend, late=args.late, imbalance=args.imbalance,
+                   max_seconds=args.seconds, lr=args.lr, batch_size=args.batch,
+                   seed=args.seed, progress=None if rank == 0 else False)
+    summ = summary(runs, args.target)
+    if rank != 0:
+        return 0
+    print(_table(summ))
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "eager-main.json")
+    with open(path, "w") as f:
+        json.dump({"settings": vars(args), "ranks": P, "target": args.target,
+                   "summary": summ,
+                   "runs": {c: [{"history": r.history, "final_loss": r.final_loss,
+                                 "rounds": r.rounds, "seconds": r.seconds,
+                                 "participation": r.participation, "late": r.late,
+                                 "skipped": r.skipped} for r in rs]
+                            for c, rs in runs.items()}}, f, indent=1)
+    png = plot(runs, args.target, os.path.join(args.out, "eager-main.png"),
+               f"eager-SGD, {P} ranks ({args.backend}), imbalance {args.imbalance}")
+    print(f"wrote {path} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

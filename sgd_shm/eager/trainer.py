@@ -1,0 +1,411 @@
+"""``train``: data-parallel SGD of a linear model over an allreduce, a solo allreduce or a
+majority allreduce (eager-SGD), on shared memory or MPI.
+
+Every rank holds a replica of the weights and its own share of the rows. A step of
+rank k is: take a minibatch of its rows, compute the gradient with the kit's kernel,
+combine it with the other ranks' through the round's collective (``op="mean"``),
+and apply ``w -= lr * mean``. Every rank applies every round's result in the same
+order, so the replicas stay identical (checked at the end). A rank that is behind
+(the round it would start has already closed) skips the gradient: it would be late
+anyway, so it only applies the results it missed.
+
+Stopping is agreed through the data: every contribution carries one extra element,
+a vote to stop (time is up, or rank 0 saw the target loss), and every rank stops
+after the first round whose result carries a vote; ``epochs`` fixes the number of
+rounds in advance.
+
+Load imbalance as in eager-SGD: each round, a draw from a seed that all ranks share
+picks ``k`` ranks that sleep ``seconds`` before computing (``imbalance=(k,
+seconds)``); ``delay`` adds a random per-step delay of each rank's own (exponential,
+or heavy-tailed Pareto).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from sgd_shm._linear import LinearModel, binary_data
+from sgd_shm.collectives.base import AVERAGE, KINDS, LATE, check_timeout
+from sgd_shm.ps._grad import batch_grad, matrix_parts, mean_loss
+from sgd_shm.ps.config import LOSSES, _int_at_least, _positive
+
+__all__ = ["train", "EagerResult", "sleepers", "BACKENDS"]
+
+BACKENDS = ("shm", "mpi")
+DELAYS = ("exponential", "pareto")
+#: rows the training loss is evaluated on during the run (a fixed sample)
+EVAL_ROWS = 4096
+
+
+@dataclass
+class EagerResult(LinearModel):
+    """What :func:`train` returns: the trained linear model and the run's record.
+
+    Model: ``coef_``, ``classes_``, ``decision_function``, ``predict``, ``score``.
+    Record: ``history`` (dicts with seconds, step, loss; rank 0's samples, a step is
+    a round), ``final_loss``, ``time_to_target`` (seconds, None if not reached),
+    ``rounds``, ``seconds``, ``participation`` (per rank, the fraction of rounds its
+    gradient was in), ``late`` (per rank, rounds it arrived late for), ``skipped``
+    (per rank, rounds it skipped because it was behind), ``mean_contributors`` (per
+    round), ``replicas_equal`` (every rank ended with the same weights).
+    """
+    collective: str
+    history: list
+    final_loss: float
+    seconds: float
+    rounds: int
+    time_to_target: float | None = None
+    participation: list = field(default_factory=list)
+    late: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+    mean_contributors: float = 0.0
+    replicas_equal: bool = True
+    coef_: np.ndarray | None = field(default=None, repr=False)
+    classes_: np.ndarray | None = None
+    backend: str = "shm"
+    n_workers: int = 1
+    late_policy: str = "carry"
+    average: str = "size"
+
+
+@dataclass(frozen=True)
+class _Config:
+    n_workers: int
+    collective: str
+    late: str
+    average: str
+    imbalance: tuple | None
+    delay: tuple | None
+    max_seconds: float
+    target_loss: float | None
+    max_rounds: int | None
+    loss: str
+    lr: float
+    alpha: float
+    batch_size: int
+    sample_every: float
+    depth: int
+    timeout: float | None
+    seed: int
+    backend: str
+    progress: bool
+
+
+def sleepers(seed, round_id, size, k):
+    """The ``k`` ranks that sleep in round ``round_id``: a draw from ``seed`` that
+    every rank computes alike (distinct ranks, uniform)."""
+    if k <= 0:
+        return ()
+    rng = np.random.default_rng([int(seed) & (2**63 - 1), int(round_id), 0xE6])
+    return tuple(int(x) for x in rng.choice(size, min(k, size), replace=False))
+
+
+def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
+          imbalance=None, delay=None, max_seconds=5.0, target_loss=None, epochs=None,
+          loss="log_loss", lr=2.0, alpha=1e-4, batch_size=64, sample_every=0.05,
+          depth=8, timeout=None, seed=0, backend="shm", comm=None,
+          progress=None) -> EagerResult:
+    """Train a linear model (L2-regularised ``loss``) by data-parallel SGD whose
+    gradients are combined by ``collective``.
+
+    Parameters (all keyword; defaults in brackets)
+    ----------------------------------------------
+    X, y : CSR/dense matrix and binary labels (every rank passes the same data;
+        rank k trains on rows k, k + P, k + 2P, ...).
+    n_workers [4] : ranks: forked processes (``backend="shm"``); under MPI, the
+        size of ``comm`` (n_workers must match it, or be None).
+    collective ["sync"] : "sync" (allreduce), "solo" or "majority".
+    late ["carry"], average ["size"] : what a late gradient does ("drop" as fflib2,
+        or "carry" into the rank's next contribution) and the divisor of the mean
+        ("size": the number of ranks, as fflib2; "contributors").
+    imbalance [None] : (k, seconds): each round, k ranks drawn from the shared seed
+        sleep that long before their gradient (the eager-SGD paper's model).
+    delay [None] : ("exponential", mean seconds) or ("pareto", mean seconds, shape
+        > 1): a random delay of each rank's own before each gradient.
+    max_seconds [5.0], target_loss [None], epochs [None] : stop after this long,
+        once rank 0 sees the training loss (on up to 4096 rows) <= target_loss, or
+        after this many passes over the data (rounds = epochs * rows / (P * batch)).
+    loss ["log_loss"], lr [2.0], alpha [1e-4], batch_size [64] : the model, a
+        constant step (applied to the mean of the round's gradients, so it can be
+        larger than a single worker's), L2, rows per rank per step.
+    sample_every [0.05] : seconds between rank 0's loss samples.
+    depth [8] : rounds a rank may fall behind before the others wait for it.
+    timeout [None] : seconds a collective may wait (None: no limit; a dead rank is
+        still reported).
+    seed [0], backend ["shm"] : "shm" or "mpi" (run under mpiexec; optional extra);
+        comm [None] : the MPI communicator (default COMM_WORLD).
+    progress [stderr is a terminal] : a progress bar (rank 0).
+    """
+    cfg, max_epochs = _config(n_workers, collective, late, average, imbalance, delay,
+                              max_seconds, target_loss, epochs, loss, lr, alpha, batch_size,
+                              sample_every, depth, timeout, seed, backend, comm, progress)
+    X, ys, classes = binary_data(X, y, cfg.n_workers)
+    if max_epochs is not None:
+        per_round = cfg.n_workers * cfg.batch_size
+        cfg = replace(cfg, max_rounds=max(1, math.ceil(max_epochs * X.shape[0] / per_round)))
+    rng = np.random.default_rng(cfg.seed)
+    eval_rows = np.sort(rng.choice(X.shape[0], min(EVAL_ROWS, X.shape[0]), replace=False))
+    job = _Job(cfg, matrix_parts(X), ys, X.shape[1],
+               (matrix_parts(X[eval_rows]), ys[eval_rows]))
+    _warm_up(job)
+    if cfg.backend == "mpi":
+        outs = _run_mpi(job, comm)
+    else:
+        outs = _run_shm(job)
+    return _result(cfg, outs, job, classes)
+
+
+# ---- argument checks -----------------------------------------------------------------
+def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
+            target_loss, epochs, loss, lr, alpha, batch_size, sample_every, depth, timeout,
+            seed, backend, comm, progress):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
+    if comm is not None and backend != "mpi":
+        raise ValueError("comm: an MPI communicator needs backend='mpi'")
+    if backend == "mpi":
+        n_workers = _mpi_size(n_workers, comm)
+    else:
+        n_workers = _int_at_least("n_workers", n_workers)
+    for name, v, opts in (("collective", collective, KINDS), ("late", late, LATE),
+                          ("average", average, AVERAGE), ("loss", loss, tuple(LOSSES))):
+        if v not in opts:
+            raise ValueError(f"{name}: must be one of {opts}, got {v!r}")
+    if alpha is None or isinstance(alpha, bool) or not (
+            isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha: must be a finite number >= 0, got {alpha!r}")
+    if target_loss is not None and not (isinstance(target_loss, (int, float))
+                                        and not isinstance(target_loss, bool)
+                                        and np.isfinite(target_loss)):
+        raise ValueError(f"target_loss: must be a finite number or None, got {target_loss!r}")
+    if epochs is not None:
+        epochs = _positive("epochs", epochs)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: must be an int >= 0, got {seed!r}")
+    cfg = _Config(n_workers=n_workers, collective=collective, late=late, average=average,
+                  imbalance=_imbalance(imbalance, n_workers), delay=_delay(delay),
+                  max_seconds=_positive("max_seconds", max_seconds),
+                  target_loss=None if target_loss is None else float(target_loss),
+                  max_rounds=None, loss=loss, lr=_positive("lr", lr), alpha=float(alpha),
+                  batch_size=_int_at_least("batch_size", batch_size),
+                  sample_every=_positive("sample_every", sample_every),
+                  depth=_int_at_least("depth", depth), timeout=check_timeout("timeout", timeout),
+                  seed=int(seed), backend=backend,
+                  progress=sys.stderr.isatty() if progress is None else bool(progress))
+    return cfg, epochs
+
+
+def _mpi_size(n_workers, comm):
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise ImportError("backend='mpi' needs mpi4py and an MPI library: pip install "
+                          "'relaxed-sgd-kit[mpi]' (mpi4py + mpich), then run under mpiexec") \
+            from None
+    size = (comm or MPI.COMM_WORLD).Get_size()
+    if n_workers is not None and n_workers != size:
+        raise ValueError(f"n_workers: under MPI the ranks are the communicator's {size} "
+                         f"processes, got n_workers={n_workers!r}; pass n_workers=None or "
+                         f"run mpiexec -n {n_workers}")
+    return size
+
+
+def _imbalance(imbalance, n_workers):
+    if imbalance is None:
+        return None
+    try:
+        k, s = imbalance
+    except (TypeError, ValueError):
+        raise ValueError(f"imbalance: expected (k ranks, seconds), got {imbalance!r}") from None
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= n_workers:
+        raise ValueError(f"imbalance: k must be an int in [0, n_workers={n_workers}], got {k!r}")
+    if isinstance(s, bool) or not isinstance(s, (int, float)) or not (
+            math.isfinite(s) and s >= 0):
+        raise ValueError(f"imbalance: seconds must be a finite number >= 0, got {s!r}")
+    return int(k), float(s)
+
+
+def _delay(delay):
+    if delay is None:
+        return None
+    if not isinstance(delay, (tuple, list)) or not delay or delay[0] not in DELAYS:
+        raise ValueError(f"delay: expected ('exponential', mean) or ('pareto', mean, shape), "
+                         f"got {delay!r}")
+    want = 2 if delay[0] == "exponential" else 3
+    vals = tuple(delay[1:])
+    if len(delay) != want or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                     and math.isfinite(v) for v in vals):
+        raise ValueError(f"delay: expected ('exponential', mean) or ('pareto', mean, shape), "
+                         f"got {delay!r}")
+    if vals[0] < 0 or (delay[0] == "pareto" and vals[1] <= 1):
+        raise ValueError(f"delay: the mean must be >= 0 and a Pareto shape > 1 (a finite "
+                         f"mean), got {delay!r}")
+    return (delay[0],) + tuple(float(v) for v in vals)
+
+
+# ---- one rank --------------------------------------------------------------------------
+@dataclass
+class _Job:
+    cfg: _Config
+    X: tuple                   # matrix_parts of the training rows
+    ys: np.ndarray
+    d: int
+    evaluation: tuple          # (matrix_parts, labels) of the loss sample
+
+
+def _warm_up(job):
+    """Compile (or load from Numba's cache) the kernels before the ranks start, so
+    that no rank compiles on its first step."""
+    w = np.zeros(job.d)
+    rows = np.arange(min(2, job.ys.size), dtype=np.int64)
+    batch_grad(LOSSES[job.cfg.loss], *job.X, job.ys, rows, w, job.cfg.alpha, np.empty(job.d))
+    mean_loss(LOSSES[job.cfg.loss], *job.evaluation[0], job.evaluation[1], w, job.cfg.alpha)
+
+
+class _Rank:
+    """Rank ``comm.rank``'s replica, rows, clocks and record."""
+
+    def __init__(self, comm, job):
+        cfg = self.cfg = job.cfg
+        self.comm, self.job = comm, job
+        self.k, self.P = comm.rank, comm.size
+        self.code = LOSSES[cfg.loss]
+        self.w = np.zeros(job.d)
+        self.buf = np.zeros(job.d + 1)           # the gradient, then the vote to stop
+        self.rows = np.arange(self.k, job.ys.size, self.P, dtype=np.int64)
+        self.rng = np.random.default_rng([cfg.seed, self.k, 0x5EED])
+        self.order, self.pos = self.rng.permutation(self.rows), 0
+        self.history, self.skipped = [], 0
+        self.contributors = 0
+
+    def minibatch(self):
+        b = self.cfg.batch_size
+        if self.pos + b > self.order.size:
+            self.order, self.pos = self.rng.permutation(self.rows), 0
+        out = self.order[self.pos:self.pos + b]
+        self.pos += b
+        return out
+
+    def pause(self, r):
+        cfg, s = self.cfg, 0.0
+        if cfg.imbalance is not None and self.k in sleepers(cfg.seed, r, self.P, cfg.imbalance[0]):
+            s += cfg.imbalance[1]
+        if cfg.delay is not None:
+            if cfg.delay[0] == "exponential":
+                s += self.rng.exponential(cfg.delay[1]) if cfg.delay[1] > 0 else 0.0
+            else:
+                shape = cfg.delay[2]
+                s += cfg.delay[1] * (shape - 1) / shape * (1.0 + self.rng.pareto(shape))
+        if s > 0:
+            time.sleep(s)
+
+    def loss(self):
+        (parts, ys) = self.job.evaluation
+        return float(mean_loss(self.code, *parts, ys, self.w, self.cfg.alpha))
+
+    def step(self, r, vote):
+        """Round r: a gradient (or nothing when behind), the collective, the update."""
+        cfg, d = self.cfg, self.job.d
+        if self.comm.lag() > 0:
+            self.buf[:d] = 0.0                   # its round has closed: catch up only
+            self.skipped += 1
+        else:
+            self.pause(r)
+            batch_grad(self.code, *self.job.X, self.job.ys, self.minibatch(), self.w,
+                       cfg.alpha, self.buf[:d])
+        self.buf[d] = 1.0 if vote else 0.0
+        res = self.comm.start(self.buf, cfg.collective, "mean").wait()
+        self.contributors += res.n_contributors
+        self.w -= cfg.lr * self.buf[:d]
+        if not np.isfinite(self.buf[d]) or not math.isfinite(self.w[0]):
+            raise FloatingPointError(f"training diverged at round {r}; lower lr (got {cfg.lr})")
+        return self.buf[d] > 0
+
+
+def rank_main(comm, job):
+    """One rank's whole run; returns its record (rank 0: with the history)."""
+    me = _Rank(comm, job)
+    cfg = job.cfg
+    comm.allreduce(np.zeros(job.d + 1))          # start together
+    t0 = time.perf_counter()
+    if me.k == 0:
+        me.history.append({"seconds": 0.0, "step": 0, "loss": me.loss()})
+    next_sample, target_hit, bar = cfg.sample_every, False, _bar(cfg, me.k)
+    r = 0
+    while True:
+        now = time.perf_counter() - t0
+        vote = now >= cfg.max_seconds or target_hit
+        stop = me.step(comm.next_round, vote)
+        r += 1
+        if me.k == 0 and (time.perf_counter() - t0 >= next_sample or stop):
+            now = time.perf_counter() - t0
+            cur = me.loss()
+            me.history.append({"seconds": now, "step": r, "loss": cur})
+            target_hit = target_hit or (cfg.target_loss is not None and cur <= cfg.target_loss)
+            next_sample = now + cfg.sample_every
+            if bar is not None:
+                bar.n = round(min(now, cfg.max_seconds), 1)
+                bar.set_postfix_str(f"round {r:,}  loss {cur:.4f}", refresh=True)
+        if stop or (cfg.max_rounds is not None and r >= cfg.max_rounds):
+            break
+    seconds = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
+    st = comm.stats
+    return {"rank": me.k, "w": me.w, "history": me.history, "rounds": r, "seconds": seconds,
+            "contributed": st["contributed"] - 1, "late": st["late"], "skipped": me.skipped,
+            "contributors": me.contributors}
+
+
+def _bar(cfg, k):
+    if not cfg.progress or k != 0:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=round(cfg.max_seconds, 1), desc=cfg.collective, unit="s", leave=False,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s {postfix}")
+
+
+# ---- backends and the result -------------------------------------------------------------
+def _run_shm(job):
+    from sgd_shm.collectives.shm import ShmGroup
+    cfg = job.cfg
+    with ShmGroup(cfg.n_workers, job.d + 1, late=cfg.late, average=cfg.average,
+                  depth=cfg.depth, seed=cfg.seed, timeout=cfg.timeout) as group:
+        return group.run(rank_main, job)
+
+
+def _run_mpi(job, comm):
+    from mpi4py import MPI
+
+    from sgd_shm.collectives.mpi import MPICommunicator
+    cfg = job.cfg
+    world = comm or MPI.COMM_WORLD
+    with MPICommunicator(job.d + 1, comm=world, late=cfg.late, average=cfg.average,
+                         depth=cfg.depth, seed=cfg.seed, timeout=cfg.timeout) as c:
+        out = rank_main(c, job)
+    outs = world.allgather(out)
+    return outs
+
+
+def _result(cfg, outs, job, classes):
+    w = outs[0]["w"]
+    equal = all(np.array_equal(o["w"], w) for o in outs)
+    hist = outs[0]["history"]
+    rounds = outs[0]["rounds"]
+    final = hist[-1]["loss"]
+    ttt = None
+    if cfg.target_loss is not None:
+        ttt = next((h["seconds"] for h in hist if h["loss"] <= cfg.target_loss), None)
+    return EagerResult(
+        collective=cfg.collective, history=hist, final_loss=final,
+        seconds=outs[0]["seconds"], rounds=rounds, time_to_target=ttt,
+        participation=[o["contributed"] / max(o["rounds"], 1) for o in outs],
+        late=[o["late"] for o in outs], skipped=[o["skipped"] for o in outs],
+        mean_contributors=outs[0]["contributors"] / max(rounds, 1), replicas_equal=equal,
+        coef_=w.copy(), classes_=classes, backend=cfg.backend, n_workers=cfg.n_workers,
+        late_policy=cfg.late, average=cfg.average)
+

@@ -1,0 +1,188 @@
+"""The eager-SGD trainer (sgd_shm.eager): exactness of synchronous data-parallel SGD
+against a serial oracle, the partial collectives' runs (replicas equal, participation),
+the shared-seed imbalance draw, faults, bad input, the command line (shm and MPI)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sgd_shm.collectives import RankFailure
+from sgd_shm.data import make_rcv1_like
+from sgd_shm.eager import sleepers, train
+from tests.naive import data_parallel_sgd_naive
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _shm_names():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("rlx_")}
+
+
+@pytest.fixture(scope="module")
+def problem():
+    X, y = make_rcv1_like(600, 40, random_state=3)
+    return X, y
+
+
+def _batches(n, P, b, seed, steps):
+    """The trainer's documented minibatch rule: rank k owns rows k, k+P, ...; it walks
+    a permutation of them drawn from default_rng([seed, k, 0x5EED]), b rows at a time,
+    drawing a new permutation when fewer than b rows are left."""
+    out = [[] for _ in range(steps)]
+    for k in range(P):
+        rows = np.arange(k, n, P)
+        rng = np.random.default_rng([seed, k, 0x5EED])
+        order, pos = rng.permutation(rows), 0
+        for t in range(steps):
+            if pos + b > order.size:
+                order, pos = rng.permutation(rows), 0
+            out[t].append(order[pos:pos + b])
+            pos += b
+    return out
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
+def test_sync_equals_serial_oracle(problem, P):
+    X, y = problem
+    ys = np.where(y == np.unique(y)[1], 1.0, -1.0)
+    b, epochs, lr, alpha = 16, 2, 0.7, 1e-3
+    r = train(X, y, n_workers=P, collective="sync", epochs=epochs, batch_size=b, lr=lr,
+              alpha=alpha, max_seconds=60, seed=5, progress=False)
+    steps = math.ceil(epochs * X.shape[0] / (P * b))
+    assert r.rounds == steps
+    want = data_parallel_sgd_naive(X, ys, _batches(X.shape[0], P, b, 5, steps), lr, alpha)
+    np.testing.assert_allclose(r.coef_, want, rtol=1e-10, atol=1e-12)
+    assert r.replicas_equal and r.participation == [1.0] * P and r.late == [0] * P
+    assert r.mean_contributors == P
+
+
+@pytest.mark.parametrize("collective", ["solo", "majority"])
+@pytest.mark.parametrize("late", ["carry", "drop"])
+def test_partial_collectives_train(problem, collective, late):
+    X, y = problem
+    r = train(X, y, n_workers=3, collective=collective, late=late, imbalance=(1, 0.002),
+              max_seconds=0.6, lr=2.0, seed=1, progress=False)
+    assert r.replicas_equal                     # every rank applied every round alike
+    assert r.rounds > 20
+    assert r.history[0]["loss"] == pytest.approx(math.log(2))
+    assert r.final_loss < 0.9 * math.log(2)
+    # a rank's gradient is in some rounds and not in others
+    assert all(0 < p < 1 for p in r.participation)
+    assert sum(r.late) > 0
+    assert 1 <= r.mean_contributors < 3
+    assert r.score(X, y) > 0.6
+
+
+def test_stop_at_target_and_time(problem):
+    X, y = problem
+    r = train(X, y, n_workers=2, collective="solo", target_loss=0.68, max_seconds=30,
+              lr=2.0, progress=False)
+    assert r.time_to_target is not None and r.seconds < 10
+    assert r.time_to(0.68) == r.time_to_target
+    r = train(X, y, n_workers=2, collective="sync", max_seconds=0.3, progress=False)
+    assert 0.3 <= r.seconds < 5
+
+
+def test_sleepers_draw():
+    draws = [sleepers(7, r, 4, 2) for r in range(4000)]
+    assert all(len(set(d)) == 2 and all(0 <= k < 4 for k in d) for d in draws)
+    assert sleepers(7, 11, 4, 2) == draws[11]          # every rank draws alike
+    counts = np.bincount(np.concatenate(draws), minlength=4)
+    # each rank is drawn with probability 1/2: 4000 draws, binomial sd ~32
+    assert np.all(np.abs(counts - 2000) < 6 * 32)
+    assert sleepers(7, 0, 4, 0) == ()
+
+
+def test_delays_and_imbalance_slow_sync(problem):
+    X, y = problem
+    fast = train(X, y, n_workers=2, collective="sync", max_seconds=0.4, progress=False)
+    slow = train(X, y, n_workers=2, collective="sync", max_seconds=0.4, progress=False,
+                 imbalance=(1, 0.003), delay=("pareto", 0.001, 2.5))
+    assert slow.rounds < fast.rounds
+
+
+def test_dead_rank_raises_and_leaves_nothing(problem, monkeypatch):
+    import sgd_shm.eager.trainer as T
+    X, y = problem
+    before = _shm_names()
+    real = T.batch_grad
+    calls = []
+
+    def dying(*args):                      # the forked rank 1 kills itself mid-run
+        rows = args[6]                     # rank 1 of 3 owns the rows 1, 4, 7, ...
+        if os.getpid() != parent and rows[0] % 3 == 1:
+            calls.append(1)
+            if len(calls) == 30:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args)
+    parent = os.getpid()
+    monkeypatch.setattr(T, "batch_grad", dying)
+    with pytest.raises(RankFailure, match="rank 1"):
+        train(X, y, n_workers=3, collective="sync", max_seconds=30, progress=False)
+    assert _shm_names() <= before
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"collective": "gossip"}, "collective"),
+    ({"late": "keep"}, "late"),
+    ({"average": "all"}, "average"),
+    ({"imbalance": (5, 0.1)}, "imbalance"),
+    ({"imbalance": (1, -1)}, "imbalance"),
+    ({"imbalance": 3}, "imbalance"),
+    ({"delay": ("normal", 1)}, "delay"),
+    ({"delay": ("pareto", 0.01, 1.0)}, "delay"),
+    ({"n_workers": 0}, "n_workers"),
+    ({"max_seconds": 0}, "max_seconds"),
+    ({"epochs": -1}, "epochs"),
+    ({"lr": float("nan")}, "lr"),
+    ({"backend": "ray"}, "backend"),
+    ({"comm": object()}, "comm"),
+    ({"seed": -2}, "seed"),
+    ({"target_loss": "low"}, "target_loss"),
+    ({"timeout": 0}, "timeout"),
+])
+def test_bad_input(problem, kw, match):
+    X, y = problem
+    with pytest.raises((ValueError, TypeError), match=match):
+        train(X, y, **{"n_workers": 2, "progress": False, **kw})
+
+
+def test_cli_shm(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "sgd_shm", "eager", "--seconds", "0.5",
+                        "--samples", "3000", "--features", "300", "--target", "0.68",
+                        "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "majority" in p.stdout and "speed-up" in p.stdout
+    d = json.loads((tmp_path / "eager-main.json").read_text())
+    assert set(d["summary"]) == {"sync", "solo", "majority"}
+    assert (tmp_path / "eager-main.png").stat().st_size > 1000
+
+
+def _mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else shutil.which("mpiexec")
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_cli_mpi(tmp_path, P):
+    pytest.importorskip("mpi4py")
+    exe = _mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec")
+    p = subprocess.run([exe, "-n", str(P), sys.executable, "-m", "sgd_shm", "eager",
+                        "--backend", "mpi", "--seconds", "0.5", "--samples", "3000",
+                        "--features", "300", "--target", "0.68", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    d = json.loads((tmp_path / "eager-main.json").read_text())
+    assert d["ranks"] == P
+    assert all(o["replicas_equal"] for o in d["summary"].values())
