@@ -239,6 +239,7 @@ def plot(d, path):
                and r["backend"] == b and r["ranks"] == P]
         a_bw.plot(*zip(*pts), marker="o", label=b if b == "memcpy" else f"{b}, {P} ranks")
     a_bw.set_xscale("log", base=2)
+    a_bw.set_yscale("log")
     a_bw.set_xlabel("buffer (MB)")
     a_bw.set_ylabel("buffer GB/s (bytes / seconds per round)")
     a_bw.set_title("allreduce against a copy of the same bytes", fontsize=9)

@@ -232,6 +232,25 @@ SCENARIOS = (
         "memory take seconds on Ray or are not reached in the run (hence the loose target). "
         "On a box with few cores Ray's processes (one per actor) also compete with the "
         "workers for the CPU.")),
+    Scenario("eager", "eager-SGD: collectives and partial-collective training", (
+        "Two parts, in one run. *Collectives*: a float64 allreduce of 1, 4 and 16 MB among 2 "
+        "and 4 ranks on shared memory (`ShmGroup`, forked processes; per round the slowest "
+        "rank's median over 20 rounds) beside `np.copyto` of the same bytes in one process "
+        "(`memcpy`) and, under `mpiexec -n P` (MPICH from PyPI), the kit's `MPICommunicator` "
+        "(`mpi`) and a bare in-place `MPI_Allreduce` (`mpi-bare`); then the round latency of "
+        "an 8-element buffer (2000 rounds) for sync, solo and majority. *Trainer*: "
+        "`make_rcv1_like(20_000, 2_000)`, 4 ranks, batch 64 per rank, lr 8, late gradients "
+        "carried, averaged over the 4 ranks; each round one rank drawn from the shared seed "
+        "sleeps before its gradient (the paper's imbalance model); sync, solo and majority "
+        "interleaved, each run for the same wall time, on shared memory and under `mpiexec -n "
+        "4`; the time to the target training loss from rank 0's history (every 50 ms, 4096 "
+        "rows), final loss, rounds per second, share of the ranks' gradients that made their "
+        "own round. Medians over the repetitions."), ("eager.png",), (
+        "Under the paper's model a synchronous round lasts as long as its sleeping rank; a "
+        "solo round closes at the first arrival and a majority round at its initiator's, so "
+        "they run more rounds per second with fewer fresh gradients in each (the others "
+        "follow one round later, carried). The 4 ranks share 2 cores here, so sleeping ranks "
+        "also lend their core to the others.")),
     Scenario("stm", "TL2 STM: commits/s (abort rate)", (
         "Each worker runs the nogil bank driver (a transaction reads two random accounts and "
         "moves up to 10 between them; 100k per worker) on 64 accounts (contended) and 4096, "
