@@ -12,6 +12,10 @@ Engine:
     hogwild.HogwildSGD  weights + schedule; ``epoch()`` runs n_workers lock-free threads
     DivergenceError     raised instead of returning NaN weights
 
+Subpackages: ``sgd_shm.ps`` (parameter server on shared memory or Ray),
+``sgd_shm.collectives`` (allreduce, solo and majority allreduce on shared memory or MPI),
+``sgd_shm.eager`` (data-parallel SGD over those collectives), ``sgd_shm.data``.
+
 Example::
 
     from sgd_shm import HogwildClassifier
