@@ -51,7 +51,11 @@ class EagerResult(LinearModel):
     ``rounds``, ``seconds``, ``participation`` (per rank, the fraction of rounds its
     gradient was in), ``late`` (per rank, rounds it arrived late for), ``skipped``
     (per rank, rounds it skipped because it was behind), ``mean_contributors`` (per
-    round), ``replicas_equal`` (every rank ended with the same weights).
+    round), ``replicas_equal`` (every rank ended with the same weights). Bytes, summed
+    over the ranks: ``bytes_sent`` (the gradients, or compressed messages, that made
+    their round), ``bytes_dense`` (8 bytes per weight per gradient computed: what
+    dense gradients would be), ``bytes_moved`` (the buffers the collectives combined,
+    per rank and round).
     """
     collective: str
     history: list
@@ -70,6 +74,10 @@ class EagerResult(LinearModel):
     n_workers: int = 1
     late_policy: str = "carry"
     average: str = "size"
+    compress: str | None = None
+    bytes_sent: int = 0
+    bytes_dense: int = 0
+    bytes_moved: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ class _Config:
     seed: int
     backend: str
     progress: bool
+    compress: object = None
 
 
 def sleepers(seed, round_id, size, k):
@@ -108,7 +117,7 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
           imbalance=None, delay=None, max_seconds=5.0, target_loss=None, epochs=None,
           loss="log_loss", lr=2.0, alpha=1e-4, batch_size=64, sample_every=0.05,
           depth=8, timeout=None, seed=0, backend="shm", comm=None,
-          progress=None) -> EagerResult:
+          compress=None, progress=None) -> EagerResult:
     """Train a linear model (L2-regularised ``loss``) by data-parallel SGD whose
     gradients are combined by ``collective``.
 
@@ -138,19 +147,25 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         still reported).
     seed [0], backend ["shm"] : "shm" or "mpi" (run under mpiexec; optional extra);
         comm [None] : the MPI communicator (default COMM_WORLD).
+    compress [None] : a compressor (``sgd_shm.compress.TopK(ratio=0.001)``, RandomK,
+        or a spec such as "topk:0.001") applied to each rank's gradient, with its
+        error feedback; the messages travel as a sparse allgather. ``late="carry"``
+        puts a message that missed its round back into the rank's memory.
     progress [stderr is a terminal] : a progress bar (rank 0).
     """
     cfg, max_epochs = _config(n_workers, collective, late, average, imbalance, delay,
                               max_seconds, target_loss, epochs, loss, lr, alpha, batch_size,
-                              sample_every, depth, timeout, seed, backend, comm, progress)
+                              sample_every, depth, timeout, seed, backend, comm, progress,
+                              compress)
     X, ys, classes = binary_data(X, y, cfg.n_workers)
     if max_epochs is not None:
         per_round = cfg.n_workers * cfg.batch_size
         cfg = replace(cfg, max_rounds=max(1, math.ceil(max_epochs * X.shape[0] / per_round)))
     rng = np.random.default_rng(cfg.seed)
     eval_rows = np.sort(rng.choice(X.shape[0], min(EVAL_ROWS, X.shape[0]), replace=False))
+    k = 0 if cfg.compress is None else message_capacity(cfg.compress, X.shape[1])
     job = _Job(cfg, matrix_parts(X), ys, X.shape[1],
-               (matrix_parts(X[eval_rows]), ys[eval_rows]))
+               (matrix_parts(X[eval_rows]), ys[eval_rows]), k)
     _warm_up(job)
     if cfg.backend == "mpi":
         outs = _run_mpi(job, comm)
@@ -162,7 +177,7 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
 # ---- argument checks -----------------------------------------------------------------
 def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
             target_loss, epochs, loss, lr, alpha, batch_size, sample_every, depth, timeout,
-            seed, backend, comm, progress):
+            seed, backend, comm, progress, compress):
     if backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
     if comm is not None and backend != "mpi":
@@ -195,8 +210,16 @@ def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
                   sample_every=_positive("sample_every", sample_every),
                   depth=_int_at_least("depth", depth), timeout=check_timeout("timeout", timeout),
                   seed=int(seed), backend=backend,
-                  progress=sys.stderr.isatty() if progress is None else bool(progress))
+                  progress=sys.stderr.isatty() if progress is None else bool(progress),
+                  compress=_compressor(compress))
     return cfg, epochs
+
+
+def _compressor(compress):
+    if compress is None:
+        return None
+    from sgd_shm.compress import make_compressor
+    return make_compressor(compress)
 
 
 def _mpi_size(n_workers, comm):
@@ -255,6 +278,17 @@ class _Job:
     ys: np.ndarray
     d: int
     evaluation: tuple          # (matrix_parts, labels) of the loss sample
+    k: int = 0                 # entries of a compressed message (0: dense)
+
+    @property
+    def comm_args(self):
+        """(buffer length, communicator keywords): with compression the late policy
+        lives in the error-feedback memory, so the communicator drops."""
+        cfg = self.cfg
+        late = cfg.late if cfg.compress is None else "drop"
+        return exchange_size(cfg, self.d, self.k), dict(
+            late=late, average=cfg.average, depth=cfg.depth, seed=cfg.seed,
+            timeout=cfg.timeout)
 
 
 def _warm_up(job):
@@ -275,7 +309,7 @@ class _Rank:
         self.k, self.P = comm.rank, comm.size
         self.code = LOSSES[cfg.loss]
         self.w = np.zeros(job.d)
-        self.buf = np.zeros(job.d + 1)           # the gradient, then the vote to stop
+        self.exchange = make_exchange(comm, job)
         self.rows = np.arange(self.k, job.ys.size, self.P, dtype=np.int64)
         self.rng = np.random.default_rng([cfg.seed, self.k, 0x5EED])
         self.order, self.pos = self.rng.permutation(self.rows), 0
@@ -309,28 +343,141 @@ class _Rank:
 
     def step(self, r, vote):
         """Round r: a gradient (or nothing when behind), the collective, the update."""
-        cfg, d = self.cfg, self.job.d
+        cfg, ex = self.cfg, self.exchange
+        g = None
         if self.comm.lag() > 0:
-            self.buf[:d] = 0.0                   # its round has closed: catch up only
-            self.skipped += 1
+            self.skipped += 1                    # its round has closed: catch up only
         else:
             self.pause(r)
+            g = ex.gradient_buffer()
             batch_grad(self.code, *self.job.X, self.job.ys, self.minibatch(), self.w,
-                       cfg.alpha, self.buf[:d])
-        self.buf[d] = 1.0 if vote else 0.0
-        res = self.comm.start(self.buf, cfg.collective, "mean").wait()
+                       cfg.alpha, g)
+        buf = ex.pack(g, vote)
+        res = self.comm.start(buf, cfg.collective, ex.op).wait()
         self.contributors += res.n_contributors
-        self.w -= cfg.lr * self.buf[:d]
-        if not np.isfinite(self.buf[d]) or not math.isfinite(self.w[0]):
+        self.w -= cfg.lr * ex.unpack(res)
+        if not math.isfinite(self.w[0]):
             raise FloatingPointError(f"training diverged at round {r}; lower lr (got {cfg.lr})")
-        return self.buf[d] > 0
+        return buf[-1] > 0
+
+
+def make_exchange(comm, job):
+    cfg = job.cfg
+    if cfg.compress is None:
+        return _DenseExchange(comm, job.d)
+    return _SparseExchange(comm, job.d, cfg.compress, job.k, cfg.late, cfg.average)
+
+
+def exchange_size(cfg, d, k):
+    """Elements of the buffer every round combines (see the exchanges)."""
+    return d + 1 if cfg.compress is None else cfg.n_workers * (1 + 2 * k) + 1
+
+
+def message_capacity(comp, d):
+    """The entries of a message of ``comp`` on d weights: fixed for TopK and RandomK;
+    other compressors cannot travel in the fixed-size exchange."""
+    from sgd_shm.compress import RandomK, TopK
+    if not isinstance(comp, (TopK, RandomK)):
+        raise ValueError(f"compress: the eager trainer exchanges fixed-size sparse messages, "
+                         f"so it takes TopK or RandomK, got {comp!r}; use the parameter "
+                         "server (sgd_shm.ps.train) for the others")
+    return comp.k_for(d)
+
+
+class _DenseExchange:
+    """The gradient travels whole: the buffer is [gradient, vote]; op mean."""
+    op = "mean"
+
+    def __init__(self, comm, d):
+        self.d = d
+        self.buf = np.zeros(d + 1)
+        self.sent = False
+        self.bytes_sent = self.bytes_dense = self.bytes_moved = 0
+
+    def gradient_buffer(self):
+        return self.buf[:self.d]
+
+    def pack(self, g, vote):
+        self.sent = g is not None
+        if g is None:
+            self.buf[:self.d] = 0.0
+        else:
+            self.bytes_dense += 8 * self.d
+        self.buf[self.d] = 1.0 if vote else 0.0
+        self.bytes_moved += 8 * self.buf.size
+        return self.buf
+
+    def unpack(self, res):
+        if self.sent and res.contributed:
+            self.bytes_sent += 8 * self.d
+        return self.buf[:self.d]
+
+
+class _SparseExchange:
+    """The gradient travels compressed (error feedback in the rank's memory): an
+    allgather built on the round's allreduce. Rank j writes [count, indices, values] of
+    its message into its own segment of a P * (1 + 2k) buffer, zeros elsewhere; the
+    round's sum is then every contributor's message side by side, which each rank
+    decodes in rank order (so every replica applies the same bits). A message that
+    misses its round goes back into the memory with ``late="carry"``; with "drop" it is
+    lost."""
+    op = "sum"
+
+    def __init__(self, comm, d, compressor, k, late, average):
+        self.d, self.k, self.P, self.rank = d, k, comm.size, comm.rank
+        self.seg = 1 + 2 * k
+        self.buf = np.zeros(self.P * self.seg + 1)
+        self.mem = compressor.memory(d, np.float64)
+        self.g = np.zeros(d)
+        self.update = np.zeros(d)
+        self.late, self.average = late, average
+        self.msg = None
+        self.bytes_sent = self.bytes_dense = self.bytes_moved = 0
+
+    def gradient_buffer(self):
+        return self.g
+
+    def pack(self, g, vote):
+        self.buf[:] = 0.0
+        self.msg = None
+        if g is not None:
+            msg = self.mem.step(g)
+            m = msg.indices.size
+            if m > self.k:
+                raise ValueError(f"compress: a message of {m} entries exceeds the {self.k} "
+                                 "the exchange was sized for; use TopK or RandomK")
+            o = self.rank * self.seg
+            self.buf[o] = m
+            self.buf[o + 1:o + 1 + m] = msg.indices
+            self.buf[o + 1 + self.k:o + 1 + self.k + m] = msg.values * msg.scale
+            self.msg = msg
+            self.bytes_dense += 8 * self.d
+        self.buf[-1] = 1.0 if vote else 0.0
+        self.bytes_moved += 8 * self.buf.size
+        return self.buf
+
+    def unpack(self, res):
+        if self.msg is not None:
+            if res.contributed:
+                self.bytes_sent += self.msg.nbytes
+            elif self.late == "carry":
+                self.mem.keep(self.msg)
+        up = self.update
+        up[:] = 0.0
+        for j in res.contributors:
+            o = j * self.seg
+            m = int(self.buf[o])
+            idx = self.buf[o + 1:o + 1 + m].astype(np.int64)
+            up[idx] += self.buf[o + 1 + self.k:o + 1 + self.k + m]
+        up /= self.P if self.average == "size" else max(len(res.contributors), 1)
+        return up
 
 
 def rank_main(comm, job):
     """One rank's whole run; returns its record (rank 0: with the history)."""
     me = _Rank(comm, job)
     cfg = job.cfg
-    comm.allreduce(np.zeros(job.d + 1))          # start together
+    comm.allreduce(np.zeros(comm.n))             # start together
     t0 = time.perf_counter()
     if me.k == 0:
         me.history.append({"seconds": 0.0, "step": 0, "loss": me.loss()})
@@ -358,7 +505,8 @@ def rank_main(comm, job):
     st = comm.stats
     return {"rank": me.k, "w": me.w, "history": me.history, "rounds": r, "seconds": seconds,
             "contributed": st["contributed"] - 1, "late": st["late"], "skipped": me.skipped,
-            "contributors": me.contributors}
+            "contributors": me.contributors, "bytes_sent": me.exchange.bytes_sent,
+            "bytes_dense": me.exchange.bytes_dense, "bytes_moved": me.exchange.bytes_moved}
 
 
 def _bar(cfg, k):
@@ -373,8 +521,8 @@ def _bar(cfg, k):
 def _run_shm(job):
     from sgd_shm.collectives.shm import ShmGroup
     cfg = job.cfg
-    with ShmGroup(cfg.n_workers, job.d + 1, late=cfg.late, average=cfg.average,
-                  depth=cfg.depth, seed=cfg.seed, timeout=cfg.timeout) as group:
+    n, kw = job.comm_args
+    with ShmGroup(cfg.n_workers, n, **kw) as group:
         return group.run(rank_main, job)
 
 
@@ -382,10 +530,9 @@ def _run_mpi(job, comm):
     from mpi4py import MPI
 
     from sgd_shm.collectives.mpi import MPICommunicator
-    cfg = job.cfg
     world = comm or MPI.COMM_WORLD
-    with MPICommunicator(job.d + 1, comm=world, late=cfg.late, average=cfg.average,
-                         depth=cfg.depth, seed=cfg.seed, timeout=cfg.timeout) as c:
+    n, kw = job.comm_args
+    with MPICommunicator(n, comm=world, **kw) as c:
         out = rank_main(c, job)
     outs = world.allgather(out)
     return outs
@@ -407,5 +554,9 @@ def _result(cfg, outs, job, classes):
         late=[o["late"] for o in outs], skipped=[o["skipped"] for o in outs],
         mean_contributors=outs[0]["contributors"] / max(rounds, 1), replicas_equal=equal,
         coef_=w.copy(), classes_=classes, backend=cfg.backend, n_workers=cfg.n_workers,
-        late_policy=cfg.late, average=cfg.average)
+        late_policy=cfg.late, average=cfg.average,
+        compress=None if cfg.compress is None else repr(cfg.compress),
+        bytes_sent=sum(o["bytes_sent"] for o in outs),
+        bytes_dense=sum(o["bytes_dense"] for o in outs),
+        bytes_moved=sum(o["bytes_moved"] for o in outs))
 
