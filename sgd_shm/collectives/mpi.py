@@ -1,8 +1,8 @@
 """Allreduce and the partial collectives of eager-SGD over MPI (mpi4py), with a
 progress thread per rank, as in fflib2 (Li et al., PPoPP 2020, arXiv:1908.04207).
 
-Protocol (every rank runs one progress thread; after construction only that thread
-calls MPI, on a private ``comm.Dup()``):
+Protocol (every rank runs one progress thread, a ``_Progress`` object; after
+construction only that thread calls MPI, on a private ``comm.Dup()``):
 
 * Rounds are *activated* strictly in order, one at a time, by each progress thread:
   ``sync``: when its own rank posted the round; ``solo``: when its own rank posted it
@@ -259,9 +259,10 @@ class MPICommunicator(Communicator):
 
     # ---- the progress thread -------------------------------------------------------------
     def _run(self):
-        self._rreq = None
+        prog = None
         try:
-            self._loop()
+            prog = _Progress(self)
+            prog.run()
         except BaseException as e:          # reported to the main thread
             with self._cv:
                 if self._error is None:
@@ -269,15 +270,8 @@ class MPICommunicator(Communicator):
                                    f"{type(e).__name__}: {e}")
                 self._cv.notify_all()
         finally:                            # leave no receive posted (abort / failure)
-            rreq, self._rreq = self._rreq, None
-            if rreq is not None:
-                try:
-                    rreq.Cancel()
-                    t = time.monotonic() + 0.2
-                    while not rreq.Test() and time.monotonic() < t:
-                        time.sleep(1e-4)
-                except Exception:           # pragma: no cover
-                    pass
+            if prog is not None:
+                prog.cancel_receive()
 
     def _get_scratch(self):
         with self._cv:
@@ -287,156 +281,208 @@ class MPICommunicator(Communicator):
         b.fill(0)
         return b
 
-    def _loop(self):
-        comm, P, me = self._comm, self.size, self.rank
-        cv = self._cv
-        msg = np.zeros(2, np.int64)
-        rreq = comm.Irecv(msg, source=MPI.ANY_SOURCE, tag=_TAG_ACT) if P > 1 else None
-        self._rreq = rreq
-        status = MPI.Status()
-        heard = {}                          # round -> set of kind codes heard
-        sends = []                          # (request, buffer) of activation messages
-        sent_to = np.zeros(P, np.int64)     # messages sent to each rank
-        got_from = np.zeros(P, np.int64)    # messages received from each rank
-        cur = None                          # (round, requests, data, meta, kind, post)
-        t_start = 0.0
-        idle = 0
 
-        def drain():
-            nonlocal rreq
-            n = 0
-            while rreq is not None and rreq.Test(status):
-                r, k = int(msg[0]), int(msg[1])
-                got_from[status.Get_source()] += 1
-                if r >= self._act:
-                    heard.setdefault(r, set()).add(k)
-                rreq = self._rreq = comm.Irecv(msg, source=MPI.ANY_SOURCE, tag=_TAG_ACT)
-                n += 1
-            return n
+class _Progress:
+    """The progress thread of one :class:`MPICommunicator` (``owner``): its state and
+    the steps of its loop. Only this thread calls MPI (on ``owner._comm``); it shares
+    ``_posts``, ``_results``, ``_act``, ``_consumed``, ``_done`` and ``_scratch`` with
+    the main thread under ``owner._cv``."""
 
-        def announce(r, code):
-            b = np.array([r, code], np.int64)
-            for d in range(P):
-                if d != me:
-                    sends.append((comm.Isend(b, dest=d, tag=_TAG_ACT), b))
-                    sent_to[d] += 1
+    def __init__(self, owner):
+        self.owner = owner
+        self.comm, self.P, self.me = owner._comm, owner.size, owner.rank
+        self.cv = owner._cv
+        self.msg = np.zeros(2, np.int64)    # the receive buffer of activation messages
+        self.status = MPI.Status()
+        self.rreq = None                    # the posted receive of activation messages
+        self.heard = {}                     # round -> set of kind codes heard
+        self.sends = []                     # (request, buffer) of activation messages
+        self.sent_to = np.zeros(self.P, np.int64)   # messages sent to each rank
+        self.got_from = np.zeros(self.P, np.int64)  # messages received from each rank
+        self.cur = None                     # (round, requests, data, meta, kind, post)
+        self.t_start = 0.0                  # when cur was activated
+        self.finished = False               # the close round completed
 
+    def run(self):
+        if self.P > 1:
+            self._post_receive()
+        n_idle = 0
         while True:
-            progress = drain()
-            if sends:
-                sends = [s for s in sends if not s[0].Test()]
-            if self._stop:
+            progress = self.drain()
+            if self.sends:
+                self.sends = [s for s in self.sends if not s[0].Test()]
+            if self.owner._stop:
                 return
-            if cur is not None:
-                r, reqs, data, meta, code, post = cur
-                if MPI.Request.Testall(reqs):
-                    progress += 1
-                    cur = None
-                    counts = meta[1:]
-                    mask = int(meta[0])
-                    if int(counts.max()) != P or int(counts.sum()) != P:
-                        desc = ", ".join(f"{int(c)} {_NAME[i]}"
-                                         for i, c in enumerate(counts) if c)
-                        raise CollectiveError(
-                            f"round {r}: the ranks disagree on what round {r} is ({desc}); "
-                            "every rank must call the same kind of collective in each "
-                            "round and close() after the same number of rounds")
-                    if code == _CLOSE:
-                        self._finish_close(comm, rreq, status, msg, sends, sent_to,
-                                           got_from)
-                        rreq = None
-                        with cv:
-                            self._done = True
-                            cv.notify_all()
-                        return
-                    with cv:
-                        self._results[r] = (None if post is not None else data, mask,
-                                            _NAME[code])
-                        cv.notify_all()
-                elif self.timeout is not None and time.monotonic() - t_start > self.timeout:
-                    self._error_timeout = True
-                    raise CollectiveError(
-                        f"{_NAME[code]} round {r} did not complete within {self.timeout} s "
-                        "(a rank died, or stopped calling collectives)")
-            if cur is None:
-                a = self._act
-                with cv:
-                    post = self._posts.get(a)
-                    hold = post is None and a - self._consumed >= self.depth
-                    code = None
-                    h = heard.get(a, ())
-                    if post is not None:
-                        pc = _CODE[post.kind]
-                        if pc in (_SYNC, _SOLO, _CLOSE):
-                            code = pc
-                        elif initiator(self.seed, a, P) == me or h:
-                            code = pc
-                    elif not hold:
-                        if _SOLO in h:
-                            code = _SOLO
-                        elif _MAJ in h:
-                            code = _MAJ
-                    if code is not None:
-                        self._act = a + 1
-                        self._posts.pop(a, None)
-                if code is not None:
-                    progress += 1
-                    heard.pop(a, None)
-                    if post is not None and (
-                            (code == _SOLO and not h)
-                            or (code == _MAJ and initiator(self.seed, a, P) == me)
-                            or code == _CLOSE):
-                        announce(a, code)
-                    if post is not None and post.buf is not None:
-                        data = post.buf
-                    else:
-                        data = self._get_scratch()
-                    meta = np.zeros(_META, np.int64)
-                    if post is not None and code != _CLOSE:
-                        meta[0] = 1 << me
-                    meta[1 + code] = 1
-                    reqs = [comm.Iallreduce(MPI.IN_PLACE, data, MPI.SUM),
-                            comm.Iallreduce(MPI.IN_PLACE, meta, MPI.SUM)]
-                    if code == _CLOSE:
-                        post = None
-                    cur = (a, reqs, data, meta, code, post)
-                    t_start = time.monotonic()
-                    continue
-            if progress:
-                idle = 0
+            if self.cur is not None and self.poll_current():
+                progress += 1
+                if self.finished:
+                    return
+            if self.cur is None and self.activate_next():
                 continue
-            idle += 1
-            if idle < 8:
-                time.sleep(0)
-            elif cur is None and not sends:
-                with cv:                    # a post wakes us at once
-                    if not self._stop and self._act not in self._posts:
-                        cv.wait(min(5e-4, 2e-5 * idle))
-            else:
-                time.sleep(min(2e-4, 1e-5 * idle))
+            if progress:
+                n_idle = 0
+                continue
+            n_idle += 1
+            self.idle(n_idle)
 
-    def _finish_close(self, comm, rreq, status, msg, sends, sent_to, got_from):
+    def _post_receive(self):
+        self.rreq = self.comm.Irecv(self.msg, source=MPI.ANY_SOURCE, tag=_TAG_ACT)
+
+    def drain(self):
+        """Take every activation message that has arrived; returns how many."""
+        n = 0
+        while self.rreq is not None and self.rreq.Test(self.status):
+            r, k = int(self.msg[0]), int(self.msg[1])
+            self.got_from[self.status.Get_source()] += 1
+            if r >= self.owner._act:
+                self.heard.setdefault(r, set()).add(k)
+            self._post_receive()
+            n += 1
+        return n
+
+    def announce(self, r, code):
+        """Send the activation message (r, code) to every other rank."""
+        b = np.array([r, code], np.int64)
+        for d in range(self.P):
+            if d != self.me:
+                self.sends.append((self.comm.Isend(b, dest=d, tag=_TAG_ACT), b))
+                self.sent_to[d] += 1
+
+    def poll_current(self):
+        """Test the in-flight round; when it completed, check it, finish the close
+        protocol or hand the result to the main thread, and return True."""
+        o = self.owner
+        r, reqs, data, meta, code, post = self.cur
+        if not MPI.Request.Testall(reqs):
+            if o.timeout is not None and time.monotonic() - self.t_start > o.timeout:
+                o._error_timeout = True
+                raise CollectiveError(
+                    f"{_NAME[code]} round {r} did not complete within {o.timeout} s "
+                    "(a rank died, or stopped calling collectives)")
+            return False
+        self.cur = None
+        counts = meta[1:]
+        mask = int(meta[0])
+        if int(counts.max()) != self.P or int(counts.sum()) != self.P:
+            desc = ", ".join(f"{int(c)} {_NAME[i]}" for i, c in enumerate(counts) if c)
+            raise CollectiveError(
+                f"round {r}: the ranks disagree on what round {r} is ({desc}); "
+                "every rank must call the same kind of collective in each "
+                "round and close() after the same number of rounds")
+        if code == _CLOSE:
+            self.finish_close()
+            with self.cv:
+                o._done = True
+                self.cv.notify_all()
+            self.finished = True
+            return True
+        with self.cv:
+            o._results[r] = (None if post is not None else data, mask, _NAME[code])
+            self.cv.notify_all()
+        return True
+
+    def _choose(self, a):
+        """Under the lock: whether round ``a`` activates now, and as what kind.
+        Returns (post, code or None, kinds heard for a); on activation advances
+        ``_act`` and takes the post."""
+        o = self.owner
+        with self.cv:
+            post = o._posts.get(a)
+            hold = post is None and a - o._consumed >= o.depth
+            code = None
+            h = self.heard.get(a, ())
+            if post is not None:
+                pc = _CODE[post.kind]
+                if pc in (_SYNC, _SOLO, _CLOSE):
+                    code = pc
+                elif initiator(o.seed, a, self.P) == self.me or h:
+                    code = pc
+            elif not hold:
+                if _SOLO in h:
+                    code = _SOLO
+                elif _MAJ in h:
+                    code = _MAJ
+            if code is not None:
+                o._act = a + 1
+                o._posts.pop(a, None)
+        return post, code, h
+
+    def activate_next(self):
+        """Activate the next round if it is due: announce it if this rank's arrival
+        activated it, and start its two Iallreduce. Returns whether it did."""
+        o = self.owner
+        a = o._act
+        post, code, h = self._choose(a)
+        if code is None:
+            return False
+        self.heard.pop(a, None)
+        if post is not None and (
+                (code == _SOLO and not h)
+                or (code == _MAJ and initiator(o.seed, a, self.P) == self.me)
+                or code == _CLOSE):
+            self.announce(a, code)
+        if post is not None and post.buf is not None:
+            data = post.buf
+        else:
+            data = o._get_scratch()
+        meta = np.zeros(_META, np.int64)
+        if post is not None and code != _CLOSE:
+            meta[0] = 1 << self.me
+        meta[1 + code] = 1
+        reqs = [self.comm.Iallreduce(MPI.IN_PLACE, data, MPI.SUM),
+                self.comm.Iallreduce(MPI.IN_PLACE, meta, MPI.SUM)]
+        if code == _CLOSE:
+            post = None
+        self.cur = (a, reqs, data, meta, code, post)
+        self.t_start = time.monotonic()
+        return True
+
+    def idle(self, n):
+        """Back off after the n-th pass in a row without progress."""
+        if n < 8:
+            time.sleep(0)
+        elif self.cur is None and not self.sends:
+            o = self.owner
+            with self.cv:                   # a post wakes us at once
+                if not o._stop and o._act not in o._posts:
+                    self.cv.wait(min(5e-4, 2e-5 * n))
+        else:
+            time.sleep(min(2e-4, 1e-5 * n))
+
+    def finish_close(self):
         """After a clean close round: receive every activation message still in flight,
         cancel the receive, complete the sends."""
-        P = self.size
+        P = self.P
         if P == 1:
             return
         expect = np.zeros(P, np.int64)
-        req = comm.Ialltoall(sent_to, expect)
+        req = self.comm.Ialltoall(self.sent_to, expect)
         done = False
         while True:
-            while rreq.Test(status):
-                got_from[status.Get_source()] += 1
-                rreq = self._rreq = comm.Irecv(msg, source=MPI.ANY_SOURCE, tag=_TAG_ACT)
+            while self.rreq.Test(self.status):
+                self.got_from[self.status.Get_source()] += 1
+                self._post_receive()
             if not done:
                 done = req.Test()
-            sends[:] = [s for s in sends if not s[0].Test()]
-            if done and np.array_equal(got_from, expect) and not sends:
+            self.sends[:] = [s for s in self.sends if not s[0].Test()]
+            if done and np.array_equal(self.got_from, expect) and not self.sends:
                 break
-            if self._stop:
+            if self.owner._stop:
                 return
             time.sleep(5e-5)
-        rreq.Cancel()
-        while not rreq.Test():
+        self.rreq.Cancel()
+        while not self.rreq.Test():
             time.sleep(5e-5)
-        self._rreq = None
+        self.rreq = None
+
+    def cancel_receive(self):
+        """Leave no receive posted (after an abort or a failure)."""
+        rreq, self.rreq = self.rreq, None
+        if rreq is not None:
+            try:
+                rreq.Cancel()
+                t = time.monotonic() + 0.2
+                while not rreq.Test() and time.monotonic() < t:
+                    time.sleep(1e-4)
+            except Exception:               # pragma: no cover
+                pass

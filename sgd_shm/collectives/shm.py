@@ -238,9 +238,49 @@ def _k_arrive(W, st, cu, bit, full, mode, r):
 
 
 @njit(cache=True, nogil=True)
+def _k_sum_block(r, C, ranks, m, lo, hi):
+    """r[:] = sum of rows ranks[0..m) of C over [lo, hi), left to right in rank order.
+    Up to four rows per pass over r, each pass one vectorised loop over 1-D slices (a
+    loop of 2-D element accesses, or of ``r[i] += s[i]``, does not vectorise)."""
+    j = 0
+    while j < m:
+        first = j == 0
+        t = min(m - j, 4 if first else 3)
+        s0 = C[ranks[j], lo:hi]
+        if t >= 2:
+            s1 = C[ranks[j + 1], lo:hi]
+        if t >= 3:
+            s2 = C[ranks[j + 2], lo:hi]
+        if first:
+            if t == 1:
+                r[:] = s0
+            elif t == 2:
+                for i in range(r.size):
+                    r[i] = s0[i] + s1[i]
+            elif t == 3:
+                for i in range(r.size):
+                    r[i] = s0[i] + s1[i] + s2[i]
+            else:
+                s3 = C[ranks[j + 3], lo:hi]
+                for i in range(r.size):
+                    r[i] = s0[i] + s1[i] + s2[i] + s3[i]
+        elif t == 1:
+            for i in range(r.size):
+                r[i] = r[i] + s0[i]
+        elif t == 2:
+            for i in range(r.size):
+                r[i] = r[i] + s0[i] + s1[i]
+        else:
+            for i in range(r.size):
+                r[i] = r[i] + s0[i] + s1[i] + s2[i]
+        j += t
+
+
+@njit(cache=True, nogil=True)
 def _k_reduce(W, claim, done, C, R, mask, nchunks, chunk, n):
     """Claim chunks of the result and sum the contributors' rows into them (ascending
-    rank order). Returns the number of chunks this call reduced."""
+    rank order, left to right, so every chunk's bits do not depend on who sums it).
+    Returns the number of chunks this call reduced."""
     ranks = np.empty(64, np.int64)
     m = 0
     for k in range(64):
@@ -255,15 +295,9 @@ def _k_reduce(W, claim, done, C, R, mask, nchunks, chunk, n):
         lo = c * chunk
         hi = min(n, lo + chunk)
         b = lo
-        while b < hi:                              # 2048-element blocks stay in L1
-            e = min(hi, b + 2048)
-            r0 = ranks[0]
-            for i in range(b, e):
-                R[i] = C[r0, i]
-            for j in range(1, m):
-                rk = ranks[j]
-                for i in range(b, e):
-                    R[i] += C[rk, i]
+        while b < hi:                              # 4096-element blocks stay in L1
+            e = min(hi, b + 4096)
+            _k_sum_block(R[b:e], C, ranks, m, b, e)
             b = e
         _add(W, done, 1)
         got += 1
@@ -296,8 +330,7 @@ def _k_post(W, base, line, r, row, buf, bit, full, mode, copy, cu):
     if old & CLOSED:
         return old
     if copy:
-        for i in range(buf.size):
-            row[i] = buf[i]
+        row[:buf.size] = buf
     return _k_arrive(W, st, cu, bit, full, mode, r)
 
 
@@ -315,8 +348,7 @@ def _k_complete(W, base, line, r, state, C, R, out, nchunks, chunk, n, size, dep
               nchunks, chunk, n)
     if _k_spin(W, base + _S_DONE * line, -1, nchunks, spins) < 0:
         return 2, state
-    for i in range(n):
-        out[i] = R[i]
+    out[:n] = R[:n]
     _k_finish_slot(W, base, line, size, depth, r)
     return 0, state
 
@@ -569,87 +601,106 @@ class ShmGroup:
                 c.close()
 
     def _supervise(self, procs, conns, mp_wait, timeout):
-        size = self.size
-        results = [None] * size
-        got = [False] * size
-        errors = {}                         # k -> (traceback text, was a RankFailure)
-        deaths = {}                         # k -> exit code
-        alive = set(range(size))
-        open_conn = set(range(size))
-        fail_t = None
-        timed_out = False
-        killed = set()                      # ranks this loop killed after the grace time
+        """Wait for every rank of run(): collect the results, abort the group as soon
+        as a rank fails, dies or the timeout passes, kill the stragglers after a grace
+        time, then return the results or raise."""
+        st = _RunWatch(self.size)
         deadline = None if timeout is None else time.monotonic() + timeout
         grace = 2.0
         by_sentinel = {p.sentinel: k for k, p in enumerate(procs)}
         by_conn = {id(c): k for k, c in enumerate(conns)}
-
-        def take(k):
-            nonlocal fail_t
-            try:
-                msg = conns[k].recv()
-            except (EOFError, OSError):
-                open_conn.discard(k)
-                return
-            open_conn.discard(k)
-            if msg[0] == "ok":
-                results[k], got[k] = msg[1], True
-            else:
-                errors[k] = (msg[1], msg[2])
-                if not msg[2]:
-                    self.abort(1 + size + k)
-                fail_t = fail_t or time.monotonic()
-
-        while alive:
-            objs = [conns[k] for k in open_conn] + [procs[k].sentinel for k in alive]
+        while st.alive:
+            objs = [conns[k] for k in st.open_conn] + [procs[k].sentinel for k in st.alive]
             for o in mp_wait(objs, timeout=0.05):
                 if o in by_sentinel:
                     continue
-                take(by_conn[id(o)])
-            for k in list(alive):
-                if procs[k].exitcode is None:
-                    continue
-                if k in open_conn and conns[k].poll():
-                    take(k)
-                alive.discard(k)
-                code = procs[k].exitcode
-                if not got[k] and k not in errors and k not in killed:
-                    deaths[k] = code
-                    self.abort(1 + k)
-                    fail_t = fail_t or time.monotonic()
+                self._take(st, by_conn[id(o)], conns)
+            self._reap(st, procs, conns)
             now = time.monotonic()
-            if deadline is not None and now > deadline and not timed_out and fail_t is None:
-                timed_out = True
+            if (deadline is not None and now > deadline and not st.timed_out
+                    and st.fail_t is None):
+                st.timed_out = True
                 self.abort()
-                fail_t = now
-            if fail_t is not None and now - fail_t > (0.5 if timed_out else grace):
-                for k in alive - killed:
-                    killed.add(k)
+                st.fail_t = now
+            if st.fail_t is not None and now - st.fail_t > (0.5 if st.timed_out else grace):
+                for k in st.alive - st.killed:
+                    st.killed.add(k)
                     try:
                         os.kill(procs[k].pid, signal.SIGKILL)
                     except ProcessLookupError:  # pragma: no cover
                         pass
-        if deaths:
-            k = min(deaths)
-            code = deaths[k]
+        return self._outcome(st, timeout)
+
+    def _take(self, st, k, conns):
+        """Read rank k's one message (its result or its error)."""
+        try:
+            msg = conns[k].recv()
+        except (EOFError, OSError):
+            st.open_conn.discard(k)
+            return
+        st.open_conn.discard(k)
+        if msg[0] == "ok":
+            st.results[k], st.got[k] = msg[1], True
+        else:
+            st.errors[k] = (msg[1], msg[2])
+            if not msg[2]:
+                self.abort(1 + self.size + k)
+            st.fail_t = st.fail_t or time.monotonic()
+
+    def _reap(self, st, procs, conns):
+        """Note the ranks whose process exited; one that died without reporting aborts
+        the group."""
+        for k in list(st.alive):
+            if procs[k].exitcode is None:
+                continue
+            if k in st.open_conn and conns[k].poll():
+                self._take(st, k, conns)
+            st.alive.discard(k)
+            code = procs[k].exitcode
+            if not st.got[k] and k not in st.errors and k not in st.killed:
+                st.deaths[k] = code
+                self.abort(1 + k)
+                st.fail_t = st.fail_t or time.monotonic()
+
+    @staticmethod
+    def _outcome(st, timeout):
+        """run()'s result once every rank exited, or the first failure as an error."""
+        if st.deaths:
+            k = min(st.deaths)
+            code = st.deaths[k]
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
             more = ""
-            if len(deaths) > 1:
-                more = "; also " + ", ".join(f"rank {j}" for j in sorted(deaths) if j != k)
+            if len(st.deaths) > 1:
+                more = "; also " + ", ".join(f"rank {j}" for j in sorted(st.deaths) if j != k)
             raise RankFailure(f"rank {k} died ({how}) before returning{more}; the other "
                               "ranks were aborted")
-        raised = {k: e for k, e in errors.items() if not e[1]}
+        raised = {k: e for k, e in st.errors.items() if not e[1]}
         if raised:
             k = min(raised)
             raise CollectiveError(f"rank {k} raised:\n{raised[k][0]}")
-        if timed_out:
+        if st.timed_out:
+            left = sorted(k for k in range(len(st.got)) if not st.got[k])
             raise CollectiveTimeout(f"run() took longer than timeout={timeout} s; ranks "
-                                    f"not finished: {sorted(k for k in range(size) if not got[k])}"
-                                    " (killed)")
-        if errors:
-            k = min(errors)
-            raise RankFailure(f"rank {k} failed:\n{errors[k][0]}")
-        return results
+                                    f"not finished: {left} (killed)")
+        if st.errors:
+            k = min(st.errors)
+            raise RankFailure(f"rank {k} failed:\n{st.errors[k][0]}")
+        return st.results
+
+
+class _RunWatch:
+    """What ShmGroup.run()'s supervisor knows about its ranks."""
+
+    def __init__(self, size):
+        self.results = [None] * size
+        self.got = [False] * size
+        self.errors = {}                    # k -> (traceback text, was a RankFailure)
+        self.deaths = {}                    # k -> exit code
+        self.alive = set(range(size))
+        self.open_conn = set(range(size))
+        self.fail_t = None                  # when the first failure was seen
+        self.timed_out = False
+        self.killed = set()                 # ranks the supervisor killed after the grace time
 
 
 def _child_main(group, k, fn, args, conn, parent):
