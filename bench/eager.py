@@ -222,8 +222,28 @@ def summary_markdown(d):
             lines.append(f"| {c} | {o['rounds_per_s']:.0f} | {ttt} | {sp} | "
                          f"{o['final_loss']:.4f} | {100 * o.get('final_vs_sync', 0):+.2f}% | "
                          f"{100 * o['participation']:.0f}% |")
+    lines += ["", *_findings(d)]
     lines.append(f"\nmedians of {d.get('reps', d['header']['reps'])} repetitions.")
     return "\n".join(lines)
+
+
+def _findings(d, claim=1.27):
+    """One sentence per backend on the paper's claim (>= 1.27x sooner than sync, final
+    loss within 1%), from the data."""
+    out = []
+    for backend, tr in d.get("trainer", {}).items():
+        sm = tr["summary"]
+        parts = []
+        for c in ("solo", "majority"):
+            o = sm.get(c)
+            if not o or o.get("speedup") is None:
+                parts.append(f"{c} did not reach the target in every run")
+                continue
+            ok = o["speedup"] >= claim and abs(o["final_vs_sync"]) <= 0.01
+            parts.append(f"{c} {o['speedup']:.2f}x sooner, final loss "
+                         f"{100 * o['final_vs_sync']:+.2f}% ({'holds' if ok else 'short'})")
+        out.append(f"- {backend}: " + "; ".join(parts) + f" (claim: >= {claim}x, within 1%).")
+    return out
 
 
 def plot(d, path):

@@ -250,7 +250,11 @@ SCENARIOS = (
         "solo round closes at the first arrival and a majority round at its initiator's, so "
         "they run more rounds per second with fewer fresh gradients in each (the others "
         "follow one round later, carried). The 4 ranks share 2 cores here, so sleeping ranks "
-        "also lend their core to the others.")),
+        "also lend their core to the others. On MPI every round also pays the hand-off "
+        "between each rank's training thread and its progress thread, and the 4 ranks run 8 "
+        "threads on the 2 cores, so a round's own cost is a large part of the sleep it saves; "
+        "the majority round, which still waits whenever its initiator sleeps, gains least "
+        "there.")),
     Scenario("stm", "TL2 STM: commits/s (abort rate)", (
         "Each worker runs the nogil bank driver (a transaction reads two random accounts and "
         "moves up to 10 between them; 100k per worker) on 64 accounts (contended) and 4096, "
