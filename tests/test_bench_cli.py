@@ -65,7 +65,7 @@ def test_bench_all_tiny(tmp_path):
                                                    ("squared", "max"), ("squared", "uniform")}
     assert all(r["excess"] == 0.0 for r in dl if r["tau"] == 0)
     page = (tmp_path / "benchmarks.md").read_text()       # --out: the page beside the JSON
-    assert page.count("\n## ") == 12                      # machines + every scenario
+    assert page.count("\n## ") == 13                      # machines + every scenario
     assert page.count("](") >= 11                          # a plot per scenario, linked
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
                 "hogwild.png", "mis.png", "conflict.png", "stm.png", "mf.png", "ps.png",
