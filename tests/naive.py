@@ -279,3 +279,9 @@ def data_parallel_sgd_naive(X, y, batches, lr, alpha):
             total += Xb.T @ dl / len(rows) + alpha * w
         w = w - lr * total / len(step)
     return w
+
+
+def topk_naive(g, k):
+    """Indices of the k largest |g| (ties: lower index first), ascending."""
+    order = sorted(range(len(g)), key=lambda i: (-abs(float(g[i])), i))
+    return np.array(sorted(order[:k]), dtype=np.int64)

@@ -186,3 +186,33 @@ def test_cli_mpi(tmp_path, P):
     d = json.loads((tmp_path / "eager-main.json").read_text())
     assert d["ranks"] == P
     assert all(o["replicas_equal"] for o in d["summary"].values())
+
+
+def test_compressed_exchange_with_every_entry_equals_dense(problem):
+    from sgd_shm.compress import TopK
+    X, y = problem
+    kw = dict(n_workers=3, collective="sync", epochs=2, batch_size=16, lr=0.7, seed=2,
+              max_seconds=60, progress=False)
+    dense = train(X, y, **kw)
+    full = train(X, y, compress=TopK(ratio=1.0), **kw)
+    np.testing.assert_array_equal(full.coef_, dense.coef_)   # same sums, same order
+    assert full.bytes_dense == dense.bytes_dense == dense.bytes_sent
+
+
+@pytest.mark.parametrize("collective", ["sync", "majority"])
+def test_topk_sends_fewer_bytes_and_trains(problem, collective):
+    from sgd_shm.compress import TopK
+    X, y = problem
+    r = train(X, y, n_workers=2, collective=collective, compress="topk:0.05", lr=2.0,
+              epochs=3, max_seconds=60, progress=False)
+    k = TopK(ratio=0.05).k_for(X.shape[1])
+    assert r.replicas_equal and r.final_loss < 0.95 * math.log(2)
+    assert 0 < r.bytes_sent <= r.bytes_dense * k * 12 / (8 * X.shape[1]) + 1e-9
+    with pytest.raises(ValueError, match="compress"):
+        train(X, y, n_workers=2, compress="qsgd:4", progress=False)
+
+
+def test_epochs_run_records_the_final_loss(problem):
+    X, y = problem
+    r = train(X, y, n_workers=2, epochs=1, lr=1.0, max_seconds=60, progress=False)
+    assert r.history[-1]["step"] == r.rounds and r.final_loss < math.log(2)

@@ -488,6 +488,7 @@ def rank_main(comm, job):
         vote = now >= cfg.max_seconds or target_hit
         stop = me.step(comm.next_round, vote)
         r += 1
+        stop = stop or (cfg.max_rounds is not None and r >= cfg.max_rounds)
         if me.k == 0 and (time.perf_counter() - t0 >= next_sample or stop):
             now = time.perf_counter() - t0
             cur = me.loss()
@@ -497,7 +498,7 @@ def rank_main(comm, job):
             if bar is not None:
                 bar.n = round(min(now, cfg.max_seconds), 1)
                 bar.set_postfix_str(f"round {r:,}  loss {cur:.4f}", refresh=True)
-        if stop or (cfg.max_rounds is not None and r >= cfg.max_rounds):
+        if stop:
             break
     seconds = time.perf_counter() - t0
     if bar is not None:
