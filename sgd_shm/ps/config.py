@@ -46,6 +46,8 @@ class TrainConfig:
     progress: bool = False
     backend: str = "shm"
     address: str | None = None
+    compress: object = None             # a sgd_shm.compress compressor; None: dense
+    epochs: int | None = None           # work budget: epochs * (total minibatches)
 
     @property
     def loss_code(self) -> int:
@@ -122,6 +124,20 @@ def _checkpoint_path(checkpoint):
     return os.fspath(checkpoint)
 
 
+def _compress(compress):
+    """None (dense pushes, the plain path) or a compressor of :mod:`sgd_shm.compress`."""
+    if compress is None:
+        return None
+    from sgd_shm.compress import make_compressor
+    try:
+        comp = make_compressor(compress)
+    except (ValueError, TypeError) as e:
+        if str(e).startswith("compress"):
+            raise
+        raise type(e)(f"compress: {e}") from None
+    return comp
+
+
 def _wait(wait):
     if wait is None:
         return WaitPolicy()
@@ -135,7 +151,7 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                 staleness=None, n_shards=8, sample_every=0.02, window=0.5,
                 detect_factor=2.0, transient=None, faults=None, checkpoint=None,
                 checkpoint_every=5.0, resume=None, wait=None, seed=None, progress=None,
-                backend="shm", address=None) -> TrainConfig:
+                backend="shm", address=None, compress=None, epochs=None) -> TrainConfig:
     """A :class:`TrainConfig` from :func:`sgd_shm.ps.train`'s keyword arguments."""
     pol = make_policy(policy, staleness=staleness, window=window, detect_factor=detect_factor)
     if loss not in LOSSES:
@@ -163,7 +179,9 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
         checkpoint=_checkpoint_path(checkpoint),
         checkpoint_every=_positive("checkpoint_every", checkpoint_every),
         resume=None if resume is None else os.fspath(resume), wait=_wait(wait), seed=seed,
-        progress=_progress(progress), backend=backend, address=address)
+        progress=_progress(progress), backend=backend, address=address,
+        compress=_compress(compress),
+        epochs=None if epochs is None else _int_at_least("epochs", epochs))
 
 
 def _progress(progress):

@@ -12,6 +12,14 @@ SIGKILLed loses the minibatch it was computing and, if it dies between claiming 
 refill and enqueueing it, what it had not yet enqueued of that epoch (counted as
 ``lost``).
 
+A run with a work budget (``train(..., epochs=E)``: E * (total minibatches)
+applications) hands out one *ticket* per minibatch application: a worker claims a
+ticket (an atomic fetch-and-add on a shared counter) after its policy's gate opens and
+before it takes a minibatch, keeps it across a dropped push (the minibatch is redone)
+and spends it when it applies one. Once the tickets are gone a worker idles until the
+run stops, so exactly the budget is applied unless the run stops first or a worker is
+killed holding a ticket.
+
 Intended races: the stop flag and the partitions' lags are plain words read without
 ordering (a worker sees a change on a later step); two workers may both find a queue
 empty, and only one wins the CAS on its epoch counter.
@@ -24,7 +32,7 @@ import numpy as np
 
 from relaxed import MultiQueue
 from sgd_shm._procs import shared_arrays
-from sgd_shm.ps.store import LINE, _cas_py
+from sgd_shm.ps.store import LINE, _cas_py, fetch_add_py
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,7 @@ class Partitions:
     line; per worker, how many times it applied each minibatch (written by that worker
     only)."""
 
-    def __init__(self, batches: Batches, rng):
+    def __init__(self, batches: Batches, rng, budget=None):
         n_workers = len(batches.part_lo)
         self.nb = batches.n_batches
         self.boff = np.concatenate([[0], np.cumsum(self.nb)])
@@ -71,9 +79,12 @@ class Partitions:
         self._seg, v = shared_arrays({"stop": ((1,), np.int64),
                                       "epochs": ((LINE * n_workers,), np.int64),
                                       "lag": ((LINE * n_workers,), np.int64),
+                                      "tickets": ((LINE,), np.int64),
                                       "taken": ((n_workers, total), np.int64)})
         self.stop, self.epochs, self.lag_words, self.taken = (v["stop"], v["epochs"],
                                                               v["lag"], v["taken"])
+        self.tickets = v["tickets"]              # [0]: claimed (may overshoot the budget)
+        self.budget = None if budget is None else int(budget)
         self.queues = []
         try:
             for p in range(n_workers):
@@ -128,6 +139,17 @@ class Partitions:
     def requeue(self, p, key, j):
         self.queues[p].push(key, j)
 
+    def claim(self) -> bool:
+        """Claim a ticket of the work budget: True while one is left (always True
+        without a budget)."""
+        if self.budget is None:
+            return True
+        return fetch_add_py(self.tickets, 0, 1) < self.budget
+
+    def applied_total(self) -> int:
+        """Minibatches applied in this run, all partitions and workers together."""
+        return int(self.taken.sum())
+
     def applied(self, k, p, j):
         """Worker k applied minibatch j of partition p (written by worker k only)."""
         self.taken[k, self.boff[p] + j] += 1
@@ -149,7 +171,7 @@ class Partitions:
         for q in self.queues:
             q.close()
         self.queues = []
-        for a in ("stop", "epochs", "lag_words", "taken"):
+        for a in ("stop", "epochs", "lag_words", "taken", "tickets"):
             self.__dict__.pop(a, None)
         if getattr(self, "_seg", None) is not None:
             self._seg.close()

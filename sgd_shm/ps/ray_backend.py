@@ -1,7 +1,9 @@
 """The Ray transport: the same parameter server on a Ray cluster (one box or several).
 
 * One actor per shard (:class:`_Shard`) holds its slice of the weights and its
-  version counter; a push applies the worker's gradient slice there.
+  version counter; a push applies the worker's gradient slice there. A sparse push
+  (a compressed gradient) sends each shard actor its indices hit only the (indices,
+  values) run that falls in its slice, and leaves the other shards alone.
 * A hub actor (:class:`_Hub`) holds what the shared segment holds on one box: the
   global version, the per-worker slots and staleness histograms, the stop flag, and
   the partitions' minibatch queues with their epoch counters, lags and the
@@ -63,6 +65,11 @@ class _Shard:
         self.w -= step * g
         self.version += 1
 
+    def apply_sparse(self, idx, vals, step):
+        """w[idx] -= step * vals (idx: distinct offsets into this shard)."""
+        self.w[idx] -= step * vals
+        self.version += 1
+
     def ping(self):
         return True
 
@@ -71,7 +78,8 @@ class _Shard:
 class _Hub:
     """Global version, slots, histograms, stop flag and minibatch queues."""
 
-    def reset(self, n_workers, n_batches, seed, version=0, pushes=None, epochs=None):
+    def reset(self, n_workers, n_batches, seed, version=0, pushes=None, epochs=None,
+              budget=None, n_params=0):
         self.n, self.nb = n_workers, np.asarray(n_batches, np.int64)
         self.boff = np.concatenate([[0], np.cumsum(self.nb)])
         self.rng = np.random.default_rng(seed)
@@ -88,6 +96,7 @@ class _Hub:
         self.queues = [[] for _ in range(n_workers)]
         self.taken = np.zeros((n_workers, int(self.boff[-1])), np.int64)
         self.stop = False
+        self.budget, self.claimed, self.n_params = budget, 0, int(n_params)
 
     # ---- workers ---------------------------------------------------------------------
     def view(self):
@@ -102,10 +111,12 @@ class _Hub:
         self.slots[k, _SLOT["pulled_version"]] = self.version
         return self.version
 
-    def pushed(self, k, pulled_version, scale):
+    def pushed(self, k, pulled_version, scale, nbytes=None):
         stale = self.version - pulled_version
         s = self.slots[k]
         s[_SLOT["pushes"]] += 1
+        s[_SLOT["bytes_sent"]] += 8 * self.n_params if nbytes is None else int(nbytes)
+        s[_SLOT["bytes_dense"]] += 8 * self.n_params
         s[_SLOT["staleness_sum"]] += max(stale, 0)
         self.hist[k, staleness_bin(stale)] += 1
         self.applied_weight[k] += scale
@@ -129,6 +140,20 @@ class _Hub:
 
     def requeue(self, p, key, j):
         heapq.heappush(self.queues[p], (key, j))
+
+    def claim(self):
+        """A ticket of the work budget (see :mod:`sgd_shm.ps.partitions`)."""
+        if self.budget is None:
+            return True
+        self.claimed += 1
+        return self.claimed <= self.budget
+
+    def budget_done(self, n_killed=0):
+        if self.budget is None:
+            return False
+        applied = int(self.taken.sum())
+        return applied >= self.budget or (n_killed > 0 and self.claimed >= self.budget
+                                          and applied >= self.budget - n_killed)
 
     def applied(self, k, p, j):
         self.taken[k, self.boff[p] + j] += 1
@@ -188,11 +213,27 @@ class RayLink:
         v = ray.get(self.hub.pulled.remote(k))
         return _gather(self.shards)[0], v
 
-    def push(self, k, g, v, scale):
+    def push(self, k, g, v, scale, nbytes=None):
         step = self.lr * scale
         b = self.bounds
         ray.get([s.apply.remote(g[b[i]:b[i + 1]], step) for i, s in enumerate(self.shards)])
-        ray.get(self.hub.pushed.remote(k, v, scale))
+        ray.get(self.hub.pushed.remote(k, v, scale, nbytes))
+
+    def push_sparse(self, k, idx, vals, v, scale, nbytes):
+        """Send each shard actor hit by ``idx`` (ascending) its run of (offsets,
+        values); the others get nothing. One push for the hub, as a dense one."""
+        step = self.lr * scale
+        b = self.bounds
+        idx = np.asarray(idx)
+        vals = np.asarray(vals, dtype=np.float64)
+        cuts = np.searchsorted(idx, b)
+        ray.get([self.shards[i].apply_sparse.remote(idx[cuts[i]:cuts[i + 1]] - b[i],
+                                                     vals[cuts[i]:cuts[i + 1]], step)
+                 for i in np.flatnonzero(cuts[1:] > cuts[:-1])])
+        ray.get(self.hub.pushed.remote(k, v, scale, nbytes))
+
+    def claim(self):
+        return ray.get(self.hub.claim.remote())
 
     def version(self):
         return ray.get(self.hub.get_version.remote())
@@ -225,11 +266,14 @@ class RayLink:
 @ray.remote(num_cpus=0)
 class _Worker:
     def warm(self, job):
-        """Import and compile (or load from Numba's cache) the gradient kernel before
-        the clock starts; returns this actor's node id."""
+        """Import and compile (or load from Numba's cache) the gradient kernel (and the
+        compressor's) before the clock starts; returns this actor's node id."""
         rows = job.batches.rows_of(0, 0)
         w = np.zeros(job.n_features)
         batch_grad(job.loss, *job.X, job.ys, rows, w, job.alpha, np.empty_like(w))
+        if job.compressor is not None:
+            job.compressor.memory(job.n_features, np.float64).step(
+                np.random.default_rng(0).standard_normal(job.n_features))
         return ray.get_runtime_context().get_node_id()
 
     def run(self, hub, shards, bounds, lr, job, k, seed):
@@ -282,7 +326,8 @@ class RayBackend:
 
     name = "ray"
 
-    def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, address=None):
+    def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, address=None,
+                 budget=None):
         ensure_ray(address)
         self.n_workers = n_workers
         self.bounds = np.linspace(0, n_params, n_shards + 1).astype(np.int64)
@@ -297,7 +342,8 @@ class RayBackend:
                 + [self.hub.reset.remote(n_workers, batches.n_batches, int(rng.integers(2**31)),
                                          version=0 if ckpt is None else ckpt["version"],
                                          pushes=ckpt["pushes"] if restore else None,
-                                         epochs=ckpt["epochs"] if restore else None)])
+                                         epochs=ckpt["epochs"] if restore else None,
+                                         budget=budget, n_params=n_params)])
 
     def start(self, job, seeds, lr, wait):
         job_ref = ray.put(job)
@@ -344,6 +390,10 @@ class RayBackend:
 
     def set_status(self, k, status):
         ray.get(self.hub.set_status.remote(k, status))
+
+    def budget_done(self, n_killed=0):
+        """True once the work budget is spent (see ``ShmBackend.budget_done``)."""
+        return ray.get(self.hub.budget_done.remote(n_killed))
 
     def write_off(self, q, unflagged_live):
         ray.get(self.hub.write_off.remote(q, unflagged_live))

@@ -20,16 +20,22 @@ from sgd_shm.ps.store import ParameterStore, WaitPolicy, _cas_py, store_release_
 from sgd_shm.ps.worker import EXIT_DIVERGED, Diverged, run_worker
 
 
-def warm_up():
+def warm_up(compressor=None, n_features=4):
     """Compile (or load from Numba's cache) every kernel the workers call, in this
     process, before the workers are forked: otherwise each worker compiles them
-    itself on its first push, and the first policy of a cold cache starts late."""
+    itself on its first push, and the first policy of a cold cache starts late.
+    With a compressor, also its kernels and the sparse push's."""
     with ParameterStore(4, n_shards=2, n_workers=1, shared=False) as scratch:
         w, v = scratch.pull(worker=0)
         res = scratch.push(np.zeros(4), v, lr=0.0, worker=0)
         scratch.push_deferred(res)
         scratch.record(0, compute_ns=0, status=0)
         scratch.snapshot()
+        if compressor is not None:
+            for dt in (np.int32, np.int64):
+                scratch.push_sparse(np.array([1, 3], dt), np.zeros(2), v, lr=0.0)
+            mem = compressor.memory(n_features, np.float64)
+            mem.step(np.random.default_rng(0).standard_normal(n_features))
     word = np.zeros(1, np.int64)
     _cas_py(word, 0, 1)
     store_release_py(word, 0)
@@ -52,10 +58,20 @@ class ShmLink:
     def pull(self, k):
         return self.store.pull(worker=k)
 
-    def push(self, k, g, v, scale):
-        res = self.store.push(g, v, lr=self.lr, worker=k, scale=scale, wait=self.wait)
+    def push(self, k, g, v, scale, nbytes=None):
+        res = self.store.push(g, v, lr=self.lr, worker=k, scale=scale, wait=self.wait,
+                              nbytes=nbytes)
         while res.deferred:                          # finish it even when stopping
             self.store.push_deferred(res, wait=self.wait)
+
+    def push_sparse(self, k, idx, vals, v, scale, nbytes):
+        res = self.store.push_sparse(idx, vals, v, lr=self.lr, worker=k, scale=scale,
+                                     wait=self.wait, nbytes=nbytes)
+        while res.deferred:
+            self.store.push_deferred(res, wait=self.wait)
+
+    def claim(self):
+        return self.parts.claim()
 
     def version(self):
         return self.store.version
@@ -100,15 +116,17 @@ class ShmBackend:
 
     name = "shm"
 
-    def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None):
+    def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None):
         self.n_workers = n_workers
         self.store = self.parts = None
         self.procs = []
         try:
             self.store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers)
-            self.parts = Partitions(batches, rng)
-            if ckpt is not None:
-                self.store.restore(ckpt["weights"], ckpt["shard_versions"], ckpt["version"])
+            self.parts = Partitions(batches, rng, budget)
+            if ckpt is not None:                     # sparse pushes may leave shards behind
+                slack = max(0, int(ckpt["version"]) - int(np.min(ckpt["shard_versions"])))
+                self.store.restore(ckpt["weights"], ckpt["shard_versions"], ckpt["version"],
+                                   slack=slack)
                 if len(ckpt["pushes"]) == n_workers:
                     self.store.set_pushes(ckpt["pushes"])
                     self.parts.restore_epochs(ckpt["epochs"])
@@ -120,7 +138,7 @@ class ShmBackend:
 
     # ---- workers ---------------------------------------------------------------------
     def start(self, job, seeds, lr, wait: WaitPolicy):
-        warm_up()
+        warm_up(job.compressor, job.n_features)
         link = ShmLink(self.store, self.parts, lr, wait, os.getpid())
         ctx = mp.get_context("fork")
         self.procs = [ctx.Process(target=_process_main, name=f"ps-worker-{k}",
@@ -174,6 +192,18 @@ class ShmBackend:
 
     def set_status(self, k, status):
         self.store.record(k, status=status)
+
+    def budget_done(self, n_killed=0):
+        """True once the work budget is spent: every ticket applied, or every ticket
+        claimed and at most one per killed worker missing (a killed worker may die
+        holding one)."""
+        parts = self.parts
+        if parts.budget is None:
+            return False
+        applied = parts.applied_total()
+        return applied >= parts.budget or (
+            n_killed > 0 and int(parts.tickets[0]) >= parts.budget
+            and applied >= parts.budget - n_killed)
 
     def write_off(self, q, unflagged_live):
         self.parts.write_off(q, unflagged_live)

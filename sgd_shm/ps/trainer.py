@@ -43,7 +43,10 @@ class TrainResult(LinearModel):
     batches: per-partition epochs and the exactly-once check of minibatches; killed:
     workers that died; checkpoints: (seconds, path) written; resumed_from: the
     checkpoint's seconds and version, when resumed; backend: "shm" or "ray"; nodes:
-    where each worker ran (the host name, or the Ray node id).
+    where each worker ran (the host name, or the Ray node id); compress: the
+    compressor (its repr) or None; epochs: the work budget or None; bytes_sent and
+    bytes_dense: what the pushes sent, and what they would have sent dense (equal
+    without a compressor).
     """
     policy: str
     history: list
@@ -62,6 +65,19 @@ class TrainResult(LinearModel):
     classes_: np.ndarray | None = None
     backend: str = "shm"
     nodes: list = field(default_factory=list)
+    compress: str | None = None
+    epochs: int | None = None
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes the workers' pushes sent, all workers: 8 per weight for a dense push
+        (``compress=None``), the message's size for a compressed one."""
+        return sum(w.get("bytes_sent", 0) for w in self.workers)
+
+    @property
+    def bytes_dense(self) -> int:
+        """Bytes the same pushes would have sent dense: 8 * n_features per push."""
+        return sum(w.get("bytes_dense", 0) for w in self.workers)
 
     @property
     def updates(self) -> int:
@@ -93,13 +109,23 @@ def _fixed(grad, d):
     return fixed
 
 
-def _backend(cfg, d, batches, rng, ckpt):
+def _backend(cfg, d, batches, rng, ckpt, budget):
     shards = min(cfg.n_shards, d) if ckpt is None else len(ckpt["shard_versions"])
     if cfg.backend == "ray":
         from sgd_shm.ps.ray_backend import RayBackend     # Ray is an optional extra
-        return RayBackend(d, shards, cfg.n_workers, batches, rng, ckpt, cfg.address)
+        return RayBackend(d, shards, cfg.n_workers, batches, rng, ckpt, cfg.address,
+                          budget=budget)
     from sgd_shm.ps.shm_backend import ShmBackend
-    return ShmBackend(d, shards, cfg.n_workers, batches, rng, ckpt)
+    return ShmBackend(d, shards, cfg.n_workers, batches, rng, ckpt, budget=budget)
+
+
+class _BudgetCoordinator(Coordinator):
+    """The coordinator of a run with a work budget (``epochs=``): it also stops once
+    the budget is spent."""
+
+    def sample(self, now, cfg, bar):
+        done = super().sample(now, cfg, bar)
+        return done or self.backend.budget_done(len(self.killed))
 
 
 def _progress_bar(cfg, label):
@@ -147,6 +173,27 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
     backend ["shm"] : "shm" (processes on this box) or "ray" (actors; optional
         extra). address [None] : a Ray cluster to join; None starts a local one.
     seed [None], progress [stderr is a terminal] : seed; a progress bar.
+    compress [None] : gradient compression (:mod:`sgd_shm.compress`): a compressor
+        object or its spec ("topk:0.001", "randomk:0.01", "threshold:0.001",
+        "qsgd:4", "dense"); None pushes dense gradients (the plain path). Each
+        worker keeps its own error-feedback memory: it pushes
+        ``msg = memory.step(g)``; a sparse message updates (locks, bumps) only the
+        shards its indices hit, any other message is decoded and pushed densely. A
+        push the policy scales is applied with its values times the scale; a push
+        the policy drops leaves the memory untouched (its minibatch is redone, so
+        the residual neither loses earlier mass nor gains the dropped gradient).
+        ``bytes_sent`` / ``bytes_dense`` of the result count the messages' bytes
+        against 8 bytes per weight per push (equal when compress is None).
+    epochs [None] : a work budget, to compare runs at equal work: the run stops
+        once ``epochs * n_batches`` minibatches have been applied in total
+        (n_batches: the minibatches of all partitions together, i.e. one pass over
+        the data), whichever partitions they came from (under ASP a fast worker's
+        partition may be visited more often than a slow one's; SaPS steals). Each
+        application takes a ticket (claimed after the policy's gate opens, kept
+        across a dropped push), so exactly that many are applied unless the run
+        stops first (``max_seconds``, ``target_loss``, which still apply) or a
+        worker is killed holding a ticket (then the run ends once every ticket is
+        claimed and at most one per killed worker is missing).
     _fixed_gradient : tests: every worker pushes this vector instead of a gradient.
     """
     unknown = sorted(set(kwargs) - set(inspect.signature(make_config).parameters))
@@ -166,10 +213,11 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
         return float(mean_loss(cfg.loss_code, *Xe, ye, w, cfg.alpha))
 
     batches = Batches.draw(X.shape[0], cfg.n_workers, cfg.batch_size, rng)
-    backend = _backend(cfg, d, batches, rng, ckpt)
+    budget = None if cfg.epochs is None else cfg.epochs * int(batches.n_batches.sum())
+    backend = _backend(cfg, d, batches, rng, ckpt, budget)
     try:
         job = Job(matrix_parts(X), ys, d, batches, cfg.policy, cfg.lr, cfg.alpha, cfg.loss_code,
-                  cfg.factors, cfg.transient, fixed)
+                  cfg.factors, cfg.transient, fixed, cfg.compress, budget)
         return _run(cfg, job, backend, evaluate, rng, ckpt, classes, d)
     finally:
         backend.close()
@@ -183,8 +231,9 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
                np.empty(d))
     meta = {"policy": cfg.policy.name, "n_workers": cfg.n_workers,
             "n_samples": int(job.ys.shape[0]), "n_features": int(d), "loss": cfg.loss}
-    coord = Coordinator(backend, cfg.policy, evaluate, cfg.n_workers,
-                        t_off=ckpt["seconds"] if ckpt is not None else 0.0)
+    kind = Coordinator if job.budget is None else _BudgetCoordinator
+    coord = kind(backend, cfg.policy, evaluate, cfg.n_workers,
+                 t_off=ckpt["seconds"] if ckpt is not None else 0.0)
     seeds = rng.integers(0, 2**63 - 1, cfg.n_workers)
     bar = _progress_bar(cfg, cfg.policy.name)
     try:
@@ -209,4 +258,5 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
     return TrainResult(cfg.policy.name, coord.history, coord.detections, workers, final,
                        coord.history[-1]["seconds"], coord.t_target, coord.killed,
                        coord.events, hist, batches, coord.written, resumed, w.copy(),
-                       classes, backend.name, list(backend.nodes))
+                       classes, backend.name, list(backend.nodes),
+                       None if cfg.compress is None else repr(cfg.compress), cfg.epochs)

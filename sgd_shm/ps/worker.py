@@ -5,7 +5,28 @@ minibatch (from the partitions its policy names, then its own), ``pull`` the wei
 compute the minibatch gradient, sleep to emulate a slower machine (``factor - 1``
 times the pull and the computation), and ``push`` the
 gradient with the weight its policy gives the push's staleness (or drop it and
-re-queue the minibatch). It talks to the store and the partitions only through a
+re-queue the minibatch).
+
+With a compressor (``train(..., compress=...)``), each worker keeps its own
+error-feedback memory (made in the worker's process): a gradient that is pushed goes
+through ``msg = memory.step(g)`` (the gradient plus the residual of earlier steps is
+compressed, and what the message leaves out stays in the residual); a sparse message
+is pushed sparsely (only the shards its indices hit), any other kind is decoded and
+pushed densely, and the worker's slot counts the message's bytes. The policy decides
+before the memory is touched: a push it scales is applied with ``scale`` times the
+message's values (the (1 - scale) part is the policy's damping, not kept), and a
+push it drops leaves the memory as it was (the dropped gradient is not folded into
+the residual, since its minibatch is redone; the residual of the earlier steps is
+kept whole): the same as ``memory.step(g)`` followed by ``memory.keep(msg)`` and
+taking ``g`` back out, so error feedback conserves the mass of every applied
+minibatch and counts no minibatch twice.
+
+With a work budget (``train(..., epochs=E)``), a worker claims a ticket after its
+gate opens and before taking a minibatch, keeps it across a dropped push, and spends
+it on the push; with no ticket left it idles until the run stops (see
+:mod:`sgd_shm.ps.partitions`).
+
+It talks to the store and the partitions only through a
 *link*, which each transport implements (:class:`sgd_shm.ps.shm_backend.ShmLink`,
 :class:`sgd_shm.ps.ray_backend.RayLink`):
 
@@ -14,7 +35,11 @@ re-queue the minibatch). It talks to the store and the partitions only through a
 ``stopped()``                  the run's stop flag
 ``coordinator_alive()``        False once the coordinator is gone (the worker exits)
 ``pull(k)``                    (weights, version); records the version in k's slot
-``push(k, g, v, scale)``       apply ``-lr * scale * g``, completing deferred shards
+``push(k, g, v, scale, nbytes)``  apply ``-lr * scale * g``, completing deferred shards
+                               (``nbytes``: the bytes it cost; ``None``: dense)
+``push_sparse(k, i, x, v, s, b)``  apply ``-lr * s * x`` at the ascending indices ``i``
+                               to the shards they hit only; ``b`` bytes sent
+``claim()``                    a ticket of the work budget (False: none left)
 ``version()``                  the global version (pushes applied in full)
 ``pushes(j)``, ``status(j)``   worker j's applied pushes, status (0, FLAGGED, DEAD)
 ``add(k, field, n)``           add to a counter of k's slot (``dropped``,
@@ -60,6 +85,8 @@ class Job:
     factors: np.ndarray           # compute-time stretch per worker (>= 1)
     transient: tuple | None       # (spells per second, factor, seconds)
     fixed_grad: np.ndarray | None  # tests: pushed instead of a gradient
+    compressor: object = None     # sgd_shm.compress compressor; None: dense pushes
+    budget: int | None = None     # minibatch applications of the run (epochs=)
 
 
 def _take(link, job, k, rng):
@@ -113,6 +140,36 @@ def _gradient(job, p, j, w, g):
     return g
 
 
+_SPARSE = []
+
+
+def _sparse_message():
+    """sgd_shm.compress.SparseMessage, imported on first use."""
+    if not _SPARSE:
+        from sgd_shm.compress import SparseMessage
+        _SPARSE.append(SparseMessage)
+    return _SPARSE[0]
+
+
+def _idle(link):
+    """No ticket left: wait for the stop flag (the coordinator ends the run)."""
+    while not link.stopped() and link.coordinator_alive():
+        time.sleep(max(link.poll_s, 0.001))
+
+
+def push_message(link, k, msg, v, scale):
+    """Push a compressor's message: sparse ones sparsely, others decoded to dense;
+    either way the message's ``nbytes`` are what the slot counts as sent."""
+    if isinstance(msg, _sparse_message()):
+        vals = msg.values
+        ms = getattr(msg, "scale", 1.0)
+        if ms is not None and ms != 1.0:
+            vals = vals * ms
+        link.push_sparse(k, msg.indices, vals, v, scale, int(msg.nbytes))
+    else:
+        link.push(k, np.asarray(msg.to_dense(), dtype=np.float64), v, scale, int(msg.nbytes))
+
+
 def run_worker(link, job, k, seed):
     """Worker k's loop until the stop flag is set or the coordinator dies. Raises
     :class:`Diverged` when a gradient is not finite."""
@@ -120,6 +177,10 @@ def run_worker(link, job, k, seed):
     g = None
     spells = _Spells(job.transient, rng)
     policy = job.policy
+    memory = None if job.compressor is None else job.compressor.memory(job.n_features,
+                                                                       np.float64)
+    budget = job.budget is not None
+    ticket = False                                   # holding a ticket of the budget
     my_pushes = link.pushes(k)
     step = 0
     while not link.stopped():
@@ -128,6 +189,11 @@ def run_worker(link, job, k, seed):
             return                                   # the coordinator died: do not linger
         if not _wait_gate(link, job, k, my_pushes):
             return
+        if budget and not ticket:
+            if not link.claim():
+                _idle(link)
+                return
+            ticket = True
         p, key, j = _take(link, job, k, rng)
         t_step = time.perf_counter()         # a slower machine pulls slower, too
         w, v = link.pull(k)
@@ -154,8 +220,12 @@ def run_worker(link, job, k, seed):
                 continue
         if not np.isfinite(grad).all():
             raise Diverged(f"worker {k}'s gradient is NaN or inf")
-        link.push(k, grad, v, scale)
+        if memory is None:
+            link.push(k, grad, v, scale)
+        else:
+            push_message(link, k, memory.step(grad), v, scale)
         link.applied(k, p, j)
+        ticket = False
         if p != k:
             link.add(k, "stolen", 1)
         my_pushes += 1
