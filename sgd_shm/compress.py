@@ -4,13 +4,19 @@ gradient (a parameter-server push, a collective's contribution).
 * :class:`TopK`: the k largest-magnitude entries (Alistarh, Hoefler, Johansson, Khirirat,
   Konstantinov, Renggli, *The convergence of sparsified gradient methods*, NeurIPS 2018).
 * :class:`RandomK`: k entries drawn uniformly (optionally rescaled by n/k: unbiased).
+* :class:`ThresholdTopK`: Deep Gradient Compression's selection (Lin, Han, Mao, Wang,
+  Dally, ICLR 2018): every entry at or above a threshold estimated from a random
+  sample, so about k entries (the count varies).
+* :class:`QSGD`: stochastic quantization to s levels (Alistarh, Grubic, Li, Tomioka,
+  Vojnovic, *QSGD*, NeurIPS 2017): unbiased, usually run without error feedback.
 * :class:`Dense`: the identity, for comparisons.
 
 A compressor is a stateless description; ``comp.memory(n, dtype)`` gives a worker its
 :class:`ErrorFeedback` memory: ``step(g)`` adds the residual to g, compresses the sum,
 and keeps what was not sent as the new residual (so sent + residual == accumulated input,
-exactly: the residual is the sum with the sent entries zeroed); ``keep(msg)`` puts a
-message that was lost back. The split of compressor, memory and communicator follows
+exactly for the compressors that send values verbatim: the residual is the sum with
+the sent entries zeroed; QSGD's residual is the sum minus the decoded message, exact
+up to rounding); ``keep(msg)`` puts a message that was lost back. The split of compressor, memory and communicator follows
 GRACE (Xu et al., 2021).
 """
 from __future__ import annotations
@@ -19,7 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["SparseMessage", "TopK", "RandomK", "Dense", "ErrorFeedback", "make_compressor"]
+from sgd_shm import _select
+
+__all__ = ["SparseMessage", "TopK", "RandomK", "ThresholdTopK", "QSGD", "Dense",
+           "ErrorFeedback", "make_compressor"]
 
 
 @dataclass(frozen=True)
@@ -41,9 +50,9 @@ class SparseMessage:
         return self.add_to(np.zeros(self.n, dtype))
 
 
-def _sparse(g, idx):
+def _sparse(g, idx, ordered=False):
     itype = np.int32 if g.size < 2**31 else np.int64
-    idx = np.sort(idx).astype(itype)
+    idx = (idx if ordered else np.sort(idx)).astype(itype)
     vals = g[idx].copy()
     return SparseMessage(idx, vals, g.size, idx.nbytes + vals.nbytes)
 
@@ -88,22 +97,16 @@ class _Sized:
 
 class TopK(_Sized):
     """The k entries of largest magnitude; among equal magnitudes at the boundary the
-    lower indices win (a stable order of (-|g|, index))."""
+    lower indices win (a stable order of (-|g|, index)). Selection is a sampled
+    threshold, one streaming pass and a partition of the few candidates (see
+    ``sgd_shm._select``), exact for every input."""
 
     def __init__(self, ratio=None, k=None, error_feedback=True):
         super().__init__(ratio, k, error_feedback)
 
     def compress(self, g):
         _check_g(g)
-        k = self.k_for(g.size)
-        if k >= g.size:
-            return _sparse(g, np.arange(g.size))
-        mag = np.abs(g)
-        part = np.argpartition(-mag, k - 1)[:k]
-        kth = mag[part].min()
-        above = np.flatnonzero(mag > kth)
-        ties = np.flatnonzero(mag == kth)[:k - above.size]     # lower indices first
-        return _sparse(g, np.concatenate([above, ties]))
+        return _sparse(g, _select.topk_indices(g, self.k_for(g.size)), ordered=True)
 
 
 class RandomK(_Sized):
@@ -122,6 +125,82 @@ class RandomK(_Sized):
         if self.rescale:
             msg = SparseMessage(msg.indices, msg.values, msg.n, msg.nbytes, g.size / k)
         return msg
+
+
+class ThresholdTopK(_Sized):
+    """Deep Gradient Compression's selection: the threshold is the magnitude ranked
+    k/n into a random sample of ``sample`` * n entries (at least 64), and every entry
+    at or above it is sent. Cheaper to choose than an exact TopK on wide models, but
+    the message holds about k entries, not exactly k (more when the sample falls
+    low); ``bytes_sent`` counts what was sent."""
+
+    def __init__(self, ratio=None, k=None, error_feedback=True, sample=0.01, seed=0):
+        super().__init__(ratio, k, error_feedback)
+        if not (isinstance(sample, (int, float)) and not isinstance(sample, bool)
+                and 0 < sample <= 1):
+            raise ValueError(f"sample must be a fraction in (0, 1], got {sample!r}")
+        self.sample, self.seed = float(sample), seed
+        self._rng = np.random.default_rng(seed)
+
+    def compress(self, g):
+        _check_g(g)
+        salt = int(self._rng.integers(0, 2**62))
+        idx = _select.threshold_indices(g, self.k_for(g.size), self.sample, salt)
+        return _sparse(g, idx, ordered=True)
+
+
+class QSGD:
+    """QSGD's stochastic quantization with ``levels`` = s: entry i is sent as
+    ||g|| * sign(g_i) * l / s, where l is s|g_i|/||g|| rounded up with probability its
+    fractional part and down otherwise, so the message is unbiased (E[decoded] = g).
+    The message carries the nonzero levels (the decoding scale is ||g|| / s).
+
+    Bytes: a 4-byte norm plus the cheaper of two fixed-width codings: every entry
+    as sign + ceil(log2(s+1)) bits, or each nonzero as a 4-byte index + sign + level
+    bits. (The paper's Elias coding is tighter; this one is simple to check.)
+
+    Error feedback needs a compressor whose error is smaller than its input; QSGD's
+    variance is at most omega ||g||^2 with omega = min(n / s^2, sqrt(n) / s) (Lemma 3.1
+    of the paper), so ``memory(n)`` with error feedback on requires omega < 1, that
+    is s > sqrt(n); with fewer levels the residual grows without bound."""
+
+    def __init__(self, levels=16, error_feedback=False, seed=0):
+        if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 1:
+            raise ValueError(f"levels must be an int >= 1 (the s of QSGD), got {levels!r}")
+        self.levels, self.error_feedback, self.seed = int(levels), bool(error_feedback), seed
+        self._rng = np.random.default_rng(seed)
+
+    def bits(self, n, nnz):
+        """Bits of a message with nnz nonzero levels out of n entries."""
+        b = 1 + int(np.ceil(np.log2(self.levels + 1)))
+        return 32 + min(n * b, nnz * (32 + b))
+
+    def compress(self, g):
+        _check_g(g)
+        idx, lvl, norm = _select.qsgd_levels(g, self.levels, self._rng)
+        itype = np.int32 if g.size < 2**31 else np.int64
+        nbytes = -(-self.bits(g.size, idx.size) // 8)
+        return SparseMessage(idx.astype(itype), lvl, g.size, nbytes, norm / self.levels)
+
+    def k_for(self, n):
+        return n
+
+    def omega(self, n):
+        """The variance factor: E||Q(g) - g||^2 <= omega ||g||^2."""
+        return min(n / self.levels ** 2, np.sqrt(n) / self.levels)
+
+    def memory(self, n, dtype=np.float64):
+        if self.error_feedback and self.omega(n) >= 1:
+            raise ValueError(
+                f"QSGD(levels={self.levels}) with error_feedback=True diverges on {n} "
+                f"weights: its variance factor min(n/s^2, sqrt(n)/s) = "
+                f"{self.omega(n):.3g} must be < 1; use levels > sqrt(n) = "
+                f"{int(np.sqrt(n)) + 1} or error_feedback=False (QSGD is unbiased "
+                "without it)")
+        return ErrorFeedback(self, n, dtype)
+
+    def __repr__(self):
+        return f"QSGD(levels={self.levels}, error_feedback={self.error_feedback})"
 
 
 class Dense:
@@ -158,7 +237,8 @@ class ErrorFeedback:
         np.add(self.residual, g, out=self._acc)
         msg = self.compressor.compress(self._acc)
         self.residual[:] = self._acc
-        self.residual[msg.indices] = 0.0              # acc - sent, exactly
+        # acc - decoded: exactly zero where values travel verbatim (scale 1)
+        self.residual[msg.indices] -= msg.values * msg.scale
         return msg
 
     def keep(self, msg):
@@ -170,21 +250,25 @@ class ErrorFeedback:
         self.residual[:] = 0.0
 
 
-_SPECS = {"topk": TopK, "randomk": RandomK}
+_SPECS = {"topk": TopK, "randomk": RandomK, "threshold": ThresholdTopK}
 
 
 def make_compressor(spec):
-    """A compressor from an object, None, "dense", or "topk:RATIO" / "randomk:RATIO"."""
-    if spec is None or isinstance(spec, (TopK, RandomK, Dense)):
+    """A compressor from an object, None, "dense", "topk:RATIO", "randomk:RATIO",
+    "threshold:RATIO" or "qsgd:LEVELS"."""
+    if spec is None or isinstance(spec, (TopK, RandomK, ThresholdTopK, QSGD, Dense)):
         return spec
     if isinstance(spec, str):
         name, _, arg = spec.partition(":")
         if name == "dense" and not arg:
             return Dense()
-        if name in _SPECS and arg:
-            try:
+        try:
+            if name in _SPECS and arg:
                 return _SPECS[name](ratio=float(arg))
-            except ValueError as e:
-                raise ValueError(f"compress: {e} (in {spec!r})") from None
-    raise ValueError(f"compress: expected None, a compressor object (TopK, RandomK, Dense) "
-                     f"or a spec such as 'topk:0.001', 'randomk:0.01', 'dense'; got {spec!r}")
+            if name == "qsgd" and arg:
+                return QSGD(levels=int(arg))
+        except ValueError as e:
+            raise ValueError(f"compress: {e} (in {spec!r})") from None
+    raise ValueError(f"compress: expected None, a compressor object (TopK, RandomK, "
+                     f"ThresholdTopK, QSGD, Dense) or a spec such as 'topk:0.001', "
+                     f"'randomk:0.01', 'threshold:0.001', 'qsgd:16', 'dense'; got {spec!r}")

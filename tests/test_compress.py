@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sgd_shm.compress import Dense, RandomK, TopK, make_compressor
+from sgd_shm import _select
+from sgd_shm.compress import QSGD, Dense, RandomK, ThresholdTopK, TopK, make_compressor
 from tests.naive import topk_naive
 
 
@@ -21,7 +22,96 @@ def test_topk_exact_with_ties(dtype, seed):
     assert msg.nbytes == msg.indices.nbytes + msg.values.nbytes
 
 
-@pytest.mark.parametrize("comp", [TopK(ratio=0.05), RandomK(ratio=0.1, seed=3)])
+def _hard_inputs(rng):
+    """Inputs that defeat a sampled threshold: big values away from the sampled
+    positions, mostly zeros, all equal, a few nonzeros, huge ties, float32."""
+    n = 50_000
+    pos = _select._sample_positions(n, 4096, n)
+    g = np.zeros(n)
+    off = np.setdiff1d(np.arange(n), pos)[:300]
+    g[off] = rng.normal(size=300) * 100                   # the sample sees only zeros
+    yield g, 200
+    g2 = np.zeros(n)
+    g2[pos] = 1000.0                                      # the sample sees only giants
+    g2[off] = 5.0
+    yield g2, 10
+    yield np.full(n, -2.5), 77                            # every entry ties
+    g3 = np.zeros(n)
+    g3[rng.choice(n, 7, replace=False)] = rng.normal(size=7)
+    yield g3, 50                                          # fewer nonzeros than k
+    yield np.round(rng.normal(size=n) * 2).astype(np.float32), 1000
+    yield rng.standard_cauchy(n), 50                      # heavy tails
+    yield np.zeros(n), 3
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_topk_kernel_exact_on_hard_inputs(seed):
+    rng = np.random.default_rng(seed)
+    for g, k in _hard_inputs(rng):
+        want = topk_naive(g, k)
+        np.testing.assert_array_equal(_select.topk_indices(g, k), want)
+        for sample, margin in [(1, 0.0), (64, 0.0), (50_000, 3.0)]:
+            got = _select.topk_indices(g, k, sample=sample, margin=margin)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_threshold_topk_sends_everything_above_its_threshold():
+    rng = np.random.default_rng(4)
+    comp = ThresholdTopK(ratio=0.01, sample=0.05, seed=1)
+    sizes = []
+    for _ in range(50):
+        g = rng.normal(size=20_000) * rng.random(20_000)
+        msg = comp.compress(g)
+        sent = np.zeros(g.size, bool)
+        sent[msg.indices] = True
+        assert np.all(np.diff(msg.indices) > 0)
+        np.testing.assert_array_equal(msg.values, g[msg.indices])
+        # a threshold rule: nothing left out is larger than anything sent
+        assert np.abs(g[~sent]).max() < np.abs(g[sent]).min()
+        sizes.append(msg.indices.size)
+    # the sampled threshold lands near k = 200 (a sample of 1000: rank 10 of it)
+    assert 100 < np.median(sizes) < 400, sizes
+
+
+def test_qsgd_unbiased_and_bounded():
+    """E[decoded] = g: each coordinate's mean over N draws lies within 5 of its
+    standard errors, bounded by ||g|| / (2 s sqrt(N)) (a level is l or l + 1, so the
+    variance is at most (||g|| / s)^2 / 4); the false-alarm chance per coordinate
+    is below 1e-6."""
+    rng = np.random.default_rng(2)
+    g = rng.normal(size=24) * np.linspace(0.1, 3, 24)
+    g[5] = 0.0
+    s, draws = 4, 20000
+    comp = QSGD(levels=s, seed=7)
+    mean = np.zeros(g.size)
+    norm = np.linalg.norm(g)
+    for _ in range(draws):
+        msg = comp.compress(g)
+        lv = np.abs(msg.values)
+        assert np.all(lv == np.round(lv)) and lv.max() <= s and 5 not in msg.indices
+        assert np.all(np.sign(msg.values) == np.sign(g[msg.indices]))
+        assert msg.scale == pytest.approx(norm / s)
+        msg.add_to(mean)
+    bound = 5 * norm / (2 * s * np.sqrt(draws))
+    assert np.all(np.abs(mean / draws - g) < bound), (np.abs(mean / draws - g).max(), bound)
+
+
+def test_qsgd_bytes():
+    comp = QSGD(levels=16)
+    g = np.random.default_rng(0).normal(size=10_000)
+    msg = comp.compress(g)
+    nnz = msg.indices.size                                   # sign + 5 level bits each
+    assert msg.nbytes == 4 + -(-min(10_000 * 6, nnz * 38) // 8)
+    assert QSGD(levels=1000).compress(g).nbytes == 4 + 10_000 * 11 // 8   # dense wins
+    sparse = np.zeros(10_000)
+    sparse[[3, 9000]] = [0.75, -1.0]                         # |g| / ||g|| = 0.6, 0.8
+    m2 = QSGD(levels=5).compress(sparse)                     # levels 3 and 4: exact
+    assert m2.indices.tolist() == [3, 9000] and m2.nbytes == 4 + -(-2 * 36 // 8)
+    np.testing.assert_allclose(m2.to_dense(), sparse, rtol=1e-15)
+
+
+@pytest.mark.parametrize("comp", [TopK(ratio=0.05), RandomK(ratio=0.1, seed=3),
+                                  ThresholdTopK(ratio=0.05, seed=2)])
 def test_error_feedback_conserves_mass(comp):
     rng = np.random.default_rng(1)
     n = 400
@@ -36,6 +126,21 @@ def test_error_feedback_conserves_mass(comp):
         else:
             msg.add_to(total_sent)
     np.testing.assert_array_equal(total_sent + mem.residual, total_in)
+
+
+def test_qsgd_error_feedback_conserves_mass_to_rounding():
+    rng = np.random.default_rng(3)
+    with pytest.raises(ValueError, match="levels > sqrt"):
+        QSGD(levels=17, error_feedback=True).memory(300)     # omega = 1.02: diverges
+    mem = QSGD(levels=32, error_feedback=True, seed=1).memory(300)
+    total_in, total_sent = np.zeros(300), np.zeros(300)
+    for _ in range(300):
+        g = rng.normal(size=300)
+        total_in += g
+        mem.step(g).add_to(total_sent)
+    np.testing.assert_allclose(total_sent + mem.residual, total_in, atol=1e-9)
+    # the residual stays bounded (error feedback does not let it grow)
+    assert np.linalg.norm(mem.residual) < 10 * np.sqrt(300)
 
 
 def test_no_error_feedback_keeps_nothing():
@@ -64,7 +169,9 @@ def test_randomk_uniform_and_unbiased():
 def test_specs_and_errors():
     assert repr(make_compressor("topk:0.01")) == "TopK(ratio=0.01, error_feedback=True)"
     assert isinstance(make_compressor("dense"), Dense) and make_compressor(None) is None
-    for bad in ("topk", "topk:2", "qsgd:4", "bogus", 3):
+    assert repr(make_compressor("qsgd:4")) == "QSGD(levels=4, error_feedback=False)"
+    assert isinstance(make_compressor("threshold:0.01"), ThresholdTopK)
+    for bad in ("topk", "topk:2", "qsgd:0", "qsgd:1.5", "threshold:0", "bogus", 3):
         with pytest.raises(ValueError, match="compress"):
             make_compressor(bad)
     with pytest.raises(ValueError, match="exactly one"):
@@ -75,3 +182,7 @@ def test_specs_and_errors():
         TopK(k=1).compress(np.array([np.nan, 1.0]))
     with pytest.raises(TypeError):
         TopK(k=1).compress(np.ones((2, 2)))
+    with pytest.raises(ValueError, match="levels"):
+        QSGD(levels=0)
+    with pytest.raises(ValueError, match="sample"):
+        ThresholdTopK(ratio=0.1, sample=0)

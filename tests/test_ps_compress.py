@@ -137,6 +137,18 @@ def test_train_topk_sends_little_and_learns(data, no_shm_leak):
     assert dense.compress is None
 
 
+@pytest.mark.parametrize("compress", ["qsgd:8", "threshold:0.01"])
+def test_train_qsgd_and_threshold_learn(data, compress, no_shm_leak):
+    """QSGD's messages vary in size and carry a decoding scale; the threshold
+    compressor's vary in size: both travel as sparse pushes and learn."""
+    X, y = data
+    r = train(X, y, n_workers=2, policy="asp", compress=compress, epochs=4,
+              max_seconds=20, seed=0, progress=False)
+    assert r.bytes_dense == r.updates * 8 * X.shape[1]
+    assert 0 < r.bytes_sent < r.bytes_dense / 4
+    assert r.final_loss < np.log(2.0) - 0.05
+
+
 @pytest.mark.parametrize("policy,compress", [("asp", None), ("bsp", None),
                                              ("saps", "topk:0.01")])
 def test_epochs_stop_at_equal_work(data, policy, compress, no_shm_leak):
