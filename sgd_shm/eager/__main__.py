@@ -46,6 +46,11 @@ def _args(argv):
     ap.add_argument("--samples", type=int, default=20_000)
     ap.add_argument("--features", type=int, default=2_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compress", default=None,
+                    help="send compressed gradients: 'topk:RATIO' or 'randomk:RATIO' "
+                         "(error feedback on; default: dense)")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="stop every run after this many epochs (--seconds still caps it)")
     ap.add_argument("--out", default=".", help="folder for eager-main.json / .png (default .)")
     args = ap.parse_args(argv)
     args.collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
@@ -55,6 +60,14 @@ def _args(argv):
     for name in ("workers", "samples", "features", "reps", "batch"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1")
+    if args.epochs is not None and args.epochs < 1:
+        ap.error("--epochs must be >= 1")
+    if args.compress is not None:
+        from sgd_shm.compress import make_compressor
+        try:
+            make_compressor(args.compress)          # checked here, built by the trainer
+        except ValueError as e:
+            ap.error(f"--{e}")
     for name in ("seconds", "target", "lr"):
         if not getattr(args, name) > 0:
             ap.error(f"--{name} must be > 0")
@@ -149,7 +162,8 @@ def main(argv=None) -> int:
     runs = compare(X, y, args.collectives, args.reps, n_workers=n_workers,
                    backend=args.backend, late=args.late, imbalance=args.imbalance,
                    max_seconds=args.seconds, lr=args.lr, batch_size=args.batch,
-                   seed=args.seed, progress=None if rank == 0 else False)
+                   seed=args.seed, compress=args.compress, epochs=args.epochs,
+                   progress=None if rank == 0 else False)
     summ = summary(runs, args.target)
     if rank != 0:
         return 0
@@ -162,7 +176,8 @@ def main(argv=None) -> int:
                    "runs": {c: [{"history": r.history, "final_loss": r.final_loss,
                                  "rounds": r.rounds, "seconds": r.seconds,
                                  "participation": r.participation, "late": r.late,
-                                 "skipped": r.skipped} for r in rs]
+                                 "skipped": r.skipped, "bytes_sent": r.bytes_sent,
+                                 "bytes_dense": r.bytes_dense} for r in rs]
                             for c, rs in runs.items()}}, f, indent=1)
     png = plot(runs, args.target, os.path.join(args.out, "eager-main.png"),
                f"eager-SGD, {P} ranks ({args.backend}), imbalance {args.imbalance}")
