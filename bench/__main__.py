@@ -23,6 +23,10 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   eager          eager-SGD: shm and MPI allreduce against memcpy and MPI_Allreduce,
                  round latency; sync, solo and majority allreduce training under the
                  paper's load-imbalance model (shm, and MPI when mpi4py is installed)
+  compress       sparsified gradients: top-k selection against np.argpartition, what
+                 top-k leaves out, 10 epochs of the parameter server and the eager
+                 trainer, dense against TopK (k/n 0.01%..10%, with and without error
+                 feedback), QSGD and DGC's threshold: loss, bytes, time
   stm            TL2 bank transfers: commits/s and abort rate vs workers, global vs
                  MultiCounter clock, each conflict policy, threads and processes
   all            every scenario above, then plot
@@ -364,6 +368,17 @@ def cmd_eager(args):
         imbalance=(1, args.eager_sleep), quick=args.quick))
 
 
+def cmd_compress(args):
+    def measure(compress):
+        from bench.eager import mpiexec
+        mpi = None if args.no_mpi else mpiexec()
+        if args.quick:      # one repetition, the small problem, 2 epochs, 100k-entry vectors
+            return compress.run(1, args.seed, problems=("small",), ratios=(1e-3, 1e-2),
+                                epochs=2, speed_n=100_000, mpi=mpi)
+        return compress.run(args.compress_reps, args.seed, mpi=mpi)
+    _scenario(args, "compress", measure)
+
+
 def cmd_plot(args):
     from bench import plot, report
     for p in plot.plot_all():
@@ -376,7 +391,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
                                          "hogwild", "mis", "conflict", "stm", "delay", "mf", "ps",
-                                         "eager", "all", "plot"])
+                                         "eager", "compress", "all", "plot"])
     ap.add_argument("--workers", default=None,
                     help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
@@ -438,19 +453,24 @@ def main(argv=None):
                     help="eager-SGD target training loss (default 0.53)")
     ap.add_argument("--eager-sleep", type=float, default=0.002,
                     help="eager-SGD: seconds the rank drawn each round sleeps (default 0.002)")
+    ap.add_argument("--compress-reps", type=int, default=3,
+                    help="compress: repetitions of every training run (default 3)")
+    ap.add_argument("--no-mpi", action="store_true",
+                    help="compress: leave out the eager runs under mpiexec")
     ap.add_argument("--backend", choices=["shm", "ray", "both"], default="shm",
                     help="ps: the parameter server's transport, shared memory, Ray or both side "
                          "by side (default shm)")
     ap.add_argument("--quick", action="store_true",
                     help="conflict: fewer samples; ps: 1 repetition of runs of at most 1 s; "
-                         "eager: 1 repetition, a 1 MB buffer, runs of 1 s")
+                         "eager: 1 repetition, a 1 MB buffer, runs of 1 s; compress: 1 "
+                         "repetition on the small problem, 2 epochs")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
                  "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
                  "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
                  "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch",
-                 "delay_samples"):
+                 "delay_samples", "compress_reps"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",
@@ -492,6 +512,8 @@ def main(argv=None):
         cmd_ps(args)
     if args.scenario in ("eager", "all"):
         cmd_eager(args)
+    if args.scenario in ("compress", "all"):
+        cmd_compress(args)
     if args.scenario in ("plot", "all"):
         cmd_plot(args)
     print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)

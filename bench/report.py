@@ -255,6 +255,32 @@ SCENARIOS = (
         "threads on the 2 cores, so a round's own cost is a large part of the sleep it saves; "
         "the majority round, which still waits whenever its initiator sleeps, gains least "
         "there.")),
+    Scenario("compress", "Sparsified gradients: TopK with error feedback, QSGD, DGC", (
+        "Three parts, in one run. *Selection*: the k largest |g| of 1M float32 values "
+        "(Gaussian and Cauchy) for k/n from 0.01% to 10%: the kit's `TopK.compress` (the "
+        "whole call) and its selection kernel beside `np.argpartition` of |g| (selection "
+        "alone, unordered) and DGC's sampled threshold; interleaved rounds, medians. "
+        "*What top-k leaves out*: ||G - TopK(G)|| / ||G|| against k/n for minibatch "
+        "gradients of the RCV1-like problem at w = 0 and after one epoch, the accumulator "
+        "of a top-0.1% run with error feedback, and a Gaussian vector, beside the "
+        "worst-case bound sqrt(1 - k/n). *Training*: `make_rcv1_like(20_000, 2_000)` (lr 8, "
+        "alpha 1e-4) and `make_rcv1_like(200_000, 50_000)` (lr 8, alpha 1e-6), 10 epochs, 2 "
+        "workers, batch 64: the parameter server (asp, shared memory) and the eager "
+        "trainer (sync allreduce, shared memory, and under `mpiexec -n 2` for dense and "
+        "top-0.1%), dense against TopK at k/n = 0.01%, 0.1%, 1%, 10% with and without "
+        "error feedback, QSGD (16 levels, no feedback) and DGC's threshold (0.1%, with "
+        "feedback) on the parameter server. Final loss (the trainer's, on 4096 training "
+        "rows) and its gap to dense, the log loss on all rows, bytes sent against dense "
+        "(8 bytes per weight per gradient), bytes per step, seconds, time to 1.01 x the "
+        "dense final loss. Medians over the repetitions, interleaved."), ("compress.png",), (
+        "A sparse message holds k int32 indices and k float64 values, so top-0.1% sends "
+        "1/667 of the dense bytes. Without error feedback the entries below the top k are "
+        "lost, and on sparse data most coordinates are never the largest of a minibatch "
+        "gradient: those weights barely move. With error feedback they accumulate until "
+        "they are sent, so every coordinate's total update is kept, only delayed. On shared "
+        "memory moving bytes is cheap, so the time a compressed run saves is small or "
+        "negative (selecting, accumulating and decoding cost more than the copy); the bytes "
+        "are what a network would carry.")),
     Scenario("stm", "TL2 STM: commits/s (abort rate)", (
         "Each worker runs the nogil bank driver (a transaction reads two random accounts and "
         "moves up to 10 between them; 100k per worker) on 64 accounts (contended) and 4096, "

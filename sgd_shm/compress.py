@@ -11,16 +11,19 @@ gradient (a parameter-server push, a collective's contribution).
   Vojnovic, *QSGD*, NeurIPS 2017): unbiased, usually run without error feedback.
 * :class:`Dense`: the identity, for comparisons.
 
-A compressor is a stateless description; ``comp.memory(n, dtype)`` gives a worker its
-:class:`ErrorFeedback` memory: ``step(g)`` adds the residual to g, compresses the sum,
+A compressor is a description; ``comp.memory(n, dtype, stream=k)`` gives worker k its
+:class:`ErrorFeedback` memory (with a compressor of its own: the random ones draw from
+the stream (seed, k), so the workers of one run do not draw the same indices or
+levels): ``step(g)`` adds the residual to g, compresses the sum,
 and keeps what was not sent as the new residual (so sent + residual == accumulated input,
 exactly for the compressors that send values verbatim: the residual is the sum with
 the sent entries zeroed; QSGD's residual is the sum minus the decoded message, exact
-up to rounding); ``keep(msg)`` puts a message that was lost back. The split of compressor, memory and communicator follows
-GRACE (Xu et al., 2021).
+up to rounding); ``keep(msg)`` puts a message that was lost back. The split of
+compressor, memory and communicator follows GRACE (Xu et al., 2021).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +60,15 @@ def _sparse(g, idx, ordered=False):
     return SparseMessage(idx, vals, g.size, idx.nbytes + vals.nbytes)
 
 
+def _reseeded(comp, stream):
+    """A copy of a seeded compressor whose generator is (seed, stream); others as is."""
+    if not hasattr(comp, "_rng"):
+        return comp
+    c = copy.copy(comp)
+    c._rng = np.random.default_rng(None if comp.seed is None else [int(comp.seed), int(stream)])
+    return c
+
+
 def _check_g(g):
     if not isinstance(g, np.ndarray) or g.ndim != 1 or g.dtype.kind != "f":
         raise TypeError("g must be a 1-D float numpy array")
@@ -87,8 +99,12 @@ class _Sized:
             return int(self.k)
         return max(1, int(round(self.ratio * n)))
 
-    def memory(self, n, dtype=np.float64):
-        return ErrorFeedback(self, n, dtype)
+    def memory(self, n, dtype=np.float64, stream=0):
+        return ErrorFeedback(self.for_stream(stream), n, dtype)
+
+    def for_stream(self, stream):
+        """This compressor, drawing from the random stream (seed, stream)."""
+        return _reseeded(self, stream)
 
     def __repr__(self):
         size = f"ratio={self.ratio}" if self.ratio is not None else f"k={self.k}"
@@ -189,7 +205,10 @@ class QSGD:
         """The variance factor: E||Q(g) - g||^2 <= omega ||g||^2."""
         return min(n / self.levels ** 2, np.sqrt(n) / self.levels)
 
-    def memory(self, n, dtype=np.float64):
+    def for_stream(self, stream):
+        return _reseeded(self, stream)
+
+    def memory(self, n, dtype=np.float64, stream=0):
         if self.error_feedback and self.omega(n) >= 1:
             raise ValueError(
                 f"QSGD(levels={self.levels}) with error_feedback=True diverges on {n} "
@@ -197,7 +216,7 @@ class QSGD:
                 f"{self.omega(n):.3g} must be < 1; use levels > sqrt(n) = "
                 f"{int(np.sqrt(n)) + 1} or error_feedback=False (QSGD is unbiased "
                 "without it)")
-        return ErrorFeedback(self, n, dtype)
+        return ErrorFeedback(self.for_stream(stream), n, dtype)
 
     def __repr__(self):
         return f"QSGD(levels={self.levels}, error_feedback={self.error_feedback})"
@@ -215,7 +234,10 @@ class Dense:
     def k_for(self, n):
         return n
 
-    def memory(self, n, dtype=np.float64):
+    def for_stream(self, stream):
+        return self
+
+    def memory(self, n, dtype=np.float64, stream=0):
         return ErrorFeedback(self, n, dtype)
 
     def __repr__(self):

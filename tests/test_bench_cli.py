@@ -26,7 +26,7 @@ def test_bench_all_tiny(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stderr
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
-                 "conflict", "stm", "delay", "mf", "ps", "eager"):
+                 "conflict", "stm", "delay", "mf", "ps", "eager", "compress"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
@@ -64,12 +64,18 @@ def test_bench_all_tiny(tmp_path):
     assert {(r["loss"], r["mode"]) for r in dl} == {("log", "max"), ("log", "uniform"),
                                                    ("squared", "max"), ("squared", "uniform")}
     assert all(r["excess"] == 0.0 for r in dl if r["tau"] == 0)
+    cp = json.loads((tmp_path / "compress.json").read_text())
+    sel = {r["competitor"] for r in cp["results"] if r["part"] == "selection"}
+    assert {"kit TopK.compress", "np.argpartition"} <= sel
+    assert set(cp["claims"]) >= {"small/ps", "small/eager"}
+    assert all(c["bytes_ratio"] > 100 for c in cp["claims"].values())   # 0.1%: 667x
+    assert cp["curve"]["curves"] and cp["curve"]["bound"][-1] == 0.0
     page = (tmp_path / "benchmarks.md").read_text()       # --out: the page beside the JSON
-    assert page.count("\n## ") == 13                      # machines + every scenario
+    assert page.count("\n## ") == 14                      # machines + every scenario
     assert page.count("](") >= 11                          # a plot per scenario, linked
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
                 "hogwild.png", "mis.png", "conflict.png", "stm.png", "mf.png", "ps.png",
-                "delay.png"):
+                "delay.png", "compress.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 

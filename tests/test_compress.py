@@ -143,6 +143,22 @@ def test_qsgd_error_feedback_conserves_mass_to_rounding():
     assert np.linalg.norm(mem.residual) < 10 * np.sqrt(300)
 
 
+def test_streams_differ_and_repeat():
+    """Workers' memories draw from (seed, worker): different per worker, the same
+    for the same worker in another run."""
+    g = np.arange(1.0, 1001.0)
+    for comp in (RandomK(k=20, seed=5), QSGD(levels=2, seed=5),
+                 ThresholdTopK(k=20, sample=0.1, seed=5)):
+        a, b, a2 = (comp.memory(1000, stream=s) for s in (0, 1, 0))
+        ma, mb, ma2 = a.step(g), b.step(g), a2.step(g)
+        assert not (np.array_equal(ma.indices, mb.indices)
+                    and np.array_equal(ma.values, mb.values)), comp
+        np.testing.assert_array_equal(ma.indices, ma2.indices)
+        np.testing.assert_array_equal(ma.values, ma2.values)
+    top = TopK(k=3)
+    assert top.for_stream(4) is top and Dense().for_stream(1).__class__ is Dense
+
+
 def test_no_error_feedback_keeps_nothing():
     mem = TopK(k=2, error_feedback=False).memory(5)
     msg = mem.step(np.array([1.0, -5.0, 2.0, 0.5, 3.0]))

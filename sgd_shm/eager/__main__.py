@@ -42,6 +42,7 @@ def _args(argv):
                     help="target training loss (default 0.53)")
     ap.add_argument("--reps", type=int, default=1, help="runs per collective (default 1)")
     ap.add_argument("--lr", type=float, default=8.0, help="step size (default 8)")
+    ap.add_argument("--alpha", type=float, default=1e-4, help="L2 penalty (default 1e-4)")
     ap.add_argument("--batch", type=int, default=64, help="rows per rank per step")
     ap.add_argument("--samples", type=int, default=20_000)
     ap.add_argument("--features", type=int, default=2_000)
@@ -68,6 +69,8 @@ def _args(argv):
             make_compressor(args.compress)          # checked here, built by the trainer
         except ValueError as e:
             ap.error(f"--{e}")
+    if not args.alpha >= 0:
+        ap.error("--alpha must be >= 0")
     for name in ("seconds", "target", "lr"):
         if not getattr(args, name) > 0:
             ap.error(f"--{name} must be > 0")
@@ -161,7 +164,8 @@ def main(argv=None) -> int:
         f"collective ({os.cpu_count()} CPUs here)")
     runs = compare(X, y, args.collectives, args.reps, n_workers=n_workers,
                    backend=args.backend, late=args.late, imbalance=args.imbalance,
-                   max_seconds=args.seconds, lr=args.lr, batch_size=args.batch,
+                   max_seconds=args.seconds, lr=args.lr, alpha=args.alpha,
+                   batch_size=args.batch,
                    seed=args.seed, compress=args.compress, epochs=args.epochs,
                    progress=None if rank == 0 else False)
     summ = summary(runs, args.target)

@@ -48,7 +48,8 @@ class EagerResult(LinearModel):
     Model: ``coef_``, ``classes_``, ``decision_function``, ``predict``, ``score``.
     Record: ``history`` (dicts with seconds, step, loss; rank 0's samples, a step is
     a round), ``final_loss``, ``time_to_target`` (seconds, None if not reached),
-    ``rounds``, ``seconds``, ``participation`` (per rank, the fraction of rounds its
+    ``rounds``, ``seconds`` (the longest rank's: a rank that stops on its own clock
+    ends the run for all), ``participation`` (per rank, the fraction of rounds its
     gradient was in), ``late`` (per rank, rounds it arrived late for), ``skipped``
     (per rank, rounds it skipped because it was behind), ``mean_contributors`` (per
     round), ``replicas_equal`` (every rank ended with the same weights). Bytes, summed
@@ -427,7 +428,7 @@ class _SparseExchange:
         self.d, self.k, self.P, self.rank = d, k, comm.size, comm.rank
         self.seg = 1 + 2 * k
         self.buf = np.zeros(self.P * self.seg + 1)
-        self.mem = compressor.memory(d, np.float64)
+        self.mem = compressor.memory(d, np.float64, stream=comm.rank)
         self.g = np.zeros(d)
         self.update = np.zeros(d)
         self.late, self.average = late, average
@@ -550,7 +551,7 @@ def _result(cfg, outs, job, classes):
         ttt = next((h["seconds"] for h in hist if h["loss"] <= cfg.target_loss), None)
     return EagerResult(
         collective=cfg.collective, history=hist, final_loss=final,
-        seconds=outs[0]["seconds"], rounds=rounds, time_to_target=ttt,
+        seconds=max(o["seconds"] for o in outs), rounds=rounds, time_to_target=ttt,
         participation=[o["contributed"] / max(o["rounds"], 1) for o in outs],
         late=[o["late"] for o in outs], skipped=[o["skipped"] for o in outs],
         mean_contributors=outs[0]["contributors"] / max(rounds, 1), replicas_equal=equal,

@@ -177,8 +177,8 @@ def run_worker(link, job, k, seed):
     g = None
     spells = _Spells(job.transient, rng)
     policy = job.policy
-    memory = None if job.compressor is None else job.compressor.memory(job.n_features,
-                                                                       np.float64)
+    memory = None if job.compressor is None else job.compressor.memory(
+        job.n_features, np.float64, stream=k)          # worker k draws from (seed, k)
     budget = job.budget is not None
     ticket = False                                   # holding a ticket of the budget
     my_pushes = link.pushes(k)
