@@ -33,6 +33,7 @@ Example::
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import secrets
@@ -42,7 +43,7 @@ import weakref
 import _posixshmem
 from multiprocessing import resource_tracker
 
-__all__ = ["Segment", "MAGIC", "LAYOUT_VERSION", "HEADER_SIZE", "KIND_NAMES",
+__all__ = ["Segment", "SharedMemoryFull", "MAGIC", "LAYOUT_VERSION", "HEADER_SIZE", "KIND_NAMES",
            "write_header", "check_header", "live_segment_names"]
 
 MAGIC = b"RLXKIT\x00\x01"
@@ -60,6 +61,48 @@ _live: set[str] = set()
 def live_segment_names() -> list[str]:
     """Names of the shared segments this process owns and has not unlinked."""
     return sorted(_live)
+
+
+SHM_DIR = "/dev/shm"
+
+
+class SharedMemoryFull(OSError):
+    """The shared-memory filesystem has less free space than a segment needs."""
+
+
+def shm_free_bytes() -> int | None:
+    """Free bytes of /dev/shm (None where it cannot be read)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _full(size: int, free: int | None) -> SharedMemoryFull:
+    have = "an unknown amount" if free is None else f"{free:,} bytes ({free / 2**20:.1f} MiB)"
+    return SharedMemoryFull(
+        errno.ENOSPC,
+        f"{SHM_DIR} has {have} free, but this segment needs {size:,} bytes "
+        f"({size / 2**20:.1f} MiB). Enlarge it (Docker: `docker run --shm-size=2g`; "
+        f"Linux: `mount -o remount,size=8G {SHM_DIR}`), free it (close other structures), "
+        "or ask for a smaller structure (capacity, workers, weights)")
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Allocate the segment's pages now, so a full /dev/shm is a clear error here and
+    never a SIGBUS at the first write past the real space (a sparse ftruncate'd file
+    promises space it may not have)."""
+    free = shm_free_bytes()
+    if free is not None and size > free:
+        raise _full(size, free)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise _full(size, shm_free_bytes()) from None
+        if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise                               # else: this filesystem cannot reserve
 
 
 def _unlink_name(name: str) -> None:
@@ -126,6 +169,7 @@ class Segment:
             resource_tracker.register("/" + name, "shared_memory")
             _live.add(name)
             os.ftruncate(fd, size)
+            _reserve(fd, size)
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -196,6 +240,6 @@ def check_header(buf: memoryview, kind: int, name: str | None) -> None:
     if got_kind != kind:
         raise ValueError(f"{where} holds a {KIND_NAMES.get(got_kind, got_kind)}, not a "
                          f"{KIND_NAMES[kind]}; attach with the matching class")
-    if total != len(buf):
+    if not total <= len(buf) < total + mmap.PAGESIZE:    # some systems round up to a page
         raise ValueError(f"{where} records {total} bytes but maps {len(buf)}; "
                          "it is truncated or foreign")

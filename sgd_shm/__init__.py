@@ -14,15 +14,17 @@ Engine:
 
 Subpackages: ``sgd_shm.ps`` (parameter server on shared memory or Ray),
 ``sgd_shm.collectives`` (allreduce, solo and majority allreduce on shared memory or MPI),
-``sgd_shm.eager`` (data-parallel SGD over those collectives), ``sgd_shm.data``.
+``sgd_shm.eager`` (data-parallel SGD over those collectives), ``sgd_shm.compress``
+(gradient compressors with error feedback), ``sgd_shm.data``.
 
 Example::
 
     from sgd_shm import HogwildClassifier
     clf = HogwildClassifier(loss="log_loss", n_workers=2, random_state=0).fit(X, y)
 """
+from relaxed import __version__
 from sgd_shm.estimators import HogwildClassifier, HogwildRegressor
 from sgd_shm.hogwild import DivergenceError
 from sgd_shm.mf import MatrixFactorization
 
-__all__ = ["HogwildClassifier", "HogwildRegressor", "MatrixFactorization", "DivergenceError"]
+__all__ = ["__version__", "HogwildClassifier", "HogwildRegressor", "MatrixFactorization", "DivergenceError"]

@@ -7,6 +7,9 @@ embedded default: BSP, ASP, SSP and straggler-aware SaPS with worker 0 slowed
 ``python -m sgd_shm eager [options]`` compares synchronous, solo and majority
 allreduce (eager-SGD) under load imbalance (see :mod:`sgd_shm.eager.__main__`).
 
+``python -m sgd_shm selftest`` runs every component briefly (a smoke test of an
+installed kit; see :mod:`sgd_shm.selftest`).
+
 ``python -m sgd_shm hogwild [options]`` runs lock-free Hogwild SGD on an
 embedded default: an RCV1-like sparse binary classification problem is
 generated (seeded), then logistic regression is trained by Hogwild SGD with 1
@@ -30,6 +33,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["eager"]:
         from sgd_shm.eager.__main__ import main as eager_main
         return eager_main(argv[1:])
+    if argv[:1] == ["selftest"]:
+        from sgd_shm.selftest import main as selftest_main
+        return selftest_main(argv[1:])
     from sgd_shm.ps.__main__ import main as ps_main
     return ps_main(argv)
 

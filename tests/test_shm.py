@@ -1,5 +1,6 @@
 """Shared memory: attach by name, headers, and no segment left behind after normal
 exit, an exception, or SIGKILL of a child (or of the owner)."""
+import errno
 import os
 import signal
 import subprocess
@@ -188,3 +189,60 @@ def test_stdlib_multiprocessing_spawn_receives_structures(no_shm_leak):
         assert c.exact() == 1000
         assert len(mq) == 11
         assert mq.name in shm_names() and c.name in shm_names()
+
+
+def test_segment_larger_than_free_shm_is_a_clear_error(no_shm_leak):
+    """Asking for more than /dev/shm has free raises SharedMemoryFull naming the place,
+    both sizes and the fix, before anything is allocated; nothing is left behind."""
+    from relaxed.shm import SharedMemoryFull, live_segment_names, shm_free_bytes
+    free = shm_free_bytes()
+    assert free is not None
+    before = shm_names()
+    with pytest.raises(SharedMemoryFull, match=r"/dev/shm has .* free, but this segment "
+                                               r"needs .*--shm-size") as e:
+        Segment.create(free + 64 * 2**20)
+    assert e.value.errno == errno.ENOSPC and f"{free + 64 * 2**20:,}" in str(e.value)
+    assert shm_names() == before and live_segment_names() == []
+    with pytest.raises(SharedMemoryFull):                  # through a structure, too
+        MultiQueue(capacity=(free // 8) + 2**24, n_queues=2, shared=True)
+    assert shm_names() == before
+
+
+def test_reservation_failure_is_a_clear_error(no_shm_leak, monkeypatch):
+    """A filesystem that runs out while reserving (simulated ENOSPC from
+    posix_fallocate) gives the same error; one that cannot reserve (EOPNOTSUPP) falls
+    back to the plain mapping."""
+    from relaxed.shm import SharedMemoryFull
+
+    def enospc(fd, off, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    before = shm_names()
+    monkeypatch.setattr(os, "posix_fallocate", enospc)
+    with pytest.raises(SharedMemoryFull, match="needs 1,048,576 bytes"):
+        Segment.create(2**20)
+    assert shm_names() == before
+
+    def unsupported(fd, off, size):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    seg = Segment.create(2**20)
+    seg.buf[-1] = 7
+    assert seg.buf[-1] == 7
+    seg.close()
+
+
+def test_page_rounded_mapping_is_accepted():
+    """Some systems (macOS) round a segment up to a page: the header's size may be
+    smaller than the mapping by less than a page, not more."""
+    import mmap
+    from relaxed.shm import check_header, write_header
+    total = 100_001
+    for mapped, ok in [(total, True), (-(-total // mmap.PAGESIZE) * mmap.PAGESIZE, True),
+                       (total + mmap.PAGESIZE, False), (total - 1, False)]:
+        buf = memoryview(bytearray(mapped))
+        write_header(buf, 2, total)
+        if ok:
+            check_header(buf, 2, "x")
+        else:
+            with pytest.raises(ValueError, match="records"):
+                check_header(buf, 2, "x")
