@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import numbers
+import os
 import warnings
 
 import numpy as np
@@ -36,6 +37,16 @@ __all__ = ["HogwildClassifier", "HogwildRegressor"]
 
 _PENALTIES = ("l2", "l1", "elasticnet", None)
 _BACKENDS = ("threads", "processes")
+
+
+def resolve_workers(n_workers):
+    """``n_workers`` as a count: an int >= 1, or -1 for every CPU of this machine (as
+    scikit-learn's ``n_jobs=-1``)."""
+    if isinstance(n_workers, numbers.Integral) and not isinstance(n_workers, bool) \
+            and n_workers == -1:
+        return os.cpu_count() or 1
+    _check_param("n_workers", n_workers, int, 1)
+    return int(n_workers)
 
 
 def _check_param(name, value, kind, lo=None, hi=None, lo_open=False):
@@ -96,7 +107,7 @@ class _BaseHogwild(BaseEstimator):
         _check_param("momentum", self.momentum, float, 0.0)
         if self.momentum >= 1.0:
             raise ValueError(f"momentum must be < 1, got {self.momentum}; 0.9 is usual")
-        _check_param("n_workers", self.n_workers, int, 1)
+        resolve_workers(self.n_workers)
         if not (isinstance(self.hot_features, str) and self.hot_features == "auto"):
             if isinstance(self.hot_features, str):
                 raise ValueError(f"hot_features must be 'auto' or an int >= 0, got "
@@ -109,7 +120,7 @@ class _BaseHogwild(BaseEstimator):
         """hot_features where the workers buffer them (several workers, L2 or no
         penalty, no momentum), else 0: the hot-first layout would go unused. "auto":
         see ``hogwild.auto_hot_features``."""
-        if self.n_workers > 1 and self.momentum == 0 and self._penalty_split()[1] == 0:
+        if resolve_workers(self.n_workers) > 1 and self.momentum == 0 and self._penalty_split()[1] == 0:
             if self.hot_features == "auto":
                 return auto_hot_features(X, epochs)
             return self.hot_features
@@ -127,7 +138,7 @@ class _BaseHogwild(BaseEstimator):
         return HogwildSGD(n_features, n_outputs, loss=self.loss, alpha=float(self.alpha),
                           l1_ratio=l1, learning_rate=self.learning_rate, eta0=float(self.eta0),
                           power_t=float(self.power_t), fit_intercept=self.fit_intercept,
-                          intercept_decay=0.01 if sparse else 1.0, n_workers=self.n_workers,
+                          intercept_decay=0.01 if sparse else 1.0, n_workers=resolve_workers(self.n_workers),
                           backend=self.backend, instrument=self.instrument,
                           penalty_scale=0.0 if self.penalty is None else 1.0,
                           momentum=float(self.momentum), seed=rng_seed)
@@ -240,7 +251,11 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     learning_rate : "optimal" (1/(alpha·(t0+t))), "constant" (eta0), "invscaling" (eta0/t^power_t).
     momentum : heavy-ball momentum in [0, 1) on the coordinates each sample touches, with one
         velocity shared by the workers without locks (asynchronous momentum); 0 is plain SGD.
-    n_workers : threads updating the shared weights without locks (Hogwild).
+    n_workers : workers updating the shared weights without locks (Hogwild); 1 (default)
+        is a serial fit that a fixed ``random_state`` reproduces exactly; -1 uses every
+        CPU. Parallelism is opt-in, as scikit-learn's ``n_jobs``: with several workers
+        the interleaving of their updates, and so the last bits of the fit, vary from
+        run to run.
     backend : "threads" (Python threads running nogil Numba kernels on one array) or
         "processes" (``multiprocess`` workers on weights in shared memory, released
         after every fit, also when a worker fails).
@@ -270,7 +285,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
 
     def __init__(self, loss="hinge", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
-                 learning_rate="optimal", eta0=0.0, power_t=0.5, momentum=0.0, n_workers=2,
+                 learning_rate="optimal", eta0=0.0, power_t=0.5, momentum=0.0, n_workers=1,
                  backend="threads", hot_features="auto", instrument=False,
                  random_state=None, verbose=0):
         self.loss = loss
@@ -375,7 +390,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
 
     def __init__(self, loss="squared_error", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
-                 learning_rate="invscaling", eta0=0.01, power_t=0.25, momentum=0.0, n_workers=2,
+                 learning_rate="invscaling", eta0=0.01, power_t=0.25, momentum=0.0, n_workers=1,
                  backend="threads", hot_features="auto", instrument=False,
                  random_state=None, verbose=0):
         self.loss = loss

@@ -24,7 +24,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm import _mf
 from sgd_shm._intrinsics import LINE_WORDS
-from sgd_shm.estimators import _check_param
+from sgd_shm.estimators import _check_param, resolve_workers
 from sgd_shm.hogwild import DivergenceError, run_workers
 
 __all__ = ["MatrixFactorization"]
@@ -58,7 +58,8 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
     max_iter : epochs.
     decay : factor applied to the learning rate after each epoch (1.0 keeps it constant).
     init_std : standard deviation of the initial factors.
-    n_workers : workers updating the factors without locks.
+    n_workers : workers updating the factors without locks; 1 (default) reproduces a fit
+        exactly for a fixed ``random_state``, -1 uses every CPU (parallelism is opt-in).
     backend : "threads" (nogil Numba kernels on one process's arrays) or "processes"
         (``multiprocess`` workers on factors in a shared-memory segment that lives
         for one fit or partial_fit call and is always released).
@@ -66,7 +67,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
     """
 
     def __init__(self, n_factors=20, *, learning_rate=0.01, reg=0.02, reg_bias=0.02,
-                 fit_bias=True, max_iter=20, decay=0.95, init_std=0.1, n_workers=2,
+                 fit_bias=True, max_iter=20, decay=0.95, init_std=0.1, n_workers=1,
                  backend="threads", random_state=None, verbose=0):
         self.n_factors = n_factors
         self.learning_rate = learning_rate
@@ -89,7 +90,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         _check_param("max_iter", self.max_iter, int, 1)
         _check_param("decay", self.decay, float, 0.0, 1.0, lo_open=True)
         _check_param("init_std", self.init_std, float, 0.0)
-        _check_param("n_workers", self.n_workers, int, 1)
+        resolve_workers(self.n_workers)
         if self.backend not in ("threads", "processes"):
             raise ValueError(f"backend must be 'threads' or 'processes', got {self.backend!r}")
 
@@ -140,7 +141,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         # worker reshuffles its part in place at the start of every epoch, in parallel,
         # so that the driver's serial time per epoch does not grow with the ratings
         self._order = self._rng.permutation(X.shape[0]).astype(np.int64, copy=False)
-        nw = max(1, min(int(self.n_workers), X.shape[0]))
+        nw = max(1, min(resolve_workers(self.n_workers), X.shape[0]))
         self._bounds = np.linspace(0, X.shape[0], nw + 1).astype(np.int64)   # the parts
         pool = self._pool = None
         try:

@@ -696,3 +696,25 @@ def test_schedule_tables_equal_the_log_oracle(lr, eta0, alpha, t_start, n):
         assert len(got) > 2
     if lr == "constant" and eta0 * alpha >= 1:
         assert all(z for _, _, z, _, _ in got) and all(b - a == 1 for a, b, _, _, _ in got)
+
+
+@pytest.mark.parametrize("run", range(20))
+def test_default_estimators_pass_the_checks_every_time(run):
+    """Default-constructed estimators (one worker: parallelism is opt-in) pass every
+    check, refit-and-compare ones included, in every run: a fixed random_state
+    reproduces the fit bit for bit. 20 runs, as flakiness would show."""
+    est = [HogwildClassifier(random_state=run), HogwildRegressor(random_state=run)][run % 2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check_estimator(est, expected_failed_checks=EXPECTED_FAILURES)
+
+
+def test_all_cpus_and_bad_worker_counts():
+    import os
+    X = np.random.default_rng(0).normal(size=(200, 5))
+    y = (X[:, 0] > 0).astype(int)
+    clf = HogwildClassifier(n_workers=-1, max_iter=3, tol=None, random_state=0).fit(X, y)
+    assert clf._state.n_workers == (os.cpu_count() or 1)
+    for bad, err in [(0, ValueError), (-2, ValueError), (1.5, TypeError), (True, TypeError)]:
+        with pytest.raises(err, match="n_workers"):
+            HogwildClassifier(n_workers=bad).fit(X, y)
