@@ -30,6 +30,14 @@ Example::
     mq.push_many(keys, values)          # nogil
     keys, values = mq.pop_many(1000)    # nogil, a few smallest-ish
 """
+import sys as _sys
+
+if not _sys.platform.startswith("linux"):           # before anything that would half-work
+    raise ImportError(
+        f"relaxed-sgd-kit supports Linux only (x86-64 tested; it needs POSIX shared memory "
+        f"in /dev/shm and the fork start method), and this is {_sys.platform!r}. On macOS or "
+        "Windows run it in a Linux container or VM (e.g. Docker with --shm-size=2g).")
+
 from relaxed.shm import Segment
 from relaxed._multiqueue import MultiQueue, QueueFull
 from relaxed._multicounter import MultiCounter

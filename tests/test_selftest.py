@@ -14,3 +14,12 @@ def test_selftest_passes():
                  "parameter_server", "collectives_and_eager", "compress"):
         assert f"  {name} " in p.stdout
     assert p.stdout.rstrip().endswith("all checks passed")
+
+
+def test_unsupported_platform_fails_clearly():
+    code = "import sys; sys.platform = 'darwin'; import relaxed"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode != 0
+    assert "ImportError: relaxed-sgd-kit supports Linux only" in p.stderr
+    assert "'darwin'" in p.stderr and "container" in p.stderr
