@@ -27,6 +27,9 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
                  top-k leaves out, 10 epochs of the parameter server and the eager
                  trainer, dense against TopK (k/n 0.01%..10%, with and without error
                  feedback), QSGD and DGC's threshold: loss, bytes, time
+  unreliable     training over lossy links: RPS (Yu et al., ICML 2019) final loss against
+                 the drop rate p and 1..16 servers (4 workers, and as many workers as
+                 servers), beside ASP with the same losses; loss against epochs
   stm            TL2 bank transfers: commits/s and abort rate vs workers, global vs
                  MultiCounter clock, each conflict policy, threads and processes
   all            every scenario above, then plot
@@ -368,8 +371,18 @@ def cmd_eager(args):
         imbalance=(1, args.eager_sleep), quick=args.quick))
 
 
+def _with_reps(args, reps, name, measure):
+    """_scenario with ``reps`` repetitions (what the header reports), leaving
+    ``args.reps`` as it was for the scenarios after this one."""
+    saved, args.reps = args.reps, reps
+    try:
+        _scenario(args, name, measure)
+    finally:
+        args.reps = saved
+
+
 def cmd_compress(args):
-    args.reps = 1 if args.quick else args.compress_reps     # what the header reports
+    reps = 1 if args.quick else args.compress_reps
 
     def measure(compress):
         from bench.eager import mpiexec
@@ -377,8 +390,17 @@ def cmd_compress(args):
         if args.quick:      # one repetition, the small problem, 2 epochs, 100k-entry vectors
             return compress.run(1, args.seed, problems=("small",), ratios=(1e-3, 1e-2),
                                 epochs=2, speed_n=100_000, mpi=mpi)
-        return compress.run(args.reps, args.seed, mpi=mpi)
-    _scenario(args, "compress", measure)
+        return compress.run(reps, args.seed, mpi=mpi)
+    _with_reps(args, reps, "compress", measure)
+
+
+def cmd_unreliable(args):
+    # --quick: p in {0, 0.1, 0.3}, S in {1, 4}, one seed, runs of 1 epoch
+    reps = 1 if args.quick else args.reps
+    _with_reps(args, reps, "unreliable", lambda unreliable: unreliable.run(
+        reps, args.seed, samples=args.ps_samples, features=args.ps_features,
+        workers=args.ps_workers, epochs=1 if args.quick else args.unreliable_epochs,
+        quick=args.quick))
 
 
 def cmd_plot(args):
@@ -393,7 +415,7 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
                                          "hogwild", "mis", "conflict", "stm", "delay", "mf", "ps",
-                                         "eager", "compress", "all", "plot"])
+                                         "eager", "compress", "unreliable", "all", "plot"])
     ap.add_argument("--workers", default=None,
                     help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
@@ -457,6 +479,8 @@ def main(argv=None):
                     help="eager-SGD: seconds the rank drawn each round sleeps (default 0.002)")
     ap.add_argument("--compress-reps", type=int, default=3,
                     help="compress: repetitions of every training run (default 3)")
+    ap.add_argument("--unreliable-epochs", type=int, default=5,
+                    help="unreliable: epochs per run, the work every run does (default 5)")
     ap.add_argument("--no-mpi", action="store_true",
                     help="compress: leave out the eager runs under mpiexec")
     ap.add_argument("--backend", choices=["shm", "ray", "both"], default="shm",
@@ -465,14 +489,15 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="conflict: fewer samples; ps: 1 repetition of runs of at most 1 s; "
                          "eager: 1 repetition, a 1 MB buffer, runs of 1 s; compress: 1 "
-                         "repetition on the small problem, 2 epochs")
+                         "repetition on the small problem, 2 epochs; unreliable: p in {0, 0.1, "
+                         "0.3}, S in {1, 4}, one seed, 1 epoch")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
                  "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
                  "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
                  "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch",
-                 "delay_samples", "compress_reps"):
+                 "delay_samples", "compress_reps", "unreliable_epochs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",
@@ -516,6 +541,8 @@ def main(argv=None):
         cmd_eager(args)
     if args.scenario in ("compress", "all"):
         cmd_compress(args)
+    if args.scenario in ("unreliable", "all"):
+        cmd_unreliable(args)
     if args.scenario in ("plot", "all"):
         cmd_plot(args)
     print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)

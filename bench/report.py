@@ -281,6 +281,18 @@ SCENARIOS = (
         "memory moving bytes is cheap, so the time a compressed run saves is small or "
         "negative (selecting, accumulating and decoding cost more than the copy); the bytes "
         "are what a network would carry.")),
+    Scenario("unreliable", "Training over unreliable links: RPS against drop rate and servers", (
+        "The Robust Parameter Server (Yu et al., ICML 2019) on the parameter server's RCV1-like "
+        "problem, `train(policy=\"rps\", drop=p, n_shards=S, epochs=5, lr=8)`, p in {0, 0.01, "
+        "0.05, 0.1, 0.2, 0.3}, S in {1, 2, 4, 8, 16}, with 4 workers and with as many workers as "
+        "servers; ASP with the same losses (8 shards) beside it. Every message between a worker "
+        "and a server, both directions, is lost with probability p. Each run at p is compared "
+        "with the run at p = 0 of the same seed (the repetitions are seeds): the median "
+        "relative gap of the final training loss and its range, rounds per second; findings on "
+        "the paper's claims."), ("unreliable.png",), (
+        "An RPS run is determined by its seed, so its losses do not depend on the machine's "
+        "load; its rounds per second do. More servers split a lost message into smaller pieces; "
+        "with the workers fixed every block is still averaged over the same replicas.")),
     Scenario("stm", "TL2 STM: commits/s (abort rate)", (
         "Each worker runs the nogil bank driver (a transaction reads two random accounts and "
         "moves up to 10 between them; 100k per worker) on 64 accounts (contended) and 4096, "

@@ -175,15 +175,36 @@ def threshold_indices(g, k, sample_ratio, salt):
 
 
 @nb.njit(nogil=True, cache=True)
-def _qsgd_kernel(g, norm, s, u, idx, lvl):
+def _norm(g):
+    """||g||_2 by a loop: no BLAS call (a BLAS pool inherited across fork can make a
+    small dot product cost milliseconds in a worker process)."""
+    acc = 0.0
+    for i in range(g.size):
+        acc += float(g[i]) * float(g[i])
+    return math.sqrt(acc)
+
+
+@nb.njit(nogil=True, cache=True)
+def _qsgd_kernel(g, norm, s, state, idx, lvl):
     """Stochastic rounding of s |g_i| / norm to the integers around it (up with the
     fractional part as probability); writes the nonzero levels (signed), returns how
-    many."""
+    many. The uniforms come from splitmix64 started at ``state`` (one draw of the
+    compressor's generator per call), so a call is reproducible from its seed."""
     c = 0
+    x = np.uint64(state)
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    m1 = np.uint64(0xBF58476D1CE4E5B9)
+    m2 = np.uint64(0x94D049BB133111EB)
     for i in range(g.size):
-        x = s * abs(g[i]) / norm
-        fl = math.floor(x)
-        q = fl + 1.0 if u[i] < x - fl else fl
+        x = x + golden
+        z = x
+        z = (z ^ (z >> np.uint64(30))) * m1
+        z = (z ^ (z >> np.uint64(27))) * m2
+        z = z ^ (z >> np.uint64(31))
+        u = float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+        a = s * abs(g[i]) / norm
+        fl = math.floor(a)
+        q = fl + 1.0 if u < a - fl else fl
         if q != 0.0:
             idx[c] = i
             lvl[c] = q if g[i] > 0 else -q
@@ -193,11 +214,10 @@ def _qsgd_kernel(g, norm, s, u, idx, lvl):
 
 def qsgd_levels(g, s, rng):
     """(indices, signed levels, norm) of QSGD's quantization of g with s levels."""
-    norm = float(np.linalg.norm(g))
+    norm = float(_norm(g))
     if norm == 0.0:
         return np.empty(0, np.int64), np.empty(0, np.float64), 0.0
-    u = rng.random(g.size)
     idx = np.empty(g.size, np.int64)
     lvl = np.empty(g.size, np.float64)
-    c = _qsgd_kernel(g, norm, float(s), u, idx, lvl)
+    c = _qsgd_kernel(g, norm, float(s), int(rng.integers(0, 2**63)), idx, lvl)
     return idx[:c].copy(), lvl[:c].copy(), norm

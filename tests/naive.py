@@ -285,3 +285,43 @@ def topk_naive(g, k):
     """Indices of the k largest |g| (ties: lower index first), ascending."""
     order = sorted(range(len(g)), key=lambda i: (-abs(float(g[i])), i))
     return np.array(sorted(order[:k]), dtype=np.int64)
+
+
+def model_averaging_naive(X, y, rows, lr, alpha, bounds, up=None, down=None):
+    """Synchronous model averaging through block servers (the RPS round of Yu et al.,
+    ICML 2019), serially, for L2-regularised logistic regression (y in {-1, +1}).
+
+    ``rows[t][k]``: the row indices of worker k's minibatch in round t; ``bounds``:
+    server j owns weights bounds[j]:bounds[j + 1]; ``up[t, k, j]`` / ``down[t, k, j]``
+    (bool, default all True): worker k's block j reached server j / server j's answer
+    reached worker k in round t. Every replica starts at zeros. A round: each worker
+    steps x_k -= lr * (mean log-loss gradient of its rows at x_k + alpha x_k); server
+    j sums the blocks it received in worker order and divides by their count (it
+    keeps its last average when it received none, and then sends nothing); a worker
+    takes block j of the average where the answer reached it and keeps its own
+    otherwise. Returns (the servers' model, the replicas)."""
+    X = np.asarray(X.todense()) if hasattr(X, "todense") else np.asarray(X, dtype=float)
+    n_rounds, n = len(rows), len(rows[0])
+    S = len(bounds) - 1
+    up = np.ones((n_rounds, n, S), bool) if up is None else np.asarray(up, bool)
+    down = np.ones((n_rounds, n, S), bool) if down is None else np.asarray(down, bool)
+    xs = [np.zeros(X.shape[1]) for _ in range(n)]
+    server = np.zeros(X.shape[1])
+    for t in range(n_rounds):
+        for k in range(n):
+            Xb, yb = X[rows[t][k]], y[rows[t][k]]
+            dl = -yb / (1.0 + np.exp(yb * (Xb @ xs[k])))
+            xs[k] = xs[k] - lr * (Xb.T @ dl / len(yb) + alpha * xs[k])
+        for j in range(S):
+            lo, hi = bounds[j], bounds[j + 1]
+            got = [k for k in range(n) if up[t, k, j]]
+            if not got:
+                continue
+            total = xs[got[0]][lo:hi].copy()
+            for k in got[1:]:
+                total = total + xs[k][lo:hi]
+            server[lo:hi] = total / len(got)
+            for k in range(n):
+                if down[t, k, j]:
+                    xs[k][lo:hi] = server[lo:hi]
+    return server, xs

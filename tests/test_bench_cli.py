@@ -26,7 +26,7 @@ def test_bench_all_tiny(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stderr
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
-                 "conflict", "stm", "delay", "mf", "ps", "eager", "compress"):
+                 "conflict", "stm", "delay", "mf", "ps", "eager", "compress", "unreliable"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
@@ -71,11 +71,14 @@ def test_bench_all_tiny(tmp_path):
     assert all(c["bytes_ratio"] > 100 for c in cp["claims"].values())   # 0.1%: 667x
     assert cp["curve"]["curves"] and cp["curve"]["bound"][-1] == 0.0
     page = (tmp_path / "benchmarks.md").read_text()       # --out: the page beside the JSON
-    assert page.count("\n## ") == 14                      # machines + every scenario
+    un = json.loads((tmp_path / "unreliable.json").read_text())
+    assert {r["series"] for r in un["results"]} == {"shards", "coupled", "asp"}
+    assert all(r["gap"] == [0.0] for r in un["results"] if r["drop"] == 0.0)
+    assert page.count("\n## ") == 15                      # machines + every scenario
     assert page.count("](") >= 11                          # a plot per scenario, linked
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
                 "hogwild.png", "mis.png", "conflict.png", "stm.png", "mf.png", "ps.png",
-                "delay.png", "compress.png"):
+                "delay.png", "compress.png", "unreliable.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 

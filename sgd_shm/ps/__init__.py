@@ -5,6 +5,8 @@
     ParameterServerClassifier   the same as a scikit-learn classifier
     Policy           the asynchronous policy and the base class of every policy;
     BSP, SSP, SaPS   its synchronous, stale-synchronous and straggler-aware variants
+    RPS              model averaging over unreliable links (train(policy="rps",
+                     drop=p, n_shards=S): the Robust Parameter Server, Yu et al. 2019)
     ParameterStore   sharded weights, per-shard versions and locks, a global version
                      and per-worker slots in one shared-memory segment (pull / push)
     WaitPolicy       spin, yield, then defer a push on a locked shard
@@ -20,10 +22,11 @@ default with worker 0 slowed 4x.
 from sgd_shm.ps.checkpoint import load_checkpoint, save_checkpoint
 from sgd_shm.ps.estimator import ParameterServerClassifier
 from sgd_shm.ps.plots import curves_of, plot_losses
-from sgd_shm.ps.policies import ASP, BSP, POLICIES, SSP, Policy, SaPS
+from sgd_shm.ps.policies import ASP, BSP, POLICIES, RPS, SSP, Policy, SaPS
 from sgd_shm.ps.store import ParameterStore, PushResult, WaitPolicy
 from sgd_shm.ps.trainer import TrainResult, train
 
-__all__ = ["train", "TrainResult", "ParameterServerClassifier", "Policy", "ASP", "BSP", "SSP", "SaPS", "POLICIES",
+__all__ = ["train", "TrainResult", "ParameterServerClassifier", "Policy", "ASP", "BSP", "SSP", "SaPS",
+           "RPS", "POLICIES",
            "ParameterStore", "PushResult", "WaitPolicy", "load_checkpoint",
            "save_checkpoint", "plot_losses", "curves_of"]

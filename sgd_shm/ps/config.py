@@ -48,6 +48,12 @@ class TrainConfig:
     address: str | None = None
     compress: object = None             # a sgd_shm.compress compressor; None: dense
     epochs: int | None = None           # work budget: epochs * (total minibatches)
+    drop: float | None = None           # message loss probability; None: reliable links
+
+    @property
+    def lossy(self) -> bool:
+        """True when messages are emulated as lossy (``drop`` given, or RPS)."""
+        return self.drop is not None
 
     @property
     def loss_code(self) -> int:
@@ -138,6 +144,29 @@ def _compress(compress):
     return comp
 
 
+def _drop(drop, pol, compress):
+    """The message-loss probability of a run: None (reliable, the plain path) or a
+    float in [0, 1); RPS always counts its messages (drop None -> 0.0)."""
+    if drop is not None:
+        if isinstance(drop, bool) or not isinstance(drop, (int, float, np.integer,
+                                                           np.floating)) \
+                or not 0 <= drop < 1:
+            raise ValueError(f"drop: the probability that a message is lost must be a number "
+                             f"in [0, 1) (1 would lose every message), got {drop!r}; e.g. "
+                             "drop=0.1")
+        if not pol.tolerates_loss:
+            raise ValueError(f"drop: policy {pol.name!r} cannot lose messages (its gate counts "
+                             "pushes, and a lost push would stall it); use policy='rps' "
+                             "(model averaging that tolerates loss) or 'asp', or leave "
+                             "drop=None")
+    if pol.replicated:
+        if compress is not None:
+            raise ValueError(f"compress: policy {pol.name!r} sends model blocks, not gradients, "
+                             "and error feedback does not apply to them; leave compress=None")
+        return 0.0 if drop is None else float(drop)
+    return None if drop is None else float(drop)
+
+
 def _wait(wait):
     if wait is None:
         return WaitPolicy()
@@ -151,7 +180,8 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                 staleness=None, n_shards=8, sample_every=0.02, window=0.5,
                 detect_factor=2.0, transient=None, faults=None, checkpoint=None,
                 checkpoint_every=5.0, resume=None, wait=None, seed=None, progress=None,
-                backend="shm", address=None, compress=None, epochs=None) -> TrainConfig:
+                backend="shm", address=None, compress=None, epochs=None,
+                drop=None) -> TrainConfig:
     """A :class:`TrainConfig` from :func:`sgd_shm.ps.train`'s keyword arguments."""
     pol = make_policy(policy, staleness=staleness, window=window, detect_factor=detect_factor)
     if loss not in LOSSES:
@@ -181,7 +211,8 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
         resume=None if resume is None else os.fspath(resume), wait=_wait(wait), seed=seed,
         progress=_progress(progress), backend=backend, address=address,
         compress=_compress(compress),
-        epochs=None if epochs is None else _int_at_least("epochs", epochs))
+        epochs=None if epochs is None else _int_at_least("epochs", epochs),
+        drop=_drop(drop, pol, compress))
 
 
 def _progress(progress):

@@ -13,6 +13,12 @@ never compare policy names:
 * ``on_sample(view)``: called by the coordinator at every sample (every
   ``sample_every`` seconds), e.g. to flag stragglers.
 
+Two attributes say what a policy is built for: ``tolerates_loss`` (the run may lose
+messages, ``train(drop=p)``: true for ASP and RPS; a gate that counts pushes, as BSP's
+and SSP's, would wait forever for a push that was lost) and ``replicated`` (every
+worker keeps a full model replica and a step is a round of model averaging, as in
+:class:`RPS`; the store then holds the servers' averages).
+
 :class:`Policy` is ASP: every hook has the asynchronous answer. BSP and SSP override
 the gate, SaPS the push, the sources and the sample. A user-defined policy subclasses
 :class:`Policy` and overrides what it changes; it must pickle (it is sent to the
@@ -29,7 +35,9 @@ workers). Example: a policy that drops every push staler than 8 updates::
 Sources: SSP is Ho et al., "More effective distributed ML via a stale synchronous
 parallel parameter server", NIPS 2013; SaPS after Yu, Zhu, Chen, Cheng, Hu, Li,
 "Accelerating distributed training in heterogeneous clusters via a straggler-aware
-parameter server", HPCC 2019, with the exact rules stated in :class:`SaPS`.
+parameter server", HPCC 2019, with the exact rules stated in :class:`SaPS`; RPS is
+the Robust Parameter Server of Yu, Tang, Renggli, Kassing, Singla, Alistarh, Zhang,
+Liu, "Distributed learning over unreliable networks", ICML 2019 (arXiv:1810.07766).
 """
 from __future__ import annotations
 
@@ -40,7 +48,8 @@ import numpy as np
 
 from sgd_shm.ps.store import DEAD, FLAGGED
 
-__all__ = ["Policy", "ASP", "BSP", "SSP", "SaPS", "POLICIES", "make_policy"]
+__all__ = ["Policy", "ASP", "BSP", "SSP", "SaPS", "RPS", "POLICIES", "make_policy",
+           "server_average"]
 
 
 class Policy:
@@ -52,6 +61,8 @@ class Policy:
 
     name = "asp"
     uses_staleness = False
+    tolerates_loss = True
+    replicated = False
 
     def bind(self, n_workers: int) -> "Policy":
         """A copy of this policy set up for a run of ``n_workers`` workers (a
@@ -90,6 +101,7 @@ class SSP(Policy):
     worker has pushed at least c - staleness times (Ho et al. 2013)."""
 
     name = "ssp"
+    tolerates_loss = False
 
     def __init__(self, staleness=None):
         self.staleness = staleness
@@ -149,6 +161,7 @@ class SaPS(Policy):
 
     name = "saps"
     uses_staleness = True
+    tolerates_loss = False
 
     def __init__(self, staleness=None, window=0.5, detect_factor=2.0):
         for nm, v in (("window", window), ("detect_factor", detect_factor)):
@@ -211,8 +224,60 @@ class SaPS(Policy):
                 f"detect_factor={self.detect_factor!r})")
 
 
-#: the policies by name, as ``train(policy=...)`` takes them
+class RPS(BSP):
+    """Robust Parameter Server: synchronous model averaging that tolerates lost
+    messages (Yu, Tang, Renggli, Kassing, Singla, Alistarh, Zhang, Liu, "Distributed
+    learning over unreliable networks", ICML 2019, arXiv:1810.07766).
+
+    Every worker keeps a full replica of the model; the ``n_shards`` shards are the
+    servers, server j owning block j. A round of worker k:
+
+    1. a local SGD step on its replica, with the next minibatch of its own partition;
+    2. it sends block j of its replica to server j, for every j (each message lost
+       with probability ``drop``, ``train``'s argument);
+    3. the round's barrier (BSP's gate, asked after the sends): every live worker
+       has sent this round;
+    4. server j averages the blocks it received this round (:func:`server_average`)
+       and answers every worker (each answer lost with probability ``drop``); a
+       server that received nothing has nothing to send;
+    5. worker k replaces its block j with server j's answer where one arrived and
+       keeps its own block j where none did.
+
+    The store holds the servers' model (shard j: server j's last average; its
+    version: the rounds server j completed); that is the model the coordinator
+    evaluates and ``train`` returns. With ``drop=0`` every replica equals the
+    servers' model after each round: synchronous model averaging (one local step
+    per round). A worker never steals minibatches; a killed worker is no longer
+    waited for, as under BSP."""
+
+    name = "rps"
+    tolerates_loss = True
+    replicated = True
+
+    def __repr__(self):
+        return "RPS()"
+
+
+def server_average(blocks):
+    """Server j's answer: the mean of the blocks it received (a list of equal-length
+    float64 arrays, in worker order), summed one after another and divided by their
+    count, so every transport computes the same bits; ``None`` when it received
+    none."""
+    if not blocks:
+        return None
+    acc = np.array(blocks[0], dtype=np.float64, copy=True)
+    for b in blocks[1:]:
+        acc += b
+    acc /= len(blocks)
+    return acc
+
+
+#: the policies by name, as ``train(policy=...)`` takes them, that ``python -m sgd_shm``
+#: and ``python -m bench ps`` compare on a straggler
 POLICIES = ("bsp", "asp", "ssp", "saps")
+#: every name ``train(policy=...)`` takes: POLICIES and "rps" (model averaging over an
+#: unreliable network, see :class:`RPS` and ``python -m bench unreliable``)
+POLICY_NAMES = POLICIES + ("rps",)
 
 
 def _bound(staleness, n_workers):
@@ -223,7 +288,7 @@ def _bound(staleness, n_workers):
 
 
 def make_policy(policy, *, staleness=None, window=0.5, detect_factor=2.0) -> Policy:
-    """A policy object from ``train``'s arguments: a name in :data:`POLICIES` (with
+    """A policy object from ``train``'s arguments: a name in :data:`POLICY_NAMES` (with
     ``staleness``, ``window``, ``detect_factor``), or a :class:`Policy` instance,
     returned as it is."""
     if isinstance(policy, Policy):
@@ -239,5 +304,7 @@ def make_policy(policy, *, staleness=None, window=0.5, detect_factor=2.0) -> Pol
         return SSP(staleness)
     if policy == "saps":
         return SaPS(staleness, window, detect_factor)
-    raise ValueError(f"policy: must be one of {POLICIES} or a sgd_shm.ps.Policy instance, "
-                     f"got {policy!r}")
+    if policy == "rps":
+        return RPS()
+    raise ValueError(f"policy: must be one of {POLICY_NAMES} or a sgd_shm.ps.Policy "
+                     f"instance, got {policy!r}")

@@ -15,6 +15,13 @@
   (numpy arrays are shared zero-copy by the workers of a node).
 * The coordinator (the caller's process) reads shard versions and worker counters
   through actor calls; ``ray.kill`` of a worker actor is the fault injection.
+* Model averaging (RPS): the shard actors are the servers. A worker sends its block
+  j of round r to shard j (``deposit``, waited for) unless the message is lost, then
+  counts the deposit at the hub; after the round's barrier it asks each shard for
+  its average of round r (``average``, or ``finish`` where the answer is lost, so
+  the server still completes the round), which the shard computes once, from the
+  blocks it holds in worker order, on the first such call. Message counts go to the
+  hub (fire and forget).
 
 Ray is an optional extra (``pip install 'relaxed-sgd-kit[ray]'``): this module is
 imported only by ``train(..., backend="ray")``. With ``address=None`` a local Ray
@@ -35,8 +42,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sgd_shm.ps._grad import batch_grad
 from sgd_shm.ps.partitions import tally, written_off_lag
-from sgd_shm.ps.store import HIST_BINS, SLOT_FIELDS, SLOT_INDEX as _SLOT, staleness_bin
-from sgd_shm.ps.worker import Diverged, run_worker
+from sgd_shm.ps.policies import server_average
+from sgd_shm.ps.store import DEAD, HIST_BINS, SLOT_FIELDS, SLOT_INDEX as _SLOT, staleness_bin
+from sgd_shm.ps.worker import MESSAGE_FIELDS, Diverged, run_worker
 
 def _gather(shards):
     """(weights, shard versions) from the shard actors, read in parallel."""
@@ -57,6 +65,32 @@ class _Shard:
     def reset(self, w, version):
         self.w = np.array(w, dtype=np.float64)
         self.version = int(version)
+        self.inbox = {}              # RPS: round -> {worker: block}
+        self.done, self.had = -1, False
+
+    def deposit(self, r, k, block):
+        """RPS: worker k's block of round r arrived."""
+        self.inbox.setdefault(int(r), {})[int(k)] = block
+
+    def _complete(self, r):
+        """Average round r once (every deposit of it is in: the barrier has passed)."""
+        if r > self.done:
+            got = self.inbox.pop(r, {})
+            avg = server_average([got[i] for i in sorted(got)])
+            if avg is not None:
+                self.w = avg
+            self.had, self.done, self.version = avg is not None, r, r + 1
+            self.inbox = {q: b for q, b in self.inbox.items() if q > r}
+
+    def average(self, r):
+        """RPS: the average of round r, or None when no block of it arrived."""
+        self._complete(int(r))
+        return self.w if self.had else None
+
+    def finish(self, r):
+        """RPS, an answer that is lost: complete round r; whether there was one."""
+        self._complete(int(r))
+        return self.had
 
     def pull(self):
         return self.w, self.version
@@ -79,7 +113,7 @@ class _Hub:
     """Global version, slots, histograms, stop flag and minibatch queues."""
 
     def reset(self, n_workers, n_batches, seed, version=0, pushes=None, epochs=None,
-              budget=None, n_params=0):
+              budget=None, n_params=0, n_shards=1):
         self.n, self.nb = n_workers, np.asarray(n_batches, np.int64)
         self.boff = np.concatenate([[0], np.cumsum(self.nb)])
         self.rng = np.random.default_rng(seed)
@@ -97,6 +131,7 @@ class _Hub:
         self.taken = np.zeros((n_workers, int(self.boff[-1])), np.int64)
         self.stop = False
         self.budget, self.claimed, self.n_params = budget, 0, int(n_params)
+        self.msgs = np.zeros((n_workers, n_shards, len(MESSAGE_FIELDS)), np.int64)
 
     # ---- workers ---------------------------------------------------------------------
     def view(self):
@@ -124,6 +159,25 @@ class _Hub:
 
     def add(self, k, field, n):
         self.slots[k, _SLOT[field]] += n
+
+    def deposited(self, k):
+        """RPS: worker k sent its round (one push of staleness 0, every block sent);
+        the version is the rounds every live worker has sent."""
+        s = self.slots[k]
+        s[_SLOT["pushes"]] += 1
+        s[_SLOT["bytes_sent"]] += 8 * self.n_params
+        s[_SLOT["bytes_dense"]] += 8 * self.n_params
+        self.hist[k, 0] += 1
+        self.applied_weight[k] += 1.0
+        live = self.slots[:, _SLOT["status"]] != DEAD
+        if live.any():
+            self.version = max(self.version, int(self.slots[live, _SLOT["pushes"]].min()))
+
+    def add_messages(self, k, counts):
+        self.msgs[k] += counts
+
+    def messages(self):
+        return self.msgs.copy()
 
     def take(self, p, limit):
         q = self.queues[p]
@@ -202,6 +256,29 @@ class RayLink:
         self.hub, self.shards, self.bounds, self.lr = hub, shards, bounds, lr
         self._view = ray.get(hub.view.remote())
 
+    def messages(self, k, counts):
+        self.hub.add_messages.remote(k, counts)        # fire and forget, in order
+
+    def deposit(self, k, r, x, up):
+        b = self.bounds
+        ray.get([self.shards[j].deposit.remote(r, k, x[b[j]:b[j + 1]].copy())
+                 for j in np.flatnonzero(up)])
+        self.hub.deposited.remote(k)                   # ordered before k's next view
+
+    def collect(self, k, r, x, down):
+        b = self.bounds
+        refs = [(s.average if down[j] else s.finish).remote(r)
+                for j, s in enumerate(self.shards)]
+        answered = np.zeros(len(self.shards), bool)
+        for j, got in enumerate(ray.get(refs)):
+            if down[j]:
+                answered[j] = got is not None
+                if got is not None:
+                    x[b[j]:b[j + 1]] = got
+            else:
+                answered[j] = bool(got)
+        return answered
+
     def stopped(self):
         self._view = ray.get(self.hub.view.remote())
         return self._view[0]
@@ -213,10 +290,11 @@ class RayLink:
         v = ray.get(self.hub.pulled.remote(k))
         return _gather(self.shards)[0], v
 
-    def push(self, k, g, v, scale, nbytes=None):
+    def push(self, k, g, v, scale, nbytes=None, shards=None):
         step = self.lr * scale
         b = self.bounds
-        ray.get([s.apply.remote(g[b[i]:b[i + 1]], step) for i, s in enumerate(self.shards)])
+        to = range(len(self.shards)) if shards is None else shards
+        ray.get([self.shards[i].apply.remote(g[b[i]:b[i + 1]], step) for i in to])
         ray.get(self.hub.pushed.remote(k, v, scale, nbytes))
 
     def push_sparse(self, k, idx, vals, v, scale, nbytes):
@@ -327,7 +405,7 @@ class RayBackend:
     name = "ray"
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, address=None,
-                 budget=None):
+                 budget=None, replicas=False, lossy=False):
         ensure_ray(address)
         self.n_workers = n_workers
         self.bounds = np.linspace(0, n_params, n_shards + 1).astype(np.int64)
@@ -336,6 +414,7 @@ class RayBackend:
         self.shards = _POOL.take(_Shard, n_shards)
         self.hub = _POOL.take(_Hub, 1)[0]
         self.workers, self.runs, self._seen, self.nodes, self._killed = [], [], set(), [], set()
+        self.lossy = lossy
         restore = ckpt is not None and len(ckpt["pushes"]) == n_workers
         ray.get([s.reset.remote(w[self.bounds[i]:self.bounds[i + 1]], int(vers[i]))
                  for i, s in enumerate(self.shards)]
@@ -343,7 +422,8 @@ class RayBackend:
                                          version=0 if ckpt is None else ckpt["version"],
                                          pushes=ckpt["pushes"] if restore else None,
                                          epochs=ckpt["epochs"] if restore else None,
-                                         budget=budget, n_params=n_params)])
+                                         budget=budget, n_params=n_params,
+                                         n_shards=n_shards)])
 
     def start(self, job, seeds, lr, wait):
         job_ref = ray.put(job)
@@ -405,6 +485,10 @@ class RayBackend:
 
     def report(self):
         return ray.get(self.hub.report.remote())
+
+    def messages(self):
+        """(n_workers, n_shards, 4) message counts, or None without message loss."""
+        return ray.get(self.hub.messages.remote()) if self.lossy else None
 
     def close(self):
         """Idle actors go back to the pool for the next run; a killed or stuck worker

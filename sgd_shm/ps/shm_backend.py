@@ -5,6 +5,17 @@ partitions in shared memory.
 partitions, by direct loads, stores and atomics); :class:`ShmBackend` is what the
 coordinator drives (start, watch and kill the workers, read their slots, flag them,
 snapshot, stop and report).
+
+Model averaging (RPS) and message loss add a :class:`Mailbox` segment: the servers'
+inboxes (a worker's blocks of round r, stamped r + 1 where they arrived, in one of two
+buffers by the round's parity) and per-worker message counts. The servers are not
+processes: after a round's barrier each worker computes each server's average from
+the inboxes (the same bits in every worker) and the first one publishes it to the
+store. Intended races: a worker writes its blocks, then their stamps, then bumps its
+push counter atomically; a reader passes the barrier only after reading every live
+worker's counter, so it sees the blocks whose stamps it sees (x86 keeps stores in
+order and loads in order). A buffer is rewritten two rounds later, after every
+worker has passed the next barrier and so finished reading it.
 """
 from __future__ import annotations
 
@@ -15,9 +26,11 @@ import socket
 import multiprocess as mp
 import numpy as np
 
+from sgd_shm._procs import shared_arrays
 from sgd_shm.ps.partitions import Partitions
+from sgd_shm.ps.policies import server_average
 from sgd_shm.ps.store import ParameterStore, WaitPolicy, _cas_py, store_release_py
-from sgd_shm.ps.worker import EXIT_DIVERGED, Diverged, run_worker
+from sgd_shm.ps.worker import EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, run_worker
 
 
 def warm_up(compressor=None, n_features=4):
@@ -29,6 +42,9 @@ def warm_up(compressor=None, n_features=4):
         w, v = scratch.pull(worker=0)
         res = scratch.push(np.zeros(4), v, lr=0.0, worker=0)
         scratch.push_deferred(res)
+        scratch.push(np.zeros(4), v, lr=0.0, worker=0, shards=[1])
+        scratch.deposited(0, 0)
+        scratch.publish(0, np.zeros(2), 1)
         scratch.record(0, compute_ns=0, status=0)
         scratch.snapshot()
         if compressor is not None:
@@ -41,13 +57,41 @@ def warm_up(compressor=None, n_features=4):
     store_release_py(word, 0)
 
 
+class Mailbox:
+    """The servers' inboxes of model averaging and the message counts, in one shared
+    segment: ``box[r % 2][k]``: worker k's replica as sent in round r (only the blocks
+    that arrived are written), ``stamps[r % 2][k, j] = r + 1`` where its block j
+    arrived; ``counts[k, j]``: worker k's messages with server j (columns
+    :data:`sgd_shm.ps.worker.MESSAGE_FIELDS`), written by worker k only."""
+
+    def __init__(self, n_params, n_shards, n_workers, replicas):
+        shape = (2, n_workers, n_params) if replicas else (0,)
+        self._seg, v = shared_arrays({
+            "box": (shape, np.float64),
+            "stamps": ((2, n_workers, n_shards) if replicas else (0,), np.int64),
+            "counts": ((n_workers, n_shards, len(MESSAGE_FIELDS)), np.int64)})
+        self.box, self.stamps, self.counts = v["box"], v["stamps"], v["counts"]
+
+    def close(self):
+        for a in ("box", "stamps", "counts"):
+            self.__dict__.pop(a, None)
+        if self._seg is not None:
+            self._seg.close()
+            self._seg = None
+
+
 class ShmLink:
     """A worker's view of the run on shared memory (see :mod:`sgd_shm.ps.worker`)."""
 
     poll_s = 0.0002                  # a look at the gate is a few loads
 
-    def __init__(self, store, parts, lr, wait, parent):
+    def __init__(self, store, parts, lr, wait, parent, mail=None):
         self.store, self.parts, self.lr, self.wait, self.parent = store, parts, lr, wait, parent
+        self.mail = mail
+
+    @property
+    def bounds(self):
+        return self.store.bounds
 
     def stopped(self):
         return bool(self.parts.stop[0])
@@ -58,11 +102,35 @@ class ShmLink:
     def pull(self, k):
         return self.store.pull(worker=k)
 
-    def push(self, k, g, v, scale, nbytes=None):
+    def push(self, k, g, v, scale, nbytes=None, shards=None):
         res = self.store.push(g, v, lr=self.lr, worker=k, scale=scale, wait=self.wait,
-                              nbytes=nbytes)
+                              nbytes=nbytes, shards=shards)
         while res.deferred:                          # finish it even when stopping
             self.store.push_deferred(res, wait=self.wait)
+
+    def messages(self, k, counts):
+        self.mail.counts[k] += counts
+
+    def deposit(self, k, r, x, up):
+        box, stamps, b = self.mail.box[r % 2], self.mail.stamps[r % 2], self.bounds
+        for j in np.flatnonzero(up):
+            box[k, b[j]:b[j + 1]] = x[b[j]:b[j + 1]]
+            stamps[k, j] = r + 1                     # after the block (see the module notes)
+        self.store.deposited(k, 8 * x.shape[0])      # the worker sent every block
+
+    def collect(self, k, r, x, down):
+        box, stamps, b = self.mail.box[r % 2], self.mail.stamps[r % 2], self.bounds
+        answered = np.zeros(len(b) - 1, bool)
+        for j in range(len(b) - 1):
+            who = np.flatnonzero(stamps[:, j] == r + 1)
+            answered[j] = who.size > 0
+            if not (down[j] and who.size) and self.store.shard_version(j) > r:
+                continue                             # nothing to take, already published
+            avg = server_average([box[i, b[j]:b[j + 1]] for i in who])
+            self.store.publish(j, avg, r + 1)
+            if down[j] and avg is not None:
+                x[b[j]:b[j + 1]] = avg
+        return answered
 
     def push_sparse(self, k, idx, vals, v, scale, nbytes):
         res = self.store.push_sparse(idx, vals, v, lr=self.lr, worker=k, scale=scale,
@@ -116,13 +184,16 @@ class ShmBackend:
 
     name = "shm"
 
-    def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None):
+    def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
+                 replicas=False, lossy=False):
         self.n_workers = n_workers
-        self.store = self.parts = None
+        self.store = self.parts = self.mail = None
         self.procs = []
         try:
             self.store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers)
             self.parts = Partitions(batches, rng, budget)
+            if replicas or lossy:
+                self.mail = Mailbox(n_params, n_shards, n_workers, replicas)
             if ckpt is not None:                     # sparse pushes may leave shards behind
                 slack = max(0, int(ckpt["version"]) - int(np.min(ckpt["shard_versions"])))
                 self.store.restore(ckpt["weights"], ckpt["shard_versions"], ckpt["version"],
@@ -139,7 +210,7 @@ class ShmBackend:
     # ---- workers ---------------------------------------------------------------------
     def start(self, job, seeds, lr, wait: WaitPolicy):
         warm_up(job.compressor, job.n_features)
-        link = ShmLink(self.store, self.parts, lr, wait, os.getpid())
+        link = ShmLink(self.store, self.parts, lr, wait, os.getpid(), self.mail)
         ctx = mp.get_context("fork")
         self.procs = [ctx.Process(target=_process_main, name=f"ps-worker-{k}",
                                   args=(link, job, k, int(seeds[k])), daemon=True)
@@ -223,8 +294,15 @@ class ShmBackend:
         self.store._check()
         return workers, hist, batches
 
+    def messages(self):
+        """(n_workers, n_shards, 4) message counts (columns
+        :data:`sgd_shm.ps.worker.MESSAGE_FIELDS`), or None without message loss."""
+        return None if self.mail is None else self.mail.counts.copy()
+
     def close(self):
         if self.store is not None:
             self.store.close()
         if self.parts is not None:
             self.parts.close()
+        if self.mail is not None:
+            self.mail.close()

@@ -52,6 +52,14 @@ them), and counts as one push like a dense one:
 the same slot counters, histogram and +1 on the global version once it is applied
 in full. Its effect on the weights is exactly that of the dense push of the same
 vector scattered into zeros.
+
+A push to some shards only (``push(..., shards=[...])``: the messages to the others
+were lost) applies and bumps those and counts as one push, raising the slack like a
+sparse push. For model averaging (RPS) the store holds the servers' averages:
+``deposited`` counts a worker's round in its slot (the blocks went to the servers'
+mailbox, not into the weights), and ``publish`` writes server j's average of a round
+into shard j once (the first caller) and raises the global version to the rounds
+every shard has completed.
 """
 from __future__ import annotations
 
@@ -403,6 +411,10 @@ class ParameterStore:
         self._check_open()
         return self._versions[::LINE].copy()
 
+    def shard_version(self, shard) -> int:
+        """One shard's version, read as it is (an update may be landing)."""
+        return int(self._versions[int(shard) * LINE])
+
     def snapshot(self):
         """(weights, shard_versions, version), consistent shard by shard: each
         shard is copied under its lock, with the version that counts exactly the
@@ -495,15 +507,18 @@ class ParameterStore:
         return out, v
 
     def push(self, grad, version, *, lr, worker=None, scale=1.0, wait=WaitPolicy(),
-             nbytes=None):
+             nbytes=None, shards=None):
         """Apply ``weights -= lr * scale * grad`` shard by shard, each under its
         lock, bumping each shard's version and then the global version. Returns
         a :class:`PushResult`; shards whose lock stayed held past the wait
         policy are deferred (not applied) and listed in ``.deferred``.
         ``nbytes``: what the pushed gradient cost to send, added to the worker's
         ``bytes_sent`` (``None``: 8 bytes per weight; a decoded compressed message
-        passes its own size)."""
+        passes its own size). ``shards``: apply only these (ascending, distinct;
+        ``None``: all), as when the messages to the others were lost; the push
+        counts once, like a sparse push that skipped shards (the slack is raised)."""
         self._check_open()
+        todo = range(self.n_shards) if shards is None else self._shard_list(shards)
         g = self._grad(grad)
         lr, scale = _finite("lr", lr), _finite("scale", scale)
         if not isinstance(wait, WaitPolicy):
@@ -515,7 +530,9 @@ class ParameterStore:
         wid = None if worker is None else self._worker(worker)
         stale = int(self._global[0]) - int(version)
         res = PushResult([], [], stale, g, lr * scale)
-        self._apply(res, range(self.n_shards), wait)
+        if len(todo) < self.n_shards:                   # the other shards skip this push
+            fetch_add_py(self._global, 1, 1)
+        self._apply(res, todo, wait)
         if wid is not None:
             self._account(wid, stale, res, scale, 8 * self.n_params if nbytes is None
                           else nbytes)
@@ -597,6 +614,62 @@ class ParameterStore:
         if not res.deferred:
             fetch_add_py(self._global, 0, 1)
         return res
+
+    def _shard_list(self, shards):
+        out = [int(s) for s in shards]
+        if not out or any(not 0 <= s < self.n_shards for s in out) or any(
+                b <= a for a, b in zip(out, out[1:])):
+            raise ValueError(f"shards: expected ascending distinct shards in [0, "
+                             f"{self.n_shards}), at least one, got {list(shards)!r}; a push "
+                             "that reaches no shard is not made")
+        return out
+
+    # ---- model averaging (RPS): the store holds the servers' averages --------------------
+    def deposited(self, worker, nbytes):
+        """Count a model-averaging deposit in the worker's slot: one push of staleness
+        0 whose blocks went to the servers' mailbox, not into the weights;
+        ``bytes_sent`` += ``nbytes`` (the blocks that were sent), ``bytes_dense`` +=
+        8 * n_params. The pushes counter is what the round barrier reads."""
+        self._check_open()
+        k = self._worker(worker)
+        _account_slot(self._slots[k], self._slotsf[k], self._hist[k], 0, 0, 0, int(nbytes),
+                      8 * self.n_params, 1.0, time.monotonic_ns())
+
+    def publish(self, shard, values, version) -> bool:
+        """Server ``shard``'s state after round ``version``: under the shard's lock, if
+        its version is below ``version``, set its weights to ``values`` (``None``:
+        keep them, the server received nothing) and its version to ``version``, then
+        raise the global version to the smallest shard version (the rounds every
+        server has completed). The first caller of a round writes and gets True;
+        later callers (with the same values) find the version and get False."""
+        self._check_open()
+        s = int(shard)
+        if not 0 <= s < self.n_shards:
+            raise ValueError(f"shard: must be in [0, {self.n_shards}), got {shard!r}")
+        lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
+        if values is not None and np.shape(values) != (hi - lo,):
+            raise ValueError(f"values: shard {s} holds {hi - lo} weights, got shape "
+                             f"{np.shape(values)}")
+        lock = self._locks[s * LINE:s * LINE + 1]
+        pid = os.getpid()
+        while not _cas_py(lock, 0, pid):
+            holder = int(lock[0])
+            if holder and not _pid_alive(holder):
+                _cas_py(lock, holder, 0)                # its holder died: take it over
+            else:
+                os.sched_yield()
+        wrote = int(self._versions[s * LINE]) < int(version)
+        if wrote:
+            if values is not None:
+                self.weights[lo:hi] = values
+            self._versions[s * LINE] = int(version)
+        store_release_py(lock, 0)
+        done = int(self._versions[::LINE].min())
+        g = self._global[0:1]
+        cur = int(g[0])
+        while cur < done and not _cas_py(g, cur, done):
+            cur = int(g[0])
+        return wrote
 
     def _apply(self, res, shards, wait):
         pid = os.getpid()

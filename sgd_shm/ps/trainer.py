@@ -23,7 +23,7 @@ from sgd_shm.ps.checkpoint import load_checkpoint
 from sgd_shm.ps.config import make_config
 from sgd_shm.ps.coordinator import Coordinator
 from sgd_shm.ps.partitions import Batches
-from sgd_shm.ps.worker import Job
+from sgd_shm.ps.worker import MESSAGE_FIELDS, Job
 
 __all__ = ["train", "TrainResult"]
 
@@ -47,6 +47,13 @@ class TrainResult(LinearModel):
     compressor (its repr) or None; epochs: the work budget or None; bytes_sent and
     bytes_dense: what the pushes sent, and what they would have sent dense (equal
     without a compressor).
+
+    Message loss (``drop=``, and every RPS run): drop: the probability p, or None
+    for reliable links; messages: {"drop", "seed" (the loss coins' seed, see
+    :class:`sgd_shm.ps.worker.Losses`), "per_worker" and "per_shard": dicts of
+    up_sent / up_lost (worker -> server messages, of them lost) and down_sent /
+    down_lost (server -> worker answers, of them lost)}; the per-worker counts are
+    also in ``workers``. Under RPS ``updates`` counts rounds.
     """
     policy: str
     history: list
@@ -67,6 +74,17 @@ class TrainResult(LinearModel):
     nodes: list = field(default_factory=list)
     compress: str | None = None
     epochs: int | None = None
+    drop: float | None = None
+    messages: dict | None = None
+
+    @property
+    def observed_drop(self) -> float | None:
+        """The fraction of messages lost, both directions together (None without
+        message loss)."""
+        if self.messages is None:
+            return None
+        tot = self.messages["total"]
+        return (tot["up_lost"] + tot["down_lost"]) / max(1, tot["up_sent"] + tot["down_sent"])
 
     @property
     def bytes_sent(self) -> int:
@@ -109,14 +127,39 @@ def _fixed(grad, d):
     return fixed
 
 
+def _n_shards(cfg, d, ckpt):
+    """Shards of the run: n_shards, at most one per weight. With message loss or RPS
+    a shard is a server of the experiment, so more shards than weights is an error
+    there rather than cut down silently."""
+    if ckpt is not None:
+        return len(ckpt["shard_versions"])
+    if cfg.lossy and cfg.n_shards > d:
+        raise ValueError(f"n_shards: {cfg.n_shards} shards for {d} weights; with "
+                         f"policy={cfg.policy.name!r} and drop={cfg.drop} every shard is a "
+                         f"server that must own at least one weight; use n_shards <= {d}")
+    return min(cfg.n_shards, d)
+
+
 def _backend(cfg, d, batches, rng, ckpt, budget):
-    shards = min(cfg.n_shards, d) if ckpt is None else len(ckpt["shard_versions"])
+    shards = _n_shards(cfg, d, ckpt)
+    kw = {"budget": None if cfg.policy.replicated else budget,
+          "replicas": cfg.policy.replicated, "lossy": cfg.lossy}
     if cfg.backend == "ray":
         from sgd_shm.ps.ray_backend import RayBackend     # Ray is an optional extra
-        return RayBackend(d, shards, cfg.n_workers, batches, rng, ckpt, cfg.address,
-                          budget=budget)
+        return RayBackend(d, shards, cfg.n_workers, batches, rng, ckpt, cfg.address, **kw)
     from sgd_shm.ps.shm_backend import ShmBackend
-    return ShmBackend(d, shards, cfg.n_workers, batches, rng, ckpt, budget=budget)
+    return ShmBackend(d, shards, cfg.n_workers, batches, rng, ckpt, **kw)
+
+
+def _budget(cfg, batches):
+    """The work budget of ``epochs=``: minibatch applications; under a replicated
+    policy (RPS) rounds, epochs times the largest partition's minibatches (every
+    worker takes one minibatch of its own partition per round)."""
+    if cfg.epochs is None:
+        return None
+    if cfg.policy.replicated:
+        return cfg.epochs * int(batches.n_batches.max())
+    return cfg.epochs * int(batches.n_batches.sum())
 
 
 class _BudgetCoordinator(Coordinator):
@@ -126,6 +169,15 @@ class _BudgetCoordinator(Coordinator):
     def sample(self, now, cfg, bar):
         done = super().sample(now, cfg, bar)
         return done or self.backend.budget_done(len(self.killed))
+
+
+class _RoundsCoordinator(Coordinator):
+    """The coordinator of a replicated run with a budget of rounds: it also stops once
+    every server has completed them (the global version counts rounds)."""
+
+    def sample(self, now, cfg, bar):
+        done = super().sample(now, cfg, bar)
+        return done or self.backend.version() >= self.last_round
 
 
 def _progress_bar(cfg, label):
@@ -145,8 +197,9 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
     ----------------------------------------------
     X, y : CSR/dense matrix and binary labels.
     n_workers [4] : worker processes (``backend="shm"``) or Ray actors.
-    policy ["saps"] : "bsp", "asp", "ssp", "saps", or a :class:`sgd_shm.ps.Policy`
-        instance (e.g. ``SSP(staleness=2)`` or a user's subclass).
+    policy ["saps"] : "bsp", "asp", "ssp", "saps", "rps", or a
+        :class:`sgd_shm.ps.Policy` instance (e.g. ``SSP(staleness=2)`` or a user's
+        subclass).
     staleness [n_workers] : s for "ssp" and the bound for "saps".
     window [0.5], detect_factor [2.0] : SaPS detection; the window should span
         several steps of the slowest worker.
@@ -184,6 +237,16 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
         the residual neither loses earlier mass nor gains the dropped gradient).
         ``bytes_sent`` / ``bytes_dense`` of the result count the messages' bytes
         against 8 bytes per weight per push (equal when compress is None).
+    drop [None] : message loss: every message between a worker and a shard's
+        server (both directions) is lost independently with this probability in
+        [0, 1), with coins seeded from ``seed`` (:class:`sgd_shm.ps.worker.Losses`);
+        policy "asp" (a lost push is not applied on that shard; a lost answer to a
+        pull leaves the worker's block as last received) or "rps". Counted in
+        ``.messages``. Needs n_shards <= the number of features.
+    policy "rps" : the Robust Parameter Server of Yu et al. (ICML 2019): every
+        worker keeps a replica, takes a local step and averages its blocks through
+        the n_shards servers each round (:class:`sgd_shm.ps.policies.RPS`); with
+        ``epochs=E`` it runs E times the largest partition's minibatches rounds.
     epochs [None] : a work budget, to compare runs at equal work: the run stops
         once ``epochs * n_batches`` minibatches have been applied in total
         (n_batches: the minibatches of all partitions together, i.e. one pass over
@@ -213,14 +276,35 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
         return float(mean_loss(cfg.loss_code, *Xe, ye, w, cfg.alpha))
 
     batches = Batches.draw(X.shape[0], cfg.n_workers, cfg.batch_size, rng)
-    budget = None if cfg.epochs is None else cfg.epochs * int(batches.n_batches.sum())
+    budget = _budget(cfg, batches)
     backend = _backend(cfg, d, batches, rng, ckpt, budget)
     try:
         job = Job(matrix_parts(X), ys, d, batches, cfg.policy, cfg.lr, cfg.alpha, cfg.loss_code,
-                  cfg.factors, cfg.transient, fixed, cfg.compress, budget)
+                  cfg.factors, cfg.transient, fixed, cfg.compress, budget, cfg.drop)
         return _run(cfg, job, backend, evaluate, rng, ckpt, classes, d)
     finally:
         backend.close()
+
+
+def _loss_seed(cfg, rng):
+    """The seed of the loss coins: the run's seed when it is an int >= 0 (so the
+    coins can be replayed from it), else a draw of the run's generator."""
+    s = cfg.seed
+    if isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0:
+        return int(s)
+    return int(rng.integers(0, 2**63 - 1))
+
+
+def _messages(cfg, job, counts):
+    """The result's ``messages`` dict from the (workers, shards, 4) counts."""
+    if counts is None:
+        return None
+
+    def rows(a):
+        return [{f: int(v) for f, v in zip(MESSAGE_FIELDS, r)} for r in a]
+    return {"drop": cfg.drop, "seed": job.loss_seed, "per_worker": rows(counts.sum(axis=1)),
+            "per_shard": rows(counts.sum(axis=0)),
+            "total": rows(counts.sum(axis=(0, 1))[None])[0]}
 
 
 def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
@@ -231,10 +315,14 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
                np.empty(d))
     meta = {"policy": cfg.policy.name, "n_workers": cfg.n_workers,
             "n_samples": int(job.ys.shape[0]), "n_features": int(d), "loss": cfg.loss}
-    kind = Coordinator if job.budget is None else _BudgetCoordinator
+    kind = (Coordinator if job.budget is None else
+            _RoundsCoordinator if cfg.policy.replicated else _BudgetCoordinator)
     coord = kind(backend, cfg.policy, evaluate, cfg.n_workers,
                  t_off=ckpt["seconds"] if ckpt is not None else 0.0)
+    if job.budget is not None and cfg.policy.replicated:
+        coord.last_round = backend.version() + job.budget
     seeds = rng.integers(0, 2**63 - 1, cfg.n_workers)
+    job.loss_seed = _loss_seed(cfg, rng)
     bar = _progress_bar(cfg, cfg.policy.name)
     try:
         backend.start(job, seeds, cfg.lr, cfg.wait)
@@ -249,8 +337,11 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
         coord.checkpoint(cfg.checkpoint, now, meta)
     w, v = backend.pull()
     workers, hist, batches = backend.report()
+    messages = _messages(cfg, job, backend.messages())
     for k, sl in enumerate(workers):
         sl["slowdown"] = float(cfg.factors[k])
+        if messages is not None:
+            sl.update(messages["per_worker"][k])
     final = evaluate(w)
     coord.history.append({"seconds": coord.t_off + now, "version": v, "loss": final})
     resumed = None if ckpt is None else {"seconds": ckpt["seconds"], "version": ckpt["version"],
@@ -259,4 +350,5 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
                        coord.history[-1]["seconds"], coord.t_target, coord.killed,
                        coord.events, hist, batches, coord.written, resumed, w.copy(),
                        classes, backend.name, list(backend.nodes),
-                       None if cfg.compress is None else repr(cfg.compress), cfg.epochs)
+                       None if cfg.compress is None else repr(cfg.compress), cfg.epochs,
+                       cfg.drop, messages)

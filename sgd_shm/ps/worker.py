@@ -26,6 +26,20 @@ gate opens and before taking a minibatch, keeps it across a dropped push, and sp
 it on the push; with no ticket left it idles until the run stops (see
 :mod:`sgd_shm.ps.partitions`).
 
+With message loss (``train(..., drop=p)``, policy ASP), every step is a round trip
+of messages between the worker and each shard's server, each lost independently with
+probability p (coins from :class:`Losses`): the pull's answer of shard j may be lost,
+and the worker then computes with its block j as last received; the push's message
+to shard j may be lost, and shard j then never sees that gradient (a push lost to
+every shard is not applied at all; its minibatch counts as done, since the worker
+cannot know). The worker is not told what was lost, so nothing is re-sent and error
+feedback (with ``compress=``) keeps no memory of it.
+
+A replicated policy (``policy="rps"``, :class:`sgd_shm.ps.policies.RPS`) runs
+:func:`run_rounds` instead: every worker keeps a full replica and each step is a
+round of model averaging through the servers (the paper's rule, with the same
+losses).
+
 It talks to the store and the partitions only through a
 *link*, which each transport implements (:class:`sgd_shm.ps.shm_backend.ShmLink`,
 :class:`sgd_shm.ps.ray_backend.RayLink`):
@@ -35,8 +49,9 @@ It talks to the store and the partitions only through a
 ``stopped()``                  the run's stop flag
 ``coordinator_alive()``        False once the coordinator is gone (the worker exits)
 ``pull(k)``                    (weights, version); records the version in k's slot
-``push(k, g, v, scale, nbytes)``  apply ``-lr * scale * g``, completing deferred shards
-                               (``nbytes``: the bytes it cost; ``None``: dense)
+``push(k, g, v, scale, nbytes, shards)``  apply ``-lr * scale * g``, completing deferred
+                               shards (``nbytes``: the bytes it cost; ``None``: dense;
+                               ``shards``: only those, ``None``: all)
 ``push_sparse(k, i, x, v, s, b)``  apply ``-lr * s * x`` at the ascending indices ``i``
                                to the shards they hit only; ``b`` bytes sent
 ``claim()``                    a ticket of the work budget (False: none left)
@@ -48,6 +63,14 @@ It talks to the store and the partitions only through a
 ``take(p, rng, limit)``        a (key, batch) of partition p, refilling below ``limit``
 ``requeue(p, key, j)``         put a minibatch back
 ``applied(k, p, j)``           record that k applied minibatch j of partition p
+``bounds``                     the shard bounds (shard j: ``bounds[j]:bounds[j + 1]``)
+``messages(k, counts)``        add k's message counts of a step (:class:`Losses`)
+``deposit(k, r, x, ok)``       RPS: send block j of replica ``x`` to server j where
+                               ``ok[j]`` (round r); counts as k's push of the round
+``collect(k, r, x, ok)``       RPS, after the round's barrier: each server's average of
+                               round r (published to the store by its first reader);
+                               block j of ``x`` replaced where ``ok[j]`` and server j
+                               received anything; returns which servers answered
 =============================  =========================================================
 """
 from __future__ import annotations
@@ -86,7 +109,50 @@ class Job:
     transient: tuple | None       # (spells per second, factor, seconds)
     fixed_grad: np.ndarray | None  # tests: pushed instead of a gradient
     compressor: object = None     # sgd_shm.compress compressor; None: dense pushes
-    budget: int | None = None     # minibatch applications of the run (epochs=)
+    budget: int | None = None     # minibatch applications of the run (epochs=); RPS: rounds
+    drop: float | None = None     # message loss probability; None: reliable links
+    loss_seed: int = 0            # the run's seed of the loss coins (see Losses)
+
+
+#: the stream of worker k's loss coins: ``np.random.default_rng([loss_seed, k, LOSS_STREAM])``
+LOSS_STREAM = 0x1055
+#: the columns of a message count: worker -> server messages, of them lost; server ->
+#: worker answers, of them lost
+MESSAGE_FIELDS = ("up_sent", "up_lost", "down_sent", "down_lost")
+
+
+class Losses:
+    """Message loss of worker k: its coins and its counts per shard.
+
+    Each step (ASP) or round (RPS), worker k draws ``u = rng.random(2 * S)`` from
+    ``np.random.default_rng([loss_seed, k, LOSS_STREAM])``: its message to server j
+    gets through iff ``u[j] >= p``, server j's answer to it iff ``u[S + j] >= p``.
+    The servers' coins are drawn in the worker so that each worker's stream is its
+    own (they are independent of everything else all the same), and a run is
+    reproducible from its seed on any transport."""
+
+    def __init__(self, p, loss_seed, k, n_shards):
+        self.p, self.S = float(p), int(n_shards)
+        self.rng = np.random.default_rng([int(loss_seed), int(k), LOSS_STREAM])
+
+    def draw(self):
+        """(up, down): boolean arrays of length S, True where the message to server j
+        (up) or server j's answer (down) gets through."""
+        u = self.rng.random(2 * self.S)
+        return u[:self.S] >= self.p, u[self.S:] >= self.p
+
+    def counts(self, up=None, down=None, answered=None):
+        """The (S, 4) counts of messages (columns: :data:`MESSAGE_FIELDS`): ``up``
+        the worker's messages (None: none sent), ``down`` the servers' answers (None:
+        none), of which only the servers in ``answered`` had one to send (default
+        all)."""
+        c = np.zeros((self.S, len(MESSAGE_FIELDS)), np.int64)
+        if up is not None:
+            c[:, 0], c[:, 1] = 1, ~up
+        if down is not None:
+            ans = np.ones(self.S, bool) if answered is None else np.asarray(answered, bool)
+            c[:, 2], c[:, 3] = ans, ans & ~down
+        return c
 
 
 def _take(link, job, k, rng):
@@ -157,28 +223,76 @@ def _idle(link):
         time.sleep(max(link.poll_s, 0.001))
 
 
-def push_message(link, k, msg, v, scale):
+def push_message(link, k, msg, v, scale, shards=None):
     """Push a compressor's message: sparse ones sparsely, others decoded to dense;
-    either way the message's ``nbytes`` are what the slot counts as sent."""
+    either way the message's ``nbytes`` are what the slot counts as sent.
+    ``shards``: the shards it reaches (``None``: all); a sparse message keeps only
+    the indices that fall in them."""
     if isinstance(msg, _sparse_message()):
-        vals = msg.values
+        idx, vals = msg.indices, msg.values
         ms = getattr(msg, "scale", 1.0)
         if ms is not None and ms != 1.0:
             vals = vals * ms
-        link.push_sparse(k, msg.indices, vals, v, scale, int(msg.nbytes))
+        if shards is not None:
+            keep = np.isin(np.searchsorted(link.bounds, idx, side="right") - 1, shards)
+            idx, vals = idx[keep], vals[keep]
+        link.push_sparse(k, idx, vals, v, scale, int(msg.nbytes))
     else:
-        link.push(k, np.asarray(msg.to_dense(), dtype=np.float64), v, scale, int(msg.nbytes))
+        link.push(k, np.asarray(msg.to_dense(), dtype=np.float64), v, scale, int(msg.nbytes),
+                  shards)
+
+
+def _stretch(link, job, k, spells, t_step, t0):
+    """Emulate a slower machine after a step's work: sleep ``factor - 1`` times the
+    time since ``t_step`` (the worker's factor times a slow spell's), and add the
+    time since ``t0`` (the computation and the sleep) to k's compute time."""
+    now = time.perf_counter()
+    extra, began = spells.factor(now)
+    if began:
+        link.add(k, "spells", 1)
+    factor = job.factors[k] * extra
+    if factor > 1:
+        time.sleep((factor - 1.0) * (now - t_step))
+    link.add(k, "compute_ns", int(1e9 * (time.perf_counter() - t0)))
+
+
+def _receive(link, w, view, down):
+    """The pull's answers that got through (``down[j]``) update the worker's view of
+    the weights; a lost answer leaves its block as last received."""
+    if down.all():
+        view[:] = w
+        return view
+    b = link.bounds
+    for j in np.flatnonzero(down):
+        view[b[j]:b[j + 1]] = w[b[j]:b[j + 1]]
+    return view
+
+
+def _send(link, job, k, grad, v, scale, memory, shards):
+    """One push of ``grad`` (through the compressor's memory when there is one) to
+    ``shards`` (``None``: all)."""
+    if memory is None:
+        link.push(k, grad, v, scale, None, shards)
+    else:
+        push_message(link, k, memory.step(grad), v, scale, shards)
 
 
 def run_worker(link, job, k, seed):
     """Worker k's loop until the stop flag is set or the coordinator dies. Raises
-    :class:`Diverged` when a gradient is not finite."""
+    :class:`Diverged` when a gradient is not finite. A replicated policy (RPS) runs
+    :func:`run_rounds` instead."""
+    if job.policy.replicated:
+        return run_rounds(link, job, k, seed)
     rng = np.random.default_rng(seed)
     g = None
     spells = _Spells(job.transient, rng)
     policy = job.policy
     memory = None if job.compressor is None else job.compressor.memory(
         job.n_features, np.float64, stream=k)          # worker k draws from (seed, k)
+    losses = view = None
+    if job.drop is not None:             # the worker starts from the initial weights
+        losses = Losses(job.drop, job.loss_seed, k, len(link.bounds) - 1)
+        view = link.pull(k)[0].copy()
     budget = job.budget is not None
     ticket = False                                   # holding a ticket of the budget
     my_pushes = link.pushes(k)
@@ -197,18 +311,14 @@ def run_worker(link, job, k, seed):
         p, key, j = _take(link, job, k, rng)
         t_step = time.perf_counter()         # a slower machine pulls slower, too
         w, v = link.pull(k)
+        if losses is not None:
+            up, down = losses.draw()
+            w = _receive(link, w, view, down)
         if g is None:
             g = np.empty(w.shape[0])
         t0 = time.perf_counter()
         grad = _gradient(job, p, j, w, g)
-        now = time.perf_counter()
-        extra, began = spells.factor(now)
-        if began:
-            link.add(k, "spells", 1)
-        factor = job.factors[k] * extra
-        if factor > 1:
-            time.sleep((factor - 1.0) * (now - t_step))
-        link.add(k, "compute_ns", int(1e9 * (time.perf_counter() - t0)))
+        _stretch(link, job, k, spells, t_step, t0)
         scale = 1.0
         if policy.uses_staleness:
             tau = link.version() - v
@@ -220,12 +330,67 @@ def run_worker(link, job, k, seed):
                 continue
         if not np.isfinite(grad).all():
             raise Diverged(f"worker {k}'s gradient is NaN or inf")
-        if memory is None:
-            link.push(k, grad, v, scale)
-        else:
-            push_message(link, k, memory.step(grad), v, scale)
+        shards = None
+        if losses is not None:
+            link.messages(k, losses.counts(up, down))
+            shards = None if up.all() else np.flatnonzero(up).tolist()
+        if shards != []:                             # [] : lost on the way to every shard
+            _send(link, job, k, grad, v, scale, memory, shards)
+            my_pushes += 1
         link.applied(k, p, j)
         ticket = False
         if p != k:
             link.add(k, "stolen", 1)
-        my_pushes += 1
+
+
+def _wait_round(link, job, k, sent):
+    """RPS's barrier: wait until every live worker has sent ``sent`` rounds (the
+    policy's gate). An open barrier is passed even when the run is stopping, so a
+    round every worker has sent is completed; False: stop (or the coordinator died)
+    before it opened."""
+    while not job.policy.may_step(k, sent, link):
+        if link.stopped() or not link.coordinator_alive():
+            return False
+        time.sleep(link.poll_s)
+    return True
+
+
+def run_rounds(link, job, k, seed):
+    """Worker k's rounds of model averaging under a replicated policy
+    (:class:`sgd_shm.ps.policies.RPS`, Yu et al., ICML 2019): a local SGD step on
+    its replica with its own partition's next minibatch, its blocks sent to the
+    servers, the round's barrier, the servers' averages taken where they arrive.
+    The replica starts at the store's weights. With a budget (``epochs=``),
+    ``job.budget`` is the number of rounds; then the worker idles until the run
+    stops. Raises :class:`Diverged` when a gradient is not finite."""
+    rng = np.random.default_rng(seed)
+    spells = _Spells(job.transient, rng)
+    losses = Losses(job.drop or 0.0, job.loss_seed, k, len(link.bounds) - 1)
+    x = np.array(link.pull(k)[0], dtype=np.float64, copy=True)
+    g = np.empty_like(x)
+    sent = link.pushes(k)                            # rounds sent (a resumed run goes on)
+    left = job.budget
+    while not link.stopped():
+        if sent % 64 == 0 and not link.coordinator_alive():
+            return
+        if left is not None:
+            if left == 0:
+                _idle(link)
+                return
+            left -= 1
+        p, key, j = _take(link, job, k, rng)
+        t0 = time.perf_counter()
+        grad = _gradient(job, p, j, x, g)
+        _stretch(link, job, k, spells, t0, t0)
+        if not np.isfinite(grad).all():
+            raise Diverged(f"worker {k}'s gradient is NaN or inf")
+        x -= job.lr * grad                           # the local step
+        up, down = losses.draw()
+        link.deposit(k, sent, x, up)
+        link.messages(k, losses.counts(up=up))
+        sent += 1
+        if not _wait_round(link, job, k, sent):
+            return
+        answered = link.collect(k, sent - 1, x, down)
+        link.messages(k, losses.counts(down=down, answered=answered))
+        link.applied(k, p, j)

@@ -1,0 +1,289 @@
+"""Training over unreliable links (``python -m bench unreliable``): the Robust Parameter
+Server (RPS) of Yu, Tang, Renggli, Kassing, Singla, Alistarh, Zhang and Liu,
+"Distributed learning over unreliable networks", ICML 2019 (arXiv:1810.07766), against
+the drop rate p and the number of servers S.
+
+Problem: ``make_rcv1_like(samples, features)``, L2-regularised logistic regression,
+worker processes on shared memory, ``train(policy="rps", drop=p, n_shards=S,
+epochs=E, lr=LR)``: every run does the same work (E times the largest partition's
+minibatches rounds), so runs compare at equal epochs. Every message between a worker
+and a server, both directions, is lost with probability p.
+
+Series:
+
+* ``shards``: a fixed number of workers (``workers``, 4) and S servers, S in
+  {1, 2, 4, 8, 16}: the issue's question, S alone growing;
+* ``coupled``: as many workers as servers (n_workers = S): servers and workers grow
+  together, as when a larger cluster brings more of both;
+* ``asp``: the asynchronous PS (``policy="asp"``) with the same losses, S = 8 and
+  ``workers`` workers, at the same work budget: what a plain PS does when pushes and
+  answers to pulls are lost.
+
+An RPS run is deterministic given its seed (synchronous rounds, seeded minibatch
+order and loss coins), so the repetitions are different seeds: other partitions,
+minibatch orders and coins. A run at p is compared with the run at p = 0 of the same
+seed, series and S: the gap is (final loss - final loss at p = 0) / final loss at p = 0,
+paired. Reported per (series, S, p): the final training loss (on up to 4096 rows),
+the median, smallest and largest gap over the seeds, the observed loss rate, rounds
+per second; the loss against epochs of the first seed (from the coordinator's samples).
+The findings state, from the data, whether the gap shrinks as S grows at p = 0.1 and
+0.2 and whether the final loss at p = 0.1 with 8 servers is within 1% of the reliable
+run, and where not, how far the data go.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from sgd_shm.data import make_rcv1_like
+from sgd_shm.ps import train
+
+DROPS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3)
+SHARDS = (1, 2, 4, 8, 16)
+QUICK_DROPS = (0.0, 0.1, 0.3)
+QUICK_SHARDS = (1, 4)
+WORKERS = 4                  # workers of the "shards" and "asp" series
+EPOCHS = 5
+LR = 8.0                     # the step of the eager-SGD scenario on the same problem
+ASP_SHARDS = 8
+CLAIM_DROP, CLAIM_SHARDS, CLAIM_GAP = 0.1, 8, 0.01
+SHRINK_DROPS = (0.1, 0.2)
+SAMPLE_EVERY = 0.01
+
+
+def _curve(r, per_epoch):
+    """(epochs, loss) from the coordinator's samples: under RPS a sample's version
+    counts rounds; under ASP applied pushes (per_epoch: updates per epoch)."""
+    return {"epochs": [h["version"] / per_epoch for h in r.history],
+            "loss": [h["loss"] for h in r.history]}
+
+
+def _one(X, y, series, S, p, seed, epochs, lr, workers):
+    """One run of a series; returns its record."""
+    n = S if series == "coupled" else workers
+    policy = "asp" if series == "asp" else "rps"
+    t0 = time.perf_counter()
+    r = train(X, y, n_workers=n, policy=policy, drop=p, n_shards=S, epochs=epochs, lr=lr,
+              seed=seed, max_seconds=600.0, sample_every=SAMPLE_EVERY, progress=False)
+    wall = time.perf_counter() - t0
+    done = int(np.sum(r.batches["applied"]))      # minibatches taken (RPS: rounds x workers)
+    per_epoch = (r.updates if policy == "rps" else done) / epochs
+    return {"final_loss": r.final_loss, "updates": r.updates, "wall_s": wall,
+            "run_s": r.seconds, "observed_drop": r.observed_drop,
+            "lost_everywhere": done - r.updates if policy == "asp" else 0,
+            "curve": _curve(r, per_epoch)}
+
+
+def _grid(drops, shards, workers):
+    """The (series, S, p) settings, every p of a (series, S) together."""
+    out = [("shards", S, p) for S in shards for p in drops]
+    out += [("coupled", S, p) for S in shards for p in drops]
+    out += [("asp", ASP_SHARDS, p) for p in drops]
+    return out
+
+
+def run(reps, seed, *, samples=20_000, features=2_000, workers=WORKERS, epochs=EPOCHS,
+        lr=LR, drops=DROPS, shards=SHARDS, quick=False, progress=True):
+    """Every setting of the grid for ``reps`` seeds (seed, seed + 1, ...); rows per
+    (series, S, p) and, in the extra dict, the problem, the first seed's curves and
+    the findings. ``quick``: p in QUICK_DROPS, S in QUICK_SHARDS, one seed."""
+    if quick:
+        drops, shards, reps = QUICK_DROPS, QUICK_SHARDS, 1
+    drops = tuple(sorted(set(drops) | {0.0}))
+    X, y = make_rcv1_like(samples, features, random_state=seed)
+    grid = _grid(drops, shards, workers)
+    res = {}
+    bar = tqdm(total=len(grid) * reps, desc="unreliable", leave=False, disable=not progress)
+    for rep in range(reps):
+        for series, S, p in grid:
+            res.setdefault((series, S, p), []).append(
+                _one(X, y, series, S, p, seed + rep, epochs, lr, workers))
+            bar.update()
+    bar.close()
+    rows = [_row(series, S, p, workers, res[series, S, p], res[series, S, 0.0])
+            for series, S, p in grid]
+    curves = {f"{series}/{S}/{p:g}": res[series, S, p][0]["curve"] for series, S, p in grid}
+    problem = {"samples": samples, "features": features, "workers": workers,
+               "epochs": epochs, "lr": lr, "drops": list(drops), "shards": list(shards),
+               "asp_shards": ASP_SHARDS, "reps": reps, "seeds": [seed + i for i in range(reps)],
+               "sample_every": SAMPLE_EVERY}
+    extra = {"problem": problem, "curves": curves}
+    extra["findings"] = findings({"results": rows, **extra})
+    return rows, extra
+
+
+def _row(series, S, p, workers, runs, base):
+    gaps = [(r["final_loss"] - b["final_loss"]) / b["final_loss"] for r, b in zip(runs, base)]
+    return {"series": series, "policy": "asp" if series == "asp" else "rps",
+            "workers": S if series == "coupled" else workers, "shards": S, "drop": p,
+            "final_loss": [r["final_loss"] for r in runs],
+            "final_loss_median": statistics.median(r["final_loss"] for r in runs),
+            "gap": gaps, "gap_median": statistics.median(gaps),
+            "gap_range": [min(gaps), max(gaps)],
+            "observed_drop": [r["observed_drop"] for r in runs],
+            "updates": [r["updates"] for r in runs],
+            "updates_per_s_median": statistics.median(r["updates"] / r["run_s"] for r in runs),
+            "lost_everywhere": [r["lost_everywhere"] for r in runs],
+            "wall_s": [r["wall_s"] for r in runs]}
+
+
+# ---- findings ---------------------------------------------------------------------------
+
+def _by(rows, series):
+    return {(r["shards"], r["drop"]): r for r in rows if r["series"] == series}
+
+
+def _shrinks(by, p, shards):
+    """(gaps by S, the S where the gap first grows again or None, the largest rise
+    from one S to the next, spread): the median gaps at drop p over S and the seeds'
+    spread (the largest max - min of a gap over the S), to judge a rise against."""
+    gaps = [by[S, p]["gap_median"] for S in shards]
+    steps = np.diff(gaps)
+    rise = next((shards[i + 1] for i, st in enumerate(steps) if st > 0), None)
+    spread = max(by[S, p]["gap_range"][1] - by[S, p]["gap_range"][0] for S in shards)
+    return gaps, rise, float(max(steps.max(), 0.0)), spread
+
+
+def findings(d):
+    """Sentences on the paper's claims, computed from the rows."""
+    rows, pr = d["results"], d["problem"]
+    out = []
+    for series, who in (("shards", f"{pr['workers']} workers, S servers"),
+                        ("coupled", "as many workers as servers (workers = S)")):
+        by = _by(rows, series)
+        # coupled S = 1 is one worker: no loss changes its replica, only the server's lag
+        shards = [S for S in pr["shards"] if series == "shards" or S > 1]
+        if len(shards) < 2:
+            continue
+        for p in SHRINK_DROPS:
+            if (shards[0], p) not in by:
+                continue
+            gaps, rise, top, spread = _shrinks(by, p, shards)
+            txt = ", ".join(f"S={S}: {100 * g:+.3f}%" for S, g in zip(shards, gaps))
+            verdict = ("shrinks at every step" if rise is None else
+                       f"first grows again at S={rise} (largest rise {100 * top:.3f} points)")
+            smaller = gaps[-1] < gaps[0]
+            out.append(f"- {who}, p = {p}: median gap to p = 0 {txt}; it {verdict}; "
+                       f"S={shards[-1]} {'below' if smaller else 'not below'} S={shards[0]}; "
+                       f"the seeds' spread of one gap is up to {100 * spread:.3f} points.")
+    by = _by(rows, "shards")
+    if (CLAIM_SHARDS, CLAIM_DROP) in by:
+        r = by[CLAIM_SHARDS, CLAIM_DROP]
+        ok = max(abs(g) for g in r["gap"]) <= CLAIM_GAP
+        out.append(f"- p = {CLAIM_DROP}, {CLAIM_SHARDS} servers, {pr['workers']} workers: final "
+                   f"loss {100 * r['gap_median']:+.3f}% from the reliable run (seeds: "
+                   f"{100 * r['gap_range'][0]:+.3f}% to {100 * r['gap_range'][1]:+.3f}%): "
+                   f"{'within' if ok else 'not within'} 1% in every seed (claim: within 1%).")
+    asp, rps = _by(rows, "asp"), _by(rows, "shards")
+    top = max(pr["drops"])
+    if (ASP_SHARDS, top) in asp and (ASP_SHARDS, top) in rps:
+        out.append(f"- p = {top}, {ASP_SHARDS} servers: RPS {100 * rps[ASP_SHARDS, top]['gap_median']:+.3f}%, "
+                   f"ASP {100 * asp[ASP_SHARDS, top]['gap_median']:+.3f}% from their reliable runs "
+                   "(median gaps at equal work).")
+    return out
+
+
+# ---- report -------------------------------------------------------------------------------
+
+def summary_markdown(d):
+    rows, pr = d["results"], d["problem"]
+    drops = pr["drops"]
+    lines = [f"RPS on {pr['samples']:,} x {pr['features']:,} RCV1-like, {pr['epochs']} epoch(s), "
+             f"lr {pr['lr']:g}; median gap of the final training loss to p = 0 (paired by seed, "
+             f"{pr['reps']} seed{'s' if pr['reps'] > 1 else ''}):"]
+    for series, title in (("shards", f"{pr['workers']} workers, S servers"),
+                          ("coupled", "workers = S servers"),
+                          ("asp", f"ASP, {pr['workers']} workers, {pr['asp_shards']} shards")):
+        by = _by(rows, series)
+        ss = sorted({S for S, _ in by})
+        rate = "updates/s" if series == "asp" else "rounds/s"
+        lines += ["", f"{title}:", "",
+                  "| S | loss at p = 0 | " + " | ".join(f"p = {p:g}" for p in drops if p) +
+                  f" | {rate} at p = 0 |", "|---:|---:|" + "---:|" * (len(drops))]
+        for S in ss:
+            cells = [f"{100 * by[S, p]['gap_median']:+.3f}%" for p in drops if p]
+            lines.append(f"| {S} | {by[S, 0.0]['final_loss_median']:.4f} | " + " | ".join(cells)
+                         + f" | {by[S, 0.0]['updates_per_s_median']:.0f} |")
+    lines += ["", "Findings:", "", *d.get("findings", findings(d))]
+    return "\n".join(lines)
+
+
+def _gap_curves(ax, curves, drops, ends, workers):
+    """The loss against epochs relative to the run at p = 0 of the same seed (its
+    samples interpolated at the run's epochs), for the fewest and the most servers
+    and the two largest drop rates, from half an epoch on."""
+    for ls, S in zip(("-", "--"), ends):
+        base = curves.get(f"shards/{S}/0")
+        for i, p in enumerate(drops):
+            c = curves.get(f"shards/{S}/{p:g}")
+            if not p or p not in drops[-2:] or not c or not base:
+                continue
+            ep = np.asarray(c["epochs"])
+            keep = ep >= 0.5            # before, the two runs' samples sit on a steep curve
+            ref = np.interp(ep[keep], base["epochs"], base["loss"])
+            ax.plot(ep[keep], 100 * (np.asarray(c["loss"])[keep] / ref - 1), ls=ls, lw=1.1,
+                    color=f"C{i}", label=f"S = {S}, p = {p:g}")
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_ylabel("loss gap to p = 0 (%)")
+    ax.set_title(f"RPS, {workers} workers: loss relative to p = 0 (first seed)", fontsize=9)
+
+
+def plot(d, path):
+    from matplotlib.figure import Figure
+    rows, pr, curves = d["results"], d["problem"], d["curves"]
+    drops, shards = pr["drops"], pr["shards"]
+    fig = Figure(figsize=(15, 8.5))
+    axes = fig.subplots(2, 3)
+    mid = shards[len(shards) // 2 + 1] if len(shards) > 2 else shards[-1]
+    for ax, (series, S, title) in zip(axes[0][::2], (
+            ("shards", mid, f"RPS, {pr['workers']} workers, S = {mid}"),
+            ("asp", pr["asp_shards"], f"ASP, {pr['workers']} workers, "
+                                      f"{pr['asp_shards']} shards"))):
+        for i, p in enumerate(drops):
+            c = curves.get(f"{series}/{S}/{p:g}")
+            if c:
+                ax.plot(c["epochs"], c["loss"], color=f"C{i}", lw=1.1, label=f"p = {p:g}",
+                        marker="o" if len(c["loss"]) < 8 else None, ms=3)
+        ax.set_ylabel("training loss")
+        ax.set_title(title + " (first seed)", fontsize=9)
+    _gap_curves(axes[0][1], curves, drops, (shards[0], shards[-1]), pr["workers"])
+    for ax in axes[0]:
+        ax.set_xlabel("epochs")
+    for ax, series, title in ((axes[1][0], "shards", f"{pr['workers']} workers, S servers"),
+                              (axes[1][1], "coupled", "workers = S servers")):
+        by = _by(rows, series)
+        for i, p in enumerate(drops):
+            if not p:
+                continue
+            med = [100 * by[S, p]["gap_median"] for S in shards]
+            lo = [m - 100 * by[S, p]["gap_range"][0] for m, S in zip(med, shards)]
+            hi = [100 * by[S, p]["gap_range"][1] - m for m, S in zip(med, shards)]
+            ax.errorbar(shards, med, yerr=[lo, hi], marker="o", capsize=3, color=f"C{i}",
+                        label=f"p = {p:g}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("servers S")
+        ax.set_ylabel("final loss gap to p = 0 (%)")
+        ax.set_title(f"RPS, {title}: median and range over seeds", fontsize=9)
+    ax = axes[1][2]
+    for series, label in (("shards", f"RPS, S = {pr['asp_shards']}"),
+                          ("asp", f"ASP, {pr['asp_shards']} shards")):
+        by = _by(rows, series)
+        ps = [p for p in drops if (pr["asp_shards"], p) in by]
+        if ps:
+            ax.plot(ps, [100 * by[pr["asp_shards"], p]["gap_median"] for p in ps], marker="o",
+                    label=label)
+    ax.set_xlabel("drop rate p")
+    ax.set_ylabel("final loss gap to p = 0 (%)")
+    ax.set_title(f"RPS and ASP, {pr['workers']} workers, equal work", fontsize=9)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes[1]):
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.axhline(100 * CLAIM_GAP, color="grey", ls="--", lw=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
