@@ -2,19 +2,61 @@
 
 For one training call, a :class:`ProcessPool` puts the weights, intercepts, L1
 memory and the epoch's shuffled order in one shared segment
-(:class:`relaxed.shm.Segment`), forks ``n_workers`` ``multiprocess`` workers
-that inherit the (read-only) data, and on every epoch tells each worker its
-slice. The workers run the same Numba kernel as the threads backend, on the
-shared arrays, without locks. ``close()`` (always called, from a ``finally``)
-copies the weights back to private memory, stops the workers and unlinks the
-segment, so nothing is left in /dev/shm after training, an exception in a
-worker, or a worker killed by a signal.
+(:class:`relaxed.shm.Segment`), starts ``n_workers`` ``multiprocess`` workers,
+and on every epoch tells each worker its slice. The workers run the same Numba
+kernel as the threads backend, on the shared arrays, without locks. ``close()``
+(always called, from a ``finally``) copies the weights back to private memory,
+stops the workers and unlinks the segments, so nothing is left in /dev/shm after
+training, an exception in a worker, or a worker killed by a signal.
+
+Start methods (``start_method``, :data:`START_METHODS`):
+
+* ``"fork"`` (the default, fastest): the workers are forked and inherit the
+  shared views and the (read-only) training data; nothing is copied or pickled.
+* ``"spawn"`` / ``"forkserver"``: a fresh interpreter (or a child of a clean fork
+  server) that imports the kit and receives its inputs pickled. A
+  :class:`Shipment` carries them: every array that lies in a shared segment
+  travels as a reference (segment name, offset, shape, dtype, strides) and is
+  re-created in the child as a view of the segment, attached by name; every other
+  array larger than :data:`INLINE_BYTES` (the training data) is first copied into
+  one more segment of the shipment, so no large array goes through a pipe. Costs:
+  the children's start-up (about 1.6 s for a pool of two on two cores: the
+  interpreter, the kit's imports, Numba loading the kernels from its cache) and
+  one copy of the data in /dev/shm for the life of the pool. A forkserver child
+  is forked from a server that imports only what it is told to preload: after
+  ``multiprocess.set_forkserver_preload(["sgd_shm"])`` (the caller's choice; it
+  is process-wide) a pool starts in about 0.5 s. They exist because forking a
+  process that runs threads can deadlock the child (Python 3.12+ warns about it),
+  Python 3.14 makes forkserver the default on Linux, and macOS defaults to spawn.
+
+Example (``step`` must live in an importable module for spawn and forkserver;
+``_procs._mf_step`` is one)::
+
+    # mymodule.py
+    def step(wid, views, static, scale):
+        views["w"][wid] = scale * static["X"].sum()      # a shared write
+        return wid
+
+    # the driver
+    from sgd_shm._procs import SharedWorkers
+    pool = SharedWorkers({"w": ((2,), float)}, mymodule.step,
+                         {"X": np.ones(10**6)}, start_method="spawn")
+    pool.start(2)                  # X goes through /dev/shm, not through the pipes
+    try:
+        assert pool.run(lambda w: (2.0,)) == [0, 1]
+        assert (pool.views["w"] == 2e6).all()
+    finally:
+        pool.close()
 """
 from __future__ import annotations
 
+import io
+import mmap
+import os
+import pickle
+import sys
 import traceback
 
-import multiprocess as mp
 import numpy as np
 
 from relaxed.shm import HEADER_SIZE, Segment
@@ -23,6 +65,25 @@ from sgd_shm._intrinsics import LINE_WORDS
 
 _ALIGN = 8 * LINE_WORDS          # every array starts on a padded cache line of its own
 _NO_LOCK = np.zeros(LINE_WORDS, dtype=np.int64)     # the processes backend never locks
+
+#: the ways to start worker processes; "fork" is the default (see the module notes)
+START_METHODS = ("fork", "spawn", "forkserver")
+#: under spawn/forkserver, arrays up to this many bytes outside shared memory are
+#: pickled with their object; larger ones are copied into a shared segment first
+INLINE_BYTES = 4096
+
+
+def check_start_method(start_method) -> str:
+    """``start_method`` if it is one of :data:`START_METHODS`, else a ValueError that
+    names the argument, the allowed values and what each is for."""
+    if not isinstance(start_method, str) or start_method not in START_METHODS:
+        raise ValueError(
+            f"start_method must be one of {START_METHODS}, got {start_method!r}; use "
+            "'fork' (the default and fastest: workers inherit the data) or, where forking "
+            "is unsafe (a parent running threads, which Python 3.12+ warns about) or "
+            "unavailable, 'forkserver' or 'spawn' (the data then goes through shared "
+            "memory and each worker takes about a second to start)")
+    return start_method
 
 
 def _layout(shapes):
@@ -37,8 +98,8 @@ def _layout(shapes):
 def shared_arrays(arrays):
     """One shared :class:`Segment` holding ``arrays`` ({name: (shape, dtype)}),
     each on cache lines of its own; returns (segment, {name: array view}).
-    Forked processes inherit the views; close the segment (after dropping the
-    views) to unlink it."""
+    Forked processes inherit the views; a :class:`Shipment` sends them to spawned
+    ones. Close the segment (after dropping the views) to unlink it."""
     names = list(arrays)
     shapes = [arrays[k] for k in names]
     offsets, size = _layout(shapes)
@@ -52,27 +113,203 @@ def shared_arrays(arrays):
     return seg, views
 
 
+# -- shipping objects to spawned processes ----------------------------------------------------
+def _base_address(seg):
+    return np.frombuffer(seg.buf, np.uint8, count=1).ctypes.data
+
+
+def _extent(a):
+    """[lo, hi) bytes an array's elements span in memory (None when empty)."""
+    if a.size == 0:
+        return None
+    lo = hi = a.__array_interface__["data"][0]
+    for n, st in zip(a.shape, a.strides):
+        if st >= 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return lo, hi + a.itemsize
+
+
+def _mapped(a):
+    """Whether ``a``'s memory is a bare mmap, as a shared segment's views are (state
+    that must stay shared). An ``np.memmap`` (a file the caller mapped: data) is not."""
+    while a is not None:
+        if isinstance(a, np.memmap):
+            return False
+        if isinstance(a, mmap.mmap):
+            return True
+        a = a.obj if isinstance(a, memoryview) else getattr(a, "base", None)
+    return False
+
+
+class _Survey(pickle.Pickler):
+    """A dry run of pickling: collects the arrays and the shared segments in an
+    object graph without serializing them."""
+
+    def __init__(self):
+        super().__init__(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL)
+        self.arrays, self.segments = {}, {}
+
+    def persistent_id(self, obj):
+        if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
+            self.arrays[id(obj)] = obj
+            return 0
+        if isinstance(obj, Segment):
+            self.segments[obj.name] = obj
+            return 0
+        return None
+
+
+class _ByReference(pickle.Pickler):
+    """Pickles arrays in shared segments as ("view", name, offset, shape, dtype,
+    strides) and segments as ("seg", name)."""
+
+    def __init__(self, file, refs):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.refs = refs
+
+    def persistent_id(self, obj):
+        if isinstance(obj, Segment):
+            if obj.name is None:
+                raise ValueError("a private (shared=False) segment cannot be sent to a "
+                                 "spawned process; create it with shared=True")
+            return ("seg", obj.name)
+        if isinstance(obj, np.ndarray):
+            ref = self.refs.get(id(obj))
+            if ref is None and obj.nbytes > INLINE_BYTES and not obj.dtype.hasobject:
+                # made while pickling (a __reduce__ that builds it anew), so the survey
+                # could not move it: refuse rather than send it through the pipe
+                raise TypeError(f"an array of {obj.nbytes} bytes appeared only while "
+                                "pickling; store it as an attribute so it can be shared")
+            return ref
+        return None
+
+
+class _Attaching(pickle.Unpickler):
+    """Resolves the references of :class:`_ByReference`: each segment attached once
+    (not owned: a child never unlinks), each array a view of it."""
+
+    def __init__(self, file):
+        super().__init__(file)
+        self.segments = {}
+
+    def persistent_load(self, pid):
+        seg = self.segments.get(pid[1])
+        if seg is None:
+            seg = self.segments[pid[1]] = Segment.attach(pid[1])
+        if pid[0] == "seg":
+            return seg
+        _, _, offset, shape, dtype, strides = pid
+        return np.ndarray(shape, dtype=dtype, buffer=seg.buf, offset=offset, strides=strides)
+
+
+def _land(blob):
+    """Unpickle a :class:`Shipment` in the receiving process."""
+    return _Attaching(io.BytesIO(blob)).load()
+
+
+class Shipment:
+    """``obj`` packed for a spawned or forkserver process: pickling the shipment
+    pickles ``obj`` with its shared arrays by reference, and unpickling it (in the
+    child) gives ``obj`` back with those arrays re-created as views of the same
+    segments. Arrays in ``segments`` or in a :class:`Segment` reachable from
+    ``obj`` (e.g. a structure's ``_seg``) are shared; any other array above
+    :data:`INLINE_BYTES` is copied once into a segment of the shipment's own
+    (``self.seg``, unlinked by :meth:`close`); smaller ones are pickled with ``obj``.
+    Structures that pickle as handles (a ParameterStore, a MultiQueue) re-attach
+    themselves. The pickled bytes are made once, however many children get them."""
+
+    def __init__(self, obj, segments=()):
+        survey = _Survey()
+        survey.dump(obj)
+        segs = {**{s.name: s for s in segments}, **survey.segments}
+        bases = {name: (_base_address(s), s.size) for name, s in segs.items()
+                 if s.name is not None}
+        refs, spill = {}, []
+        for key, a in survey.arrays.items():
+            ref = self._reference(a, bases)
+            if ref is not None:
+                refs[key] = ref
+            elif a.size and _mapped(a):          # (an empty array has nothing to share)
+                raise ValueError("an array to send lies in a memory mapping that is not one "
+                                 "of the shipment's segments (a copy would not be shared); "
+                                 "pass its Segment in segments=")
+            elif a.nbytes > INLINE_BYTES:
+                spill.append((key, a))
+        self.seg = None
+        if spill:
+            self.seg, views = shared_arrays({key: (a.shape, a.dtype) for key, a in spill})
+            base = _base_address(self.seg)
+            for key, a in spill:
+                views[key][...] = a
+                v = views[key]
+                refs[key] = ("view", self.seg.name, v.ctypes.data - base, v.shape, v.dtype,
+                             v.strides)
+            del views, v
+        buf = io.BytesIO()
+        _ByReference(buf, refs).dump(obj)
+        self.blob = buf.getvalue()
+
+    @staticmethod
+    def _reference(a, bases):
+        ext = _extent(a)
+        if ext is None:
+            return None
+        for name, (base, size) in bases.items():
+            if base <= ext[0] and ext[1] <= base + size:
+                return ("view", name, a.ctypes.data - base, a.shape, a.dtype, a.strides)
+        return None
+
+    def __reduce__(self):
+        return (_land, (self.blob,))
+
+    def close(self):
+        """Unlink the segment of copied arrays (after the children are done)."""
+        if self.seg is not None:
+            self.seg.close()
+            self.seg = None
+
+
 def worker_epoch(data, model, sched, params, report, wid):
     """One worker's slice of a segment, ``_kernels.run_worker`` (a module function so
     tests can replace it)."""
     K.run_worker(data, model, sched, params, report, wid)
 
 
-def _serve(conn, wid, step, views, static):
-    """A worker's loop: each message but "stop" is one call of ``step``."""
+def exit_now(code=0):
+    """End a spawned or forkserver worker at once: flush its output and ``os._exit``,
+    as a forked child ends. A fresh interpreter's normal shutdown (finalizing Numba,
+    LLVM and SciPy) takes about a second, which the parent would wait for at every
+    stop; a worker has nothing of its own to clean up (it only attached segments)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def _serve(conn, wid, payload, start_method="fork"):
+    """A worker's loop: each message but "stop" is one call of ``step``. ``payload``
+    is (step, views, static): inherited under fork, or a :class:`Shipment` unpickled
+    into that (views attached by name) under spawn and forkserver."""
+    step, views, static = payload
     try:
         while True:
             msg = conn.recv()
             if msg[0] == "stop":
-                return
+                break
             conn.send(("ok", step(wid, views, static, *msg[1:])))
     except (EOFError, KeyboardInterrupt):
-        return
+        pass
     except BaseException:
         try:
             conn.send(("error", traceback.format_exc()))
         except Exception:
             pass
+    if start_method != "fork":
+        exit_now()
 
 
 class WorkerError(RuntimeError):
@@ -80,21 +317,25 @@ class WorkerError(RuntimeError):
 
 
 class SharedWorkers:
-    """Forked ``multiprocess`` workers around one shared segment.
+    """``multiprocess`` workers around one shared segment.
 
     ``arrays``: {name: (shape, dtype)} laid out in one :class:`Segment` (each on
     its own cache lines) and exposed as ``self.views``. Each worker loops on
-    ``step(wid, views, static, *args) -> result`` for every :meth:`run`;
-    ``static`` (the data) is inherited by fork, never copied into the segment.
+    ``step(wid, views, static, *args) -> result`` for every :meth:`run`; ``step``
+    must be a module-level function (spawned workers import it). ``static`` (the
+    data) is inherited under ``start_method="fork"``, never copied; under "spawn"
+    and "forkserver" it travels in a :class:`Shipment` (its large arrays copied
+    once into shared memory) and the views are re-attached by name.
     :meth:`adopt` moves an object's arrays into the segment for its lifetime;
-    :meth:`start` forks the workers once the arrays are filled; :meth:`close`
-    stops the workers, gives adopted arrays back and unlinks the segment."""
+    :meth:`start` starts the workers once the arrays are filled; :meth:`close`
+    stops the workers, gives adopted arrays back and unlinks the segments."""
 
-    def __init__(self, arrays, step, static):
+    def __init__(self, arrays, step, static, start_method="fork"):
+        self.start_method = check_start_method(start_method)
         self.procs, self.conns = [], []
         self.seg, self.views = shared_arrays(arrays)
         self._step, self._static = step, static
-        self._adopted = None
+        self._adopted = self._shipment = None
 
     def adopt(self, obj, attrs):
         """Copy obj's arrays ``attrs`` ({view name: attribute name}) into the shared
@@ -108,13 +349,17 @@ class SharedWorkers:
             setattr(obj, a, self.views[key])
 
     def start(self, n_workers):
-        """Fork the workers (after the caller filled the shared arrays)."""
-        ctx = mp.get_context("fork")
+        """Start the workers (after the caller filled the shared arrays)."""
+        import multiprocess as mp          # here: importing the estimators stays cheap
+        ctx = mp.get_context(self.start_method)
         try:
+            payload = (self._step, self.views, self._static)
+            if self.start_method != "fork":
+                payload = self._shipment = Shipment(payload, [self.seg])
             for _ in range(n_workers):
                 parent, child = ctx.Pipe()
-                p = ctx.Process(target=_serve, args=(child, len(self.procs), self._step,
-                                                     self.views, self._static), daemon=True)
+                p = ctx.Process(target=_serve, daemon=True,
+                                args=(child, len(self.procs), payload, self.start_method))
                 p.start()
                 child.close()
                 self.procs.append(p)
@@ -137,7 +382,7 @@ class SharedWorkers:
             else:
                 try:
                     status, payload = conn.recv()
-                except EOFError:                       # it died before answering
+                except (EOFError, OSError):            # it died before answering
                     p.join(timeout=2)
                     errors.append(f"worker {w} (pid {p.pid}) died with exit code {p.exitcode}")
                     continue
@@ -151,6 +396,8 @@ class SharedWorkers:
         return results
 
     def close(self):
+        """Stop the workers (killing any that do not stop within 5 s), copy the
+        adopted arrays back and unlink the segments. Idempotent."""
         for conn in self.conns:
             try:
                 conn.send(("stop",))
@@ -172,6 +419,9 @@ class SharedWorkers:
             self._adopted = None
         self.views = {}
         self.seg.close()
+        if self._shipment is not None:
+            self._shipment.close()
+            self._shipment = None
 
 
 _HOGWILD = ("W", "b", "q", "V", "order", "progress", "scale", "eta", "cum", "clock", "hists",
@@ -194,9 +444,10 @@ class ProcessPool:
     """The Hogwild linear models' worker processes: weights, intercepts, L1
     memory, the order of the samples and the schedule tables live in the shared
     segment for one fit (the driver fills the tables there; each worker reshuffles
-    its part of the order there)."""
+    its part of the order there). The data is inherited under fork and copied once
+    into shared memory under spawn and forkserver (see :class:`SharedWorkers`)."""
 
-    def __init__(self, sgd, prob, n_workers):
+    def __init__(self, sgd, prob, n_workers, start_method="fork"):
         k, d = sgd.W.shape
         n = prob.n_samples
         shapes = [((k, d), np.float64), ((k,), np.float64), (sgd.q.shape, np.float64),
@@ -207,7 +458,7 @@ class ProcessPool:
                   ((n_workers, sgd.staleness.shape[0] + LINE_WORDS), np.int64),
                   ((n_workers + 1, k, prob.hot_feat.shape[0]), np.float64)]
         self.pool = SharedWorkers(dict(zip(_HOGWILD, shapes)), _hogwild_step,
-                                  (prob.kernel_data(), sgd.ip))
+                                  (prob.kernel_data(), sgd.ip), start_method)
         try:
             self.pool.adopt(sgd, {"W": "W", "b": "b", "q": "q", "V": "V", "order": "_perm",
                                   "scale": "_scale", "eta": "_eta", "cum": "_cum"})
@@ -257,16 +508,17 @@ def mf_epoch(*args):
 class MFPool:
     """Matrix factorization's worker processes: the factor matrices, biases and
     the order of the ratings live in the shared segment for one fit (each worker
-    reshuffles its own part every epoch); the ratings are inherited by fork.
+    reshuffles its own part every epoch); the ratings are inherited under fork and
+    copied once into shared memory under spawn and forkserver.
     ``close`` copies the factors back to the estimator."""
 
-    def __init__(self, est, users, items, ratings, n_workers, order):
+    def __init__(self, est, users, items, ratings, n_workers, order, start_method="fork"):
         arrays = {"P": (est.user_factors_.shape, np.float64),
                   "Q": (est.item_factors_.shape, np.float64),
                   "bu": (est.user_bias_.shape, np.float64),
                   "bi": (est.item_bias_.shape, np.float64),
                   "order": ((users.shape[0],), np.int64)}
-        self.pool = SharedWorkers(arrays, _mf_step, (users, items, ratings))
+        self.pool = SharedWorkers(arrays, _mf_step, (users, items, ratings), start_method)
         try:
             self.pool.adopt(est, {"P": "user_factors_", "Q": "item_factors_",
                                   "bu": "user_bias_", "bi": "item_bias_"})

@@ -31,6 +31,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm import _kernels as K
+from sgd_shm._procs import check_start_method
 from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem, auto_hot_features
 
 __all__ = ["HogwildClassifier", "HogwildRegressor"]
@@ -115,6 +116,7 @@ class _BaseHogwild(BaseEstimator):
             _check_param("hot_features", self.hot_features, int, 0)
         if self.backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
+        check_start_method(self.start_method)        # checked with either backend
 
     def _hot_features(self, epochs, X):
         """hot_features where the workers buffer them (several workers, L2 or no
@@ -139,7 +141,8 @@ class _BaseHogwild(BaseEstimator):
                           l1_ratio=l1, learning_rate=self.learning_rate, eta0=float(self.eta0),
                           power_t=float(self.power_t), fit_intercept=self.fit_intercept,
                           intercept_decay=0.01 if sparse else 1.0, n_workers=resolve_workers(self.n_workers),
-                          backend=self.backend, instrument=self.instrument,
+                          backend=self.backend, start_method=self.start_method,
+                          instrument=self.instrument,
                           penalty_scale=0.0 if self.penalty is None else 1.0,
                           momentum=float(self.momentum), seed=rng_seed)
 
@@ -196,6 +199,7 @@ class _BaseHogwild(BaseEstimator):
 
     def _run_epochs(self, prob, max_iter, stop_early):
         clipped_before = self._state.clipped
+        self._state.start_method = self.start_method     # set_params between partial_fits
         try:
             with self._state.session(prob):      # processes: workers + shared memory
                 return self._epochs(prob, max_iter, stop_early)
@@ -259,6 +263,13 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     backend : "threads" (Python threads running nogil Numba kernels on one array) or
         "processes" (``multiprocess`` workers on weights in shared memory, released
         after every fit, also when a worker fails).
+    start_method : how the "processes" backend starts its workers (ignored by
+        "threads"): "fork" (default, fastest: the workers inherit the data), or
+        "forkserver" / "spawn", for a parent that runs threads (forking one can
+        deadlock the child, and Python 3.12+ warns about it) or a platform without
+        a safe fork (Python 3.14 defaults to forkserver on Linux, macOS to spawn).
+        Those copy the data once into shared memory per fit (or partial_fit call)
+        and take about a second per worker to start.
     hot_features : "auto" (default), 0, or an int H > 0. With H > 0, on sparse data, each
         worker steps the weights of the H most frequent features in a private copy and
         publishes its steps about every K·H/4 of its samples (K: outputs), where the
@@ -286,8 +297,8 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
     def __init__(self, loss="hinge", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
                  learning_rate="optimal", eta0=0.0, power_t=0.5, momentum=0.0, n_workers=1,
-                 backend="threads", hot_features="auto", instrument=False,
-                 random_state=None, verbose=0):
+                 backend="threads", start_method="fork", hot_features="auto",
+                 instrument=False, random_state=None, verbose=0):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -302,6 +313,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         self.momentum = momentum
         self.n_workers = n_workers
         self.backend = backend
+        self.start_method = start_method
         self.hot_features = hot_features
         self.instrument = instrument
         self.random_state = random_state
@@ -391,8 +403,8 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
     def __init__(self, loss="squared_error", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
                  learning_rate="invscaling", eta0=0.01, power_t=0.25, momentum=0.0, n_workers=1,
-                 backend="threads", hot_features="auto", instrument=False,
-                 random_state=None, verbose=0):
+                 backend="threads", start_method="fork", hot_features="auto",
+                 instrument=False, random_state=None, verbose=0):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -407,6 +419,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         self.momentum = momentum
         self.n_workers = n_workers
         self.backend = backend
+        self.start_method = start_method
         self.hot_features = hot_features
         self.instrument = instrument
         self.random_state = random_state

@@ -194,7 +194,7 @@ class HogwildSGD:
                  learning_rate="optimal", eta0=0.0, power_t=0.5, fit_intercept=True,
                  intercept_decay=1.0, n_workers=1, backend="threads", locked=False,
                  instrument=False, stale_bins=64, penalty_scale=1.0, momentum=0.0,
-                 seed=None, shuffle=True):
+                 seed=None, shuffle=True, start_method="fork"):
         if loss not in K.LOSSES:
             raise ValueError(f"loss must be one of {sorted(K.LOSSES)}, got {loss!r}")
         if learning_rate not in K.LEARNING_RATES:
@@ -212,6 +212,9 @@ class HogwildSGD:
         if backend not in ("threads", "processes"):
             raise ValueError(f"backend must be 'threads' or 'processes', got {backend!r}")
         self.backend = backend
+        # how the processes backend starts its workers (see sgd_shm._procs)
+        from sgd_shm._procs import check_start_method
+        self.start_method = check_start_method(start_method)
         self._pool = None
         self.rng = np.random.default_rng(seed)
         # shuffle=False: every epoch visits the samples in index order (as scikit-learn's
@@ -257,10 +260,11 @@ class HogwildSGD:
             yield self
             return
         from sgd_shm._procs import ProcessPool
-        self._set_hot(prob)                 # the workers inherit ip when they fork
+        self._set_hot(prob)                 # the workers get ip as it is at their start
         self._split(prob.n_samples)         # the pool moves these into shared memory
         self._tables(prob.n_samples)
-        self._pool = ProcessPool(self, prob, max(1, min(self.n_workers, prob.n_samples)))
+        self._pool = ProcessPool(self, prob, max(1, min(self.n_workers, prob.n_samples)),
+                                 self.start_method)
         self._pool_prob = prob
         try:
             yield self

@@ -24,6 +24,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm import _mf
 from sgd_shm._intrinsics import LINE_WORDS
+from sgd_shm._procs import check_start_method
 from sgd_shm.estimators import _check_param, resolve_workers
 from sgd_shm.hogwild import DivergenceError, run_workers
 
@@ -63,12 +64,19 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
     backend : "threads" (nogil Numba kernels on one process's arrays) or "processes"
         (``multiprocess`` workers on factors in a shared-memory segment that lives
         for one fit or partial_fit call and is always released).
+    start_method : how the "processes" backend starts its workers (ignored by
+        "threads"): "fork" (default, fastest: the workers inherit the ratings), or
+        "forkserver" / "spawn", for a parent that runs threads (forking one can
+        deadlock the child; Python 3.12+ warns) or a platform without a safe fork
+        (Python 3.14 defaults to forkserver on Linux, macOS to spawn). Those copy the
+        ratings once into shared memory per call and take about a second per worker
+        to start.
     random_state : seeds the initialisation and the shuffling.
     """
 
     def __init__(self, n_factors=20, *, learning_rate=0.01, reg=0.02, reg_bias=0.02,
                  fit_bias=True, max_iter=20, decay=0.95, init_std=0.1, n_workers=1,
-                 backend="threads", random_state=None, verbose=0):
+                 backend="threads", start_method="fork", random_state=None, verbose=0):
         self.n_factors = n_factors
         self.learning_rate = learning_rate
         self.reg = reg
@@ -79,6 +87,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         self.init_std = init_std
         self.n_workers = n_workers
         self.backend = backend
+        self.start_method = start_method
         self.random_state = random_state
         self.verbose = verbose
 
@@ -93,6 +102,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         resolve_workers(self.n_workers)
         if self.backend not in ("threads", "processes"):
             raise ValueError(f"backend must be 'threads' or 'processes', got {self.backend!r}")
+        check_start_method(self.start_method)        # checked with either backend
 
     def _data(self, X, y, reset=True):
         # scikit-learn's checks first (sparse, complex, NaN/inf, empty input, y None: its
@@ -147,7 +157,8 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         try:
             if self.backend == "processes":
                 from sgd_shm._procs import MFPool
-                pool = self._pool = MFPool(self, self._users, self._items, y, nw, self._order)
+                pool = self._pool = MFPool(self, self._users, self._items, y, nw, self._order,
+                                           self.start_method)
             yield
         finally:
             self._pool = None

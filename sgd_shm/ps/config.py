@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sgd_shm import _kernels as K
+from sgd_shm._procs import check_start_method
 from sgd_shm.ps.policies import Policy, make_policy
 from sgd_shm.ps.store import WaitPolicy
 
@@ -49,6 +50,7 @@ class TrainConfig:
     compress: object = None             # a sgd_shm.compress compressor; None: dense
     epochs: int | None = None           # work budget: epochs * (total minibatches)
     drop: float | None = None           # message loss probability; None: reliable links
+    start_method: str = "fork"          # how the shm backend starts its worker processes
 
     @property
     def lossy(self) -> bool:
@@ -181,7 +183,7 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                 detect_factor=2.0, transient=None, faults=None, checkpoint=None,
                 checkpoint_every=5.0, resume=None, wait=None, seed=None, progress=None,
                 backend="shm", address=None, compress=None, epochs=None,
-                drop=None) -> TrainConfig:
+                drop=None, start_method="fork") -> TrainConfig:
     """A :class:`TrainConfig` from :func:`sgd_shm.ps.train`'s keyword arguments."""
     pol = make_policy(policy, staleness=staleness, window=window, detect_factor=detect_factor)
     if loss not in LOSSES:
@@ -193,6 +195,7 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
     if address is not None and backend != "ray":
         raise ValueError(f"address: joins a Ray cluster, so it needs backend='ray' "
                          f"(got backend={backend!r})")
+    _start_method(start_method, backend)
     _positive("window", window)                   # checked for every policy, used by SaPS
     _positive("detect_factor", detect_factor)
     if alpha is None or isinstance(alpha, bool) or not (
@@ -212,7 +215,20 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
         progress=_progress(progress), backend=backend, address=address,
         compress=_compress(compress),
         epochs=None if epochs is None else _int_at_least("epochs", epochs),
-        drop=_drop(drop, pol, compress))
+        drop=_drop(drop, pol, compress), start_method=start_method)
+
+
+def _start_method(start_method, backend):
+    """Check the start method: "fork", "spawn" or "forkserver" (see
+    :mod:`sgd_shm.ps.shm_backend`); only the shm backend starts processes of its own."""
+    try:
+        check_start_method(start_method)
+    except ValueError as e:
+        raise ValueError(f"start_method: {e}") from None
+    if start_method != "fork" and backend != "shm":
+        raise ValueError(f"start_method: {start_method!r} applies to backend='shm' (its "
+                         f"worker processes); Ray starts its own actors (got "
+                         f"backend={backend!r}); leave start_method='fork' with Ray")
 
 
 def _progress(progress):

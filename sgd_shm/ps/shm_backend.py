@@ -1,4 +1,4 @@
-"""The shared-memory transport: worker processes (fork) on one box, the store and the
+"""The shared-memory transport: worker processes on one box, the store and the
 partitions in shared memory.
 
 :class:`ShmLink` is what a worker's loop talks to (the store verbs and the
@@ -16,28 +16,45 @@ push counter atomically; a reader passes the barrier only after reading every li
 worker's counter, so it sees the blocks whose stamps it sees (x86 keeps stores in
 order and loads in order). A buffer is rewritten two rounds later, after every
 worker has passed the next barrier and so finished reading it.
+
+Start methods (``train(start_method=...)``): under "fork" (the default, fastest) the
+workers inherit the link (store, partitions, mailbox) and the job (the data). Under
+"spawn" and "forkserver" they get both in a :class:`sgd_shm._procs.Shipment`: the
+store and the queues re-attach by name, the partitions' and the mailbox's arrays are
+re-created as views of their segments, and the data (X, labels, the minibatches'
+rows) is copied once into a segment of its own. Either way :meth:`ShmBackend.start`
+returns once every worker runs its loop (or died), so ``max_seconds`` and ``faults``
+count from there, not from a spawned interpreter's start-up (about a second).
+A worker ends when the coordinator is gone: a forked or spawned worker sees its
+parent change; a forkserver worker's parent is the fork server, which outlives the
+coordinator while any of its children lives, so it watches a *lifeline* instead, the
+read end of a pipe whose only write end the coordinator holds (readable: EOF).
 """
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
+import time
 
 import multiprocess as mp
 import numpy as np
 
-from sgd_shm._procs import shared_arrays
+from sgd_shm._procs import Shipment, check_start_method, exit_now, shared_arrays
+from sgd_shm.ps._grad import batch_grad
 from sgd_shm.ps.partitions import Partitions
 from sgd_shm.ps.policies import server_average
-from sgd_shm.ps.store import ParameterStore, WaitPolicy, _cas_py, store_release_py
+from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy, _cas_py, store_release_py
 from sgd_shm.ps.worker import EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, run_worker
 
 
 def warm_up(compressor=None, n_features=4):
     """Compile (or load from Numba's cache) every kernel the workers call, in this
-    process, before the workers are forked: otherwise each worker compiles them
-    itself on its first push, and the first policy of a cold cache starts late.
-    With a compressor, also its kernels and the sparse push's."""
+    process, before the workers start: otherwise each worker compiles them itself
+    on its first push, and the first policy of a cold cache starts late (forked
+    workers inherit the compiled kernels, spawned ones load them from the cache this
+    fills). With a compressor, also its kernels and the sparse push's."""
     with ParameterStore(4, n_shards=2, n_workers=1, shared=False) as scratch:
         w, v = scratch.pull(worker=0)
         res = scratch.push(np.zeros(4), v, lr=0.0, worker=0)
@@ -88,6 +105,7 @@ class ShmLink:
     def __init__(self, store, parts, lr, wait, parent, mail=None):
         self.store, self.parts, self.lr, self.wait, self.parent = store, parts, lr, wait, parent
         self.mail = mail
+        self.lifeline = None             # forkserver: see the module notes
 
     @property
     def bounds(self):
@@ -97,6 +115,8 @@ class ShmLink:
         return bool(self.parts.stop[0])
 
     def coordinator_alive(self):
+        if self.lifeline is not None:    # EOF (readable) once the coordinator is gone
+            return not select.select([self.lifeline], [], [], 0)[0]
         return os.getppid() == self.parent
 
     def pull(self, k):
@@ -172,11 +192,31 @@ class ShmLink:
         self.parts.applied(k, p, j)
 
 
-def _process_main(link, job, k, seed):
+def _process_main(payload, k, seed, start_method, lifeline=None):
+    """A worker process: (link, job, ready) inherited (fork) or unpickled from a
+    :class:`Shipment`; it raises its ready word, waits for the coordinator's go (the
+    word after the workers'), then runs the worker loop: no worker trains while
+    another is still starting, so the first steps are not one worker's alone.
+    ``lifeline``: forkserver only, a Connection that reaches EOF with the coordinator."""
+    link, job, ready = payload
+    if lifeline is not None:
+        link.lifeline = lifeline
+    if start_method != "fork":               # load the kernels now, not in the first step
+        warm_up(job.compressor, job.n_features)
+        w = np.zeros(job.n_features)
+        batch_grad(job.loss, *job.X, job.ys, job.batches.rows_of(0, 0), w, job.alpha,
+                   np.empty_like(w))
+    ready[k * LINE] = 1
+    while not ready[len(ready) - LINE]:
+        if not link.coordinator_alive():
+            return
+        time.sleep(0.0005)
     try:
         run_worker(link, job, k, seed)
     except Diverged:
         os._exit(EXIT_DIVERGED)                      # the coordinator reports it
+    if start_method != "fork":
+        exit_now()                                   # skip a fresh interpreter's shutdown
 
 
 class ShmBackend:
@@ -185,11 +225,17 @@ class ShmBackend:
     name = "shm"
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False):
+                 replicas=False, lossy=False, start_method="fork"):
         self.n_workers = n_workers
-        self.store = self.parts = self.mail = None
+        self.start_method = check_start_method(start_method)
+        self.store = self.parts = self.mail = self._shipment = self._ready_seg = None
+        self._lifeline = None            # forkserver: the write end (see the module notes)
         self.procs = []
         try:
+            # a word per worker, then the go word, each on a line of its own
+            self._ready_seg, v = shared_arrays({"ready": ((LINE * (n_workers + 1),),
+                                                          np.int64)})
+            self.ready = v["ready"]
             self.store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers)
             self.parts = Partitions(batches, rng, budget)
             if replicas or lossy:
@@ -208,15 +254,33 @@ class ShmBackend:
         self.nodes = [socket.gethostname()] * n_workers
 
     # ---- workers ---------------------------------------------------------------------
-    def start(self, job, seeds, lr, wait: WaitPolicy):
-        warm_up(job.compressor, job.n_features)
+    def start(self, job, seeds, lr, wait: WaitPolicy, ready_timeout=120.0):
+        """Start the workers with ``start_method`` and return once each one is ready
+        (or has ended; at most ``ready_timeout`` seconds), after giving them the go."""
+        warm_up(job.compressor, job.n_features)     # spawned workers load it from the cache
         link = ShmLink(self.store, self.parts, lr, wait, os.getpid(), self.mail)
-        ctx = mp.get_context("fork")
+        ctx = mp.get_context(self.start_method)
+        payload = (link, job, self.ready)
+        if self.start_method != "fork":
+            payload = self._shipment = Shipment(payload, [self._ready_seg])
+        ends = (None, None)
+        if self.start_method == "forkserver":
+            ends = ctx.Pipe(duplex=False)
+            self._lifeline = ends[1]
         self.procs = [ctx.Process(target=_process_main, name=f"ps-worker-{k}",
-                                  args=(link, job, k, int(seeds[k])), daemon=True)
+                                  args=(payload, k, int(seeds[k]), self.start_method, ends[0]),
+                                  daemon=True)
                       for k in range(self.n_workers)]
         for p in self.procs:
             p.start()
+        if ends[0] is not None:
+            ends[0].close()                  # the workers hold the read ends
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline and any(
+                not self.ready[k * LINE] and p.exitcode is None
+                for k, p in enumerate(self.procs)):
+            time.sleep(0.002)
+        self.ready[self.n_workers * LINE] = 1       # go: the clock starts now
 
     def kill(self, k):
         if self.procs[k].is_alive():
@@ -300,9 +364,20 @@ class ShmBackend:
         return None if self.mail is None else self.mail.counts.copy()
 
     def close(self):
+        """Unlink every segment of the run (after :meth:`stop`)."""
         if self.store is not None:
             self.store.close()
         if self.parts is not None:
             self.parts.close()
         if self.mail is not None:
             self.mail.close()
+        if self._shipment is not None:
+            self._shipment.close()
+            self._shipment = None
+        if self._lifeline is not None:
+            self._lifeline.close()
+            self._lifeline = None
+        if self._ready_seg is not None:
+            self.__dict__.pop("ready", None)
+            self._ready_seg.close()
+            self._ready_seg = None

@@ -148,7 +148,8 @@ def _backend(cfg, d, batches, rng, ckpt, budget):
         from sgd_shm.ps.ray_backend import RayBackend     # Ray is an optional extra
         return RayBackend(d, shards, cfg.n_workers, batches, rng, ckpt, cfg.address, **kw)
     from sgd_shm.ps.shm_backend import ShmBackend
-    return ShmBackend(d, shards, cfg.n_workers, batches, rng, ckpt, **kw)
+    return ShmBackend(d, shards, cfg.n_workers, batches, rng, ckpt,
+                      start_method=cfg.start_method, **kw)
 
 
 def _budget(cfg, batches):
@@ -225,6 +226,11 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
     wait [WaitPolicy()] : how a push waits on a held shard lock (shared memory).
     backend ["shm"] : "shm" (processes on this box) or "ray" (actors; optional
         extra). address [None] : a Ray cluster to join; None starts a local one.
+    start_method ["fork"] : how backend "shm" starts its worker processes: "fork"
+        (fastest: they inherit the store and the data) or "forkserver" / "spawn"
+        (for a parent that runs threads, which Python 3.12+ warns about forking, or
+        a platform without a safe fork; the data is copied once into shared memory
+        and each worker takes about a second to start, before the clock starts).
     seed [None], progress [stderr is a terminal] : seed; a progress bar.
     compress [None] : gradient compression (:mod:`sgd_shm.compress`): a compressor
         object or its spec ("topk:0.001", "randomk:0.01", "threshold:0.001",

@@ -347,10 +347,15 @@ def _wait_round(link, job, k, sent):
     """RPS's barrier: wait until every live worker has sent ``sent`` rounds (the
     policy's gate). An open barrier is passed even when the run is stopping, so a
     round every worker has sent is completed; False: stop (or the coordinator died)
-    before it opened."""
+    before it opened. The gate is asked again after the stop flag is seen: the
+    coordinator stops once every worker has sent the last round, which may be after
+    this worker's last look at the gate (on Ray a cached view), and that round must
+    still be collected."""
     while not job.policy.may_step(k, sent, link):
-        if link.stopped() or not link.coordinator_alive():
+        if not link.coordinator_alive():
             return False
+        if link.stopped():                  # the view now holds the others' rounds
+            return job.policy.may_step(k, sent, link)
         time.sleep(link.poll_s)
     return True
 
