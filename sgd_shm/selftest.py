@@ -107,6 +107,21 @@ def check_parameter_server():
     assert 0 < r.bytes_sent < r.bytes_dense
 
 
+def check_spawned_workers():
+    """The installed kit imports in a fresh interpreter and gets its data through
+    shared memory: the parameter server and Hogwild's processes under spawn."""
+    from sgd_shm import HogwildClassifier
+    from sgd_shm.data import make_rcv1_like
+    from sgd_shm.ps import train
+    X, y = make_rcv1_like(3000, 300, random_state=0)
+    r = train(X, y, n_workers=2, policy="asp", epochs=1, max_seconds=30, seed=0,
+              start_method="spawn", progress=False)
+    assert r.batches["lost"] == 0 and sum(r.batches["applied"]) == r.updates > 0
+    clf = HogwildClassifier(n_workers=2, backend="processes", start_method="spawn",
+                            max_iter=3, tol=None, random_state=0).fit(X, y)
+    assert clf.score(X, y) > max(np.mean(y > 0), np.mean(y <= 0))
+
+
 def check_collectives_and_eager():
     from sgd_shm.collectives import ShmGroup
     from sgd_shm.data import make_rcv1_like
@@ -136,7 +151,7 @@ def check_compress():
 
 CHECKS = [check_multiqueue, check_multicounter, check_greedy, check_stm_and_conflict,
           check_hogwild, check_mf, check_parameter_server, check_collectives_and_eager,
-          check_compress]
+          check_compress, check_spawned_workers]
 
 
 def main(argv=None) -> int:

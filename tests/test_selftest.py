@@ -11,7 +11,8 @@ def test_selftest_passes():
                        text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     for name in ("multiqueue", "multicounter", "greedy", "stm_and_conflict", "hogwild", "mf",
-                 "parameter_server", "collectives_and_eager", "compress"):
+                 "parameter_server", "collectives_and_eager", "compress",
+                 "spawned_workers"):
         assert f"  {name} " in p.stdout
     assert p.stdout.rstrip().endswith("all checks passed")
 

@@ -207,6 +207,29 @@ def test_ps_worker_sigkilled_under_spawn(ps_data, no_shm_leak):
     assert r.batches["lost"] <= 1 + per_part      # at most what it held or was enqueueing
 
 
+def test_ps_classifier_and_command_line_under_spawn(ps_data, tmp_path, no_shm_leak):
+    """ParameterServerClassifier and ``python -m sgd_shm.ps`` pass start_method on:
+    a spawned run learns (better than the majority class) and writes its report."""
+    from sgd_shm.ps import ParameterServerClassifier
+    X, y = ps_data
+    clf = ParameterServerClassifier(n_workers=2, policy="asp", max_seconds=0.4,
+                                    start_method="spawn", random_state=0).fit(X[:3000], y[:3000])
+    assert clf.result_.batches["lost"] == 0 and clf.result_.killed == []
+    assert clf.score(X[3000:], y[3000:]) > max(np.mean(y[3000:] > 0), np.mean(y[3000:] < 0))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, "-m", "sgd_shm.ps", "--start-method", "spawn", "--policies", "asp",
+         "--workers", "2", "--seconds", "0.3", "--samples", "2000", "--features", "200",
+         "--out", str(tmp_path)], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": root, "MPLBACKEND": "Agg"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "ps-main.json").exists() and (tmp_path / "ps-main.png").exists()
+    bad = subprocess.run([sys.executable, "-m", "sgd_shm.ps", "--start-method", "spawn",
+                          "--backend", "ray"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert bad.returncode == 2 and "--start-method applies to --backend shm" in bad.stderr
+
+
 def test_forkserver_workers_exit_when_the_coordinator_is_killed(tmp_path):
     """A forkserver worker's parent is the fork server, not the coordinator: it
     watches the server, which exits with the coordinator, so SIGKILLing the

@@ -38,6 +38,9 @@ def main(argv=None) -> int:
                     help="shm: worker processes on shared memory (default); ray: Ray actors "
                          "(a local Ray instance, or --address)")
     ap.add_argument("--address", default=None, help="a Ray cluster to join (--backend ray)")
+    ap.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default="fork",
+                    help="how --backend shm starts its worker processes (default fork; "
+                         "spawn/forkserver for a parent that runs threads)")
     ap.add_argument("--out", default=".", help="folder for ps-main.json / ps-main.png (default .)")
     args = ap.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -54,6 +57,8 @@ def main(argv=None) -> int:
         ap.error("--slow must be >= 1")
     if args.address is not None and args.backend != "ray":
         ap.error("--address joins a Ray cluster: add --backend ray")
+    if args.start_method != "fork" and args.backend != "shm":
+        ap.error("--start-method applies to --backend shm (Ray starts its own actors)")
     X, y = make_rcv1_like(args.samples, args.features, random_state=args.seed)
     kind = "worker processes" if args.backend == "shm" else "Ray worker actors"
     print(f"parameter server: {args.samples:,} x {args.features:,} RCV1-like, {args.workers} "
@@ -65,7 +70,7 @@ def main(argv=None) -> int:
     for pol in policies:
         r = train(X, y, n_workers=args.workers, policy=pol, max_seconds=args.seconds,
                   slowdown={0: args.slow} if args.slow > 1 else None, seed=args.seed,
-                  backend=args.backend, address=args.address)
+                  backend=args.backend, address=args.address, start_method=args.start_method)
         results[pol] = r
         ttt = r.time_to(args.target)
         det = ", ".join(f"worker {w} at {t:.1f} s" for t, w in r.detections) or "none"

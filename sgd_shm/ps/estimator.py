@@ -25,12 +25,14 @@ __all__ = ["ParameterServerClassifier"]
 class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
     """Binary linear classifier trained by :func:`sgd_shm.ps.train`; the parameters
     are ``train``'s (``random_state`` is its ``seed``). ``fit`` trains for
-    ``max_seconds`` or until ``target_loss``, so two fits are not identical."""
+    ``max_seconds`` or until ``target_loss``, so two fits are not identical.
+    ``start_method`` ("fork", "spawn", "forkserver") is how backend "shm" starts its
+    workers (see :func:`sgd_shm.ps.train`)."""
 
     def __init__(self, *, loss="log_loss", policy="saps", n_workers=2, backend="shm",
                  address=None, max_seconds=2.0, target_loss=None, lr=0.5, alpha=1e-4,
                  batch_size=64, staleness=None, n_shards=8, slowdown=None,
-                 random_state=None):
+                 start_method="fork", random_state=None):
         self.loss = loss
         self.policy = policy
         self.n_workers = n_workers
@@ -44,6 +46,7 @@ class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
         self.staleness = staleness
         self.n_shards = n_shards
         self.slowdown = slowdown
+        self.start_method = start_method
         self.random_state = random_state
 
     def fit(self, X, y):
