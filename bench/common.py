@@ -106,11 +106,9 @@ def load_results(name: str) -> dict | None:
 
 
 def save_plot(fig, path, dpi=110):
-    """Lay out, write and close a matplotlib figure; returns ``path``."""
-    import matplotlib.pyplot as plt
+    """Lay out and write a matplotlib figure; returns ``path``."""
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
     return path
 
 

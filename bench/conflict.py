@@ -123,12 +123,11 @@ def run(reps: int, seed: int, out_dir: Path, quick: bool = False) -> dict:
 
 def plot(result: dict, path: Path) -> Path:
     """One panel per model: exact E[cost(T)]/OPT(T) against T/B, documented optima dashed."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure      # no pyplot: the backend is left alone
 
     panels = list(dict.fromkeys((c["model"], c["k"]) for c in result["curves"]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), sharey=True)
+    fig = Figure(figsize=(5.2 * len(panels), 4.4))
+    axes = fig.subplots(1, len(panels), sharey=True)
     for ax, (model, k) in zip(np.atleast_1d(axes), panels):
         for c in result["curves"]:
             if (c["model"], c["k"]) == (model, k):
@@ -156,7 +155,6 @@ def plot(result: dict, path: Path) -> Path:
                  f"({h['cpu']}, {h['date'][:10]})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return Path(path)
 
 

@@ -105,10 +105,9 @@ def run(seed, *, n=20_000, d=50, epochs=5, alpha=1e-4, lr=0.02, taus=TAUS, momen
 
 
 def plot(d, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    from matplotlib.figure import Figure      # no pyplot: the backend is left alone
+    fig = Figure(figsize=(11, 4.2))
+    axes = fig.subplots(1, 2)
     for ax, loss in zip(axes, ("log", "squared")):
         for mode, ls in (("max", "-"), ("uniform", ":")):
             for mu in sorted({r["momentum"] for r in d["results"]}):

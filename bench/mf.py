@@ -61,10 +61,9 @@ def run(workers, reps, seed, *, users=100_000, items=10_000, ratings=2_000_000, 
 
 
 def plot(d, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    from matplotlib.figure import Figure      # no pyplot: the backend is left alone
+    fig = Figure(figsize=(6.5, 4.2))
+    ax = fig.subplots()
     for b in BACKENDS:
         rs = [r for r in d["results"] if r["backend"] == b]
         ax.plot([r["workers"] for r in rs], [r["epoch_s_median"] for r in rs], "o-", label=b)

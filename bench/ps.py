@@ -406,10 +406,11 @@ def plot(d, path):
     r0 = d["results"][0]
     backends, curves, _, _ = _normalised(d)
     if not d.get("transport"):                   # a single-backend file of the old layout
-        return plot_losses(curves["shm"], d["problem"]["target"], path,
-                           f"parameter server, {r0['workers']} workers, worker 0 slowed "
-                           f"{r0['slowdown_worker0']:g}x (dotted: SaPS detection; first "
-                           f"repetition)", n_workers=r0["workers"])
+        plot_losses(curves["shm"], d["problem"]["target"], path,
+                    f"parameter server, {r0['workers']} workers, worker 0 slowed "
+                    f"{r0['slowdown_worker0']:g}x (dotted: SaPS detection; first "
+                    f"repetition)", n_workers=r0["workers"])
+        return path
     from matplotlib.figure import Figure
     p = d["problem"]
     fig = Figure(figsize=(12, 8))

@@ -150,12 +150,11 @@ def ratios(rows):
 
 
 def plot(d, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure      # no pyplot: the backend is left alone
     rows = d["results"]
     accounts = sorted({r["accounts"] for r in rows if r["workload"] == "bank"})
-    fig, axes = plt.subplots(1, len(accounts), figsize=(6 * len(accounts), 4.3), squeeze=False)
+    fig = Figure(figsize=(6 * len(accounts), 4.3))
+    axes = fig.subplots(1, len(accounts), squeeze=False)
     for ax, n in zip(axes[0], accounts):
         for clock, ls in (("global", "-"), ("multicounter", "--")):
             lines = [("threads", pol) for pol in POLICIES] + [("processes", "randomized")]

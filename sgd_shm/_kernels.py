@@ -56,6 +56,12 @@ of lock-free writes; tests/test_hogwild.py bounds it). Without ``Params.hot``
 (locked baseline, L1, momentum) the hot slots are mapped back to feature ids and
 updated in W directly, as plain Hogwild does.
 
+Averaging (ASGD: the averaged weights of Polyak and Juditsky 1992, as scikit-learn's
+``average``): from a given global step on, the average of the weights after every
+step is kept lazily (see ``average_table``): each step adds −C·ΔW for the
+coordinates it changed to ``Model.A`` (shared, updated without locks like W), and
+each worker its intercepts' compensation to its own row of ``Model.Ab``.
+
 Learning rates: constant η₀; inverse scaling η₀ / t^power_t; "optimal"
 1 / (α·(t₀ + t)) with Bottou's t₀ heuristic (see ``optimal_t0``). t is the
 global sample count (estimated as above).
@@ -85,10 +91,11 @@ LEARNING_RATES = {"constant": CONSTANT, "optimal": OPTIMAL, "invscaling": INVSCA
 
 # the driver's float parameters (HogwildSGD.fp), from which it builds Params
 (F_ETA0, F_ALPHA2, F_ALPHA1, F_POWER_T, F_T0, F_T_START, F_NW, F_ICPT_DECAY, F_U0, F_ALPHA_LR,
- F_MOMENTUM) = range(11)
+ F_MOMENTUM, F_AVG_FROM) = range(12)
 # (F_U0: the L1 total u at the start of the segment; F_ALPHA_LR: alpha of the 'optimal'
-#  schedule, which also holds with penalty=None)
-N_FPARAMS = 11
+#  schedule, which also holds with penalty=None; F_AVG_FROM: the segment's first step
+#  that counts in the average, -1: none, see Params.avg_from)
+N_FPARAMS = 12
 # the driver's int parameters (HogwildSGD.ip)
 I_LOSS, I_LR, I_FIT_ICPT, I_LOCKED, I_INSTRUMENT, I_HOT = range(6)
 N_IPARAMS = 6
@@ -107,20 +114,26 @@ NOT_READY = 1 << 62
 MAX_DLOSS = 1e12
 
 
+_EMPTY1 = np.zeros(0)
+_EMPTY2 = np.zeros((0, 0))
+
+
 # ---- the kernel's arguments ---------------------------------------------------------------
 class Data(NamedTuple):
     """The samples as ``hogwild.Problem`` lays them out (``Problem.kernel_data``):
     sparse rows in CSR (``X`` then has 0 rows), or dense rows in ``X`` (``indptr``
     then is empty)."""
-    X: np.ndarray           # (n, d) float64 dense rows, or (0, d)
+    X: np.ndarray           # (n, d) dense rows, or (0, d); float64 or float32, as data
     cols_all: np.ndarray    # (d,) int32 arange(d): the feature ids of a dense row
     indptr: np.ndarray      # (n + 1,) int64 CSR row bounds, or empty
     indices: np.ndarray     # (nnz,) int32 feature ids; hot-first rows: hot slots first
-    data: np.ndarray        # (nnz,) float64 values
+    data: np.ndarray        # (nnz,) values, float64 or float32 (the caller's, uncopied)
     hot_end: np.ndarray     # (n,) int64 end of each row's hot part; empty: no hot part
     hot_feat: np.ndarray    # (H,) int64 the feature of each hot slot
     Y: np.ndarray           # (n, K) float64 targets
     sw: np.ndarray          # (n,) float64 sample weights
+    cw: np.ndarray          # (K, 2) float64 class weights: a step on output c is scaled
+    #                         by cw[c, 0] when Y[i, c] > 0, else cw[c, 1]; (0, 2): none
 
 
 class Model(NamedTuple):
@@ -131,6 +144,8 @@ class Model(NamedTuple):
     V: np.ndarray           # (K, d) heavy-ball velocity; (0, 0) without momentum
     Wh: np.ndarray          # (n_workers + 1, K, H) hot block and the workers' hot steps
     lock: np.ndarray        # int64, lock[0]: the spinlock of the locked baseline
+    A: np.ndarray = _EMPTY2      # (K, d) averaging: the segment's compensation sum
+    Ab: np.ndarray = _EMPTY2     # (n_workers, K) ... and each worker's, of the intercepts
 
 
 class Schedule(NamedTuple):
@@ -145,14 +160,18 @@ class Schedule(NamedTuple):
     eta: np.ndarray         # (L,) step size of each global step of the segment
     scale: np.ndarray       # (L + 1,) the L2 weight scale after 0..L steps
     cum: np.ndarray         # (L + 1,) cumulative step sizes (the L1 totals, over alpha1)
+    avg: np.ndarray         # (L + 1,) averaging: the scales summed over the averaged
+    #                         steps before each step (see average_table); empty: none
 
     @classmethod
-    def for_segment(cls, order, parts, seeds, lo, hi, progress, eta, scale, cum, g0, L):
+    def for_segment(cls, order, parts, seeds, lo, hi, progress, eta, scale, cum, g0, L,
+                    avg=None):
         """The Schedule of the segment of global steps [g0, g0 + L) of an epoch:
-        ``eta`` holds the epoch's step sizes, ``scale`` and ``cum`` the segment's
-        tables (from ``segment``)."""
+        ``eta`` holds the epoch's step sizes, ``scale``, ``cum`` (and ``avg`` when
+        averaging) the segment's tables (from ``segment`` and ``average_table``)."""
+        avg = _EMPTY1 if avg is None or avg.shape[0] == 0 else avg[:L + 1]
         return cls(order, parts, seeds, lo, hi, progress, eta[g0:g0 + L], scale[:L + 1],
-                   cum[:L + 1])
+                   cum[:L + 1], avg)
 
 
 class Params(NamedTuple):
@@ -167,6 +186,7 @@ class Params(NamedTuple):
     locked: bool            # every step under Model.lock (the locked baseline)
     hot: bool               # step the hot block in a private copy (see the module notes)
     instrument: bool        # measure staleness into Report.stale_hist
+    avg_from: int           # averaging: the segment's first averaged step; -1: none
 
     @classmethod
     def from_driver(cls, fp, ip):
@@ -175,7 +195,7 @@ class Params(NamedTuple):
         return cls(int(ip[I_LOSS]), bool(ip[I_FIT_ICPT]), float(fp[F_ICPT_DECAY]),
                    float(fp[F_ALPHA1]), float(fp[F_U0]), float(fp[F_MOMENTUM]),
                    int(fp[F_NW]), bool(ip[I_LOCKED]), bool(ip[I_HOT]),
-                   bool(ip[I_INSTRUMENT]))
+                   bool(ip[I_INSTRUMENT]), int(fp[F_AVG_FROM]))
 
 
 class Report(NamedTuple):
@@ -426,10 +446,10 @@ def _run(data, model, sched, params, report, wid):
     the block ``Wh[0]`` and publishes them in ``Wh[1 + wid]`` every ``hot_flush``
     samples and at the end (see the module docstring); otherwise it maps the slots
     to features and works on W."""
-    W, b, q, V, Wh, lock = model
-    order, parts, seeds, los, his, progress, eta_tab, scale_tab, cum_eta = sched
+    W, b, q, V, Wh, lock, A, Ab = model
+    order, parts, seeds, los, his, progress, eta_tab, scale_tab, cum_eta, avg_tab = sched
     out, stale_hist, clock = report
-    X, cols_all, indptr, indices, vals, hot_end, hot_feat, Y, sw = data
+    X, cols_all, indptr, indices, vals, hot_end, hot_feat, Y, sw, cw = data
     K, d_feat = W.shape
     loss, mom, a1 = params.loss, params.momentum, params.alpha1   # (L2: all in scale_tab)
     fit_icpt, icpt_decay, u0 = params.fit_intercept, params.intercept_decay, params.u0
@@ -452,6 +472,11 @@ def _run(data, model, sched, params, report, wid):
     # private delta (used in its own predictions) and publishes it every
     # INTERCEPT_FLUSH samples, so the line is not bounced between cores on every step
     db = np.zeros(K)
+    # averaging (params.avg_from >= 0): this worker's intercept compensation (see
+    # average_table), written to its own row Ab[wid] at the end
+    avg_from = params.avg_from
+    dab = np.zeros(K)
+    cb = 0.0
     since = 0                                # own samples since the last publication
     done_own = 0
     s = 1.0
@@ -523,7 +548,7 @@ def _run(data, model, sched, params, report, wid):
             out[O_DIVERGED] = 2.0
             break
         loss_sum, any_step, bad = _gradient(loss_sum, g, dots, s, b, db, Y, i, wi, eta, loss,
-                                            out)
+                                            out, cw)
         if bad:
             if locked:
                 store_release(lock, 0)
@@ -532,8 +557,13 @@ def _run(data, model, sched, params, report, wid):
         if instrument:
             tau = fetch_add(clock, 1) - c_read
             stale_hist[tau if tau < n_bins else n_bins - 1] += 1
+        if avg_from >= 0:         # averaging: the scales of the averaged steps before
+            cb = avg_tab[tg]      # this one, summed (see average_table)
+            if fit_icpt and tg > avg_from:
+                _average_intercept(dab, g, tg - avg_from, icpt_decay)
         if mom > 0.0:             # heavy ball: the velocity moves w even when g is zero
-            _momentum_step(W, V, g, mom, 1.0 / s_after, idx, val, r0, v0, nh, nnz, hot_feat)
+            _momentum_step(W, V, g, mom, 1.0 / s_after, idx, val, r0, v0, nh, nnz, hot_feat,
+                           A, cb)
             if fit_icpt:
                 for c in range(K):
                     if g[c] != 0.0:
@@ -541,8 +571,11 @@ def _run(data, model, sched, params, report, wid):
         elif any_step:
             _step(W, hw, db, g, 1.0 / s_after, idx, val, r0, v0, nh, nnz, hot_feat, hot,
                   fit_icpt, icpt_decay)
+            if cb != 0.0:
+                _average_step(A, g, cb / s_after, idx, val, r0, v0, nh, nnz, hot_feat)
         if a1 > 0.0:
-            _l1_clip(W, q, u0 + a1 * cum_eta[tg + 1], s_after, idx, r0, nh, nnz, hot_feat)
+            _l1_clip(W, q, u0 + a1 * cum_eta[tg + 1], s_after, idx, r0, nh, nnz, hot_feat,
+                     A, cb)
         if locked:                             # serialised: publish the intercept too
             _flush_intercept(b, db)
             store_release(lock, 0)
@@ -559,6 +592,9 @@ def _run(data, model, sched, params, report, wid):
             since = 0
     for c in range(K):
         b[c] += db[c]
+    if avg_from >= 0:
+        for c in range(K):
+            Ab[wid, c] += dab[c]
     if hot and hot_since > 0:
         _fold(Wh, hw, snap, wid)
     progress[stride * wid] = done_own
@@ -639,11 +675,14 @@ def _global_step(progress, stride, wid, nw, done_own, n_tab):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _gradient(loss_sum, g, dots, s, b, db, Y, i, wi, eta, loss, out):
-    """The step g[c] = −η·dloss·wi of every output for sample i. Returns (loss_sum
-    plus the sample's weighted losses, whether any step is nonzero, whether a
-    prediction is not finite: g is then incomplete)."""
+def _gradient(loss_sum, g, dots, s, b, db, Y, i, wi, eta, loss, out, cw):
+    """The step g[c] = −η·dloss·wi·cwc of every output for sample i (cwc: the class
+    weight of output c for the sample's target, 1 without ``cw``; as scikit-learn, it
+    scales the step, not the reported loss). Returns (loss_sum plus the sample's
+    weighted losses, whether any step is nonzero, whether a prediction is not finite:
+    g is then incomplete)."""
     any_step = False
+    weighted = cw.shape[0] > 0
     for c in range(g.shape[0]):
         p = dots[c] * s + b[c] + db[c]
         if not math.isfinite(p):
@@ -655,6 +694,8 @@ def _gradient(loss_sum, g, dots, s, b, db, Y, i, wi, eta, loss, out):
             d = MAX_DLOSS if d > 0.0 else -MAX_DLOSS
             out[O_CLIPS] += 1.0
         g[c] = -eta * d * wi
+        if weighted:
+            g[c] *= cw[c, 0] if yc > 0.0 else cw[c, 1]
         if g[c] != 0.0:
             any_step = True
     return loss_sum, any_step, False
@@ -683,9 +724,10 @@ def _step(W, hw, db, g, inv_s, idx, val, r0, v0, nh, nnz, hot_feat, hot, fit_icp
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _momentum_step(W, V, g, mom, inv_s, idx, val, r0, v0, nh, nnz, hot_feat):
+def _momentum_step(W, V, g, mom, inv_s, idx, val, r0, v0, nh, nnz, hot_feat, A, cb):
     """The heavy-ball step on the row's entries: V <- mom*V + g*x, W += V (in W's
-    units: inv_s)."""
+    units: inv_s); with cb != 0 (averaging) each change of W also goes into A, times
+    -cb (see average_table)."""
     for c in range(W.shape[0]):
         gc = g[c]
         for m in range(nnz):
@@ -693,13 +735,35 @@ def _momentum_step(W, V, g, mom, inv_s, idx, val, r0, v0, nh, nnz, hot_feat):
             vel = mom * V[c, j] + gc * val[_u(v0 + m)]
             V[c, j] = vel
             W[c, j] += vel * inv_s
+            if cb != 0.0:
+                A[c, j] -= cb * vel * inv_s
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _l1_clip(W, q, u, s_after, idx, r0, nh, nnz, hot_feat):
+def _average_intercept(dab, g, before, icpt_decay):
+    """Averaging: the intercepts' compensation for this step's change, times the
+    count of averaged steps ``before`` it (see average_table)."""
+    for c in range(dab.shape[0]):
+        dab[c] -= before * g[c] * icpt_decay
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _average_step(A, g, cb_inv_s, idx, val, r0, v0, nh, nnz, hot_feat):
+    """Averaging: A -= cb · (the change ``_step`` made to W), cb_inv_s = cb / s
+    (see average_table)."""
+    for c in range(A.shape[0]):
+        gc = g[c] * cb_inv_s
+        if gc != 0.0:
+            for m in range(nnz):
+                A[c, _feat(idx, r0, m, nh, hot_feat)] -= gc * val[_u(v0 + m)]
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _l1_clip(W, q, u, s_after, idx, r0, nh, nnz, hot_feat, A, cb):
     """The cumulative L1 penalty on the row's weights (Tsuruoka et al.): move each
     toward zero by what it has not yet received of the total u, without crossing
-    zero; q records what it received."""
+    zero; q records what it received. With cb != 0 (averaging) each change of W also
+    goes into A, times -cb (see average_table)."""
     for c in range(W.shape[0]):
         for m in range(nnz):
             j = _feat(idx, r0, m, nh, hot_feat)
@@ -712,6 +776,8 @@ def _l1_clip(W, q, u, s_after, idx, r0, nh, nnz, hot_feat):
                 continue
             W[c, j] = w_new / s_after
             q[c, j] += w_new - z
+            if cb != 0.0:
+                A[c, j] -= cb * (w_new - z) / s_after
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -770,6 +836,28 @@ def segment(fp, eta, g0, scale, cum):
         cum[k - g0 + 1] = cum[k - g0] + eta[k]
         k += 1
     return k, zero_first
+
+
+def average_table(scale, L, a0, out):
+    """Averaging (ASGD) in a segment of L steps whose steps a0, a0 + 1, ... count in
+    the average: fills out[k] (k = 0..L) with C(k), the sum of the weight scales
+    ``scale[j + 1]`` after the averaged steps j < k, and returns out[:L + 1].
+
+    The average of the weights over the averaged steps is kept lazily, without a
+    pass over all the weights per step (the trick of Xu, "Towards optimal one pass
+    large scale learning with averaged stochastic gradient descent", 2011, as in
+    scikit-learn's ``WeightVector.add_average``). With raw weights W (the true
+    weights are s_k·W after step k), the sum of the true weights over the averaged
+    steps of the segment is C(L)·W_end + A, where every change ΔW that step k makes
+    to a weight adds −C(k)·ΔW to its entry of A (the earlier steps saw the old
+    value); the intercepts likewise, with C counting the averaged steps. The kernel
+    does those additions for the coordinates a step touches (its gradient step,
+    momentum, L1 clip); the driver folds A into the running average at the end of
+    the segment."""
+    out[:a0 + 1] = 0.0
+    if a0 < L:
+        np.cumsum(scale[a0 + 1:L + 1], out=out[a0 + 1:L + 1])
+    return out[:L + 1]
 
 
 def optimal_t0(alpha: float, loss: int) -> float:

@@ -425,16 +425,17 @@ class SharedWorkers:
 
 
 _HOGWILD = ("W", "b", "q", "V", "order", "progress", "scale", "eta", "cum", "clock", "hists",
-            "Wh")
+            "Wh", "A", "Ab", "avg")
 
 
 def _hogwild_step(wid, v, static, lo, hi, parts, seeds, fp, g0, L):
     data, ip = static
     out = np.zeros(K.N_OUT)
     hists = v["hists"]
-    worker_epoch(data, K.Model(v["W"], v["b"], v["q"], v["V"], v["Wh"], _NO_LOCK),
+    worker_epoch(data, K.Model(v["W"], v["b"], v["q"], v["V"], v["Wh"], _NO_LOCK, v["A"],
+                               v["Ab"]),
                  K.Schedule.for_segment(v["order"], parts, seeds, lo, hi, v["progress"],
-                                        v["eta"], v["scale"], v["cum"], g0, L),
+                                        v["eta"], v["scale"], v["cum"], g0, L, v["avg"]),
                  K.Params.from_driver(fp, ip),
                  K.Report(out, hists[wid, :hists.shape[1] - LINE_WORDS], v["clock"]), wid)
     return out
@@ -456,12 +457,15 @@ class ProcessPool:
                   ((n + 1,), np.float64), ((n,), np.float64), ((n + 1,), np.float64),
                   ((LINE_WORDS,), np.int64),
                   ((n_workers, sgd.staleness.shape[0] + LINE_WORDS), np.int64),
-                  ((n_workers + 1, k, prob.hot_feat.shape[0]), np.float64)]
+                  ((n_workers + 1, k, prob.hot_feat.shape[0]), np.float64),
+                  (sgd.A.shape, np.float64), (sgd.Ab.shape, np.float64),
+                  (sgd._avg.shape, np.float64)]     # averaging (empty without)
         self.pool = SharedWorkers(dict(zip(_HOGWILD, shapes)), _hogwild_step,
                                   (prob.kernel_data(), sgd.ip), start_method)
         try:
             self.pool.adopt(sgd, {"W": "W", "b": "b", "q": "q", "V": "V", "order": "_perm",
-                                  "scale": "_scale", "eta": "_eta", "cum": "_cum"})
+                                  "scale": "_scale", "eta": "_eta", "cum": "_cum", "A": "A",
+                                  "Ab": "Ab", "avg": "_avg"})
             self.pool.start(n_workers)
         except BaseException:
             self.close()

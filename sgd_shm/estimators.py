@@ -23,9 +23,10 @@ import warnings
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, is_classifier
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils import check_random_state
+from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
+from sklearn.utils import check_random_state, compute_class_weight
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -38,6 +39,8 @@ __all__ = ["HogwildClassifier", "HogwildRegressor"]
 
 _PENALTIES = ("l2", "l1", "elasticnet", None)
 _BACKENDS = ("threads", "processes")
+#: the input types fit and predict keep (float32 is read without a float64 copy)
+_DTYPES = [np.float64, np.float32]
 
 
 def resolve_workers(n_workers):
@@ -117,12 +120,39 @@ class _BaseHogwild(BaseEstimator):
         if self.backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
         check_start_method(self.start_method)        # checked with either backend
+        self._validate_parity_params()
+
+    def _validate_parity_params(self):
+        """shuffle, warm_start, early_stopping (booleans), validation_fraction, average."""
+        for name in ("shuffle", "warm_start", "early_stopping"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name} must be True or False, got {type(value).__name__} "
+                                f"{value!r}")
+        _check_param("validation_fraction", self.validation_fraction, float, 0.0, lo_open=True)
+        if self.validation_fraction >= 1.0:
+            raise ValueError(f"validation_fraction must be in (0, 1), got "
+                             f"{self.validation_fraction}; 0.1 holds out a tenth of the samples")
+        self._average_start()
+
+    def _average_start(self):
+        """``average`` as the 1-based sample count from which the weights are averaged
+        (0: no averaging): False -> 0, True -> 1, an int a >= 1 -> a."""
+        a = self.average
+        if isinstance(a, (bool, np.bool_)):
+            return int(a)
+        if not isinstance(a, numbers.Integral) or a < 1:
+            raise ValueError(f"average must be False, True or an int >= 1 (average from that "
+                             f"many samples seen on), got {type(a).__name__} {a!r}; use False "
+                             "for no averaging")
+        return int(a)
 
     def _hot_features(self, epochs, X):
         """hot_features where the workers buffer them (several workers, L2 or no
-        penalty, no momentum), else 0: the hot-first layout would go unused. "auto":
-        see ``hogwild.auto_hot_features``."""
-        if resolve_workers(self.n_workers) > 1 and self.momentum == 0 and self._penalty_split()[1] == 0:
+        penalty, no momentum, no averaging), else 0: the hot-first layout would go
+        unused. "auto": see ``hogwild.auto_hot_features``."""
+        if resolve_workers(self.n_workers) > 1 and self.momentum == 0 \
+                and self._penalty_split()[1] == 0 and not self._average_start():
             if self.hot_features == "auto":
                 return auto_hot_features(X, epochs)
             return self.hot_features
@@ -144,7 +174,8 @@ class _BaseHogwild(BaseEstimator):
                           backend=self.backend, start_method=self.start_method,
                           instrument=self.instrument,
                           penalty_scale=0.0 if self.penalty is None else 1.0,
-                          momentum=float(self.momentum), seed=rng_seed)
+                          momentum=float(self.momentum), seed=rng_seed,
+                          shuffle=bool(self.shuffle), average=self._average_start())
 
     def _objective(self, mean_loss):
         """Mean loss plus the penalty of the current weights (the stopping rule's
@@ -159,7 +190,7 @@ class _BaseHogwild(BaseEstimator):
         return mean_loss + pen
 
     _FITTED = ("coef_", "intercept_", "staleness_", "classes_", "loss_curve_", "n_iter_",
-               "hot_features_", "_state", "n_features_in_")
+               "hot_features_", "_state", "n_features_in_", "validation_scores_")
 
     def _forget(self):
         """Back to unfitted: after a failed or diverged fit no half-trained state stays."""
@@ -167,24 +198,30 @@ class _BaseHogwild(BaseEstimator):
             if name in self.__dict__:
                 delattr(self, name)
 
-    def _train(self, prob, reset, n_outputs, sparse, max_iter, stop_early):
-        """Epochs on ``prob`` from a fresh state (reset) or the current one; publishes
-        intercept_, staleness_ and hot_features_ (features the workers buffered in this
-        call, 0 for none) and returns the weight matrix (n_outputs, n_features)."""
+    def _train(self, prob, reset, n_outputs, sparse, max_iter, stop_early, init=None,
+               scorer=None):
+        """Epochs on ``prob`` from a fresh state (reset; from the weights ``init`` =
+        (W, b) when given) or the current one, the stopping rule on ``scorer()`` (the
+        validation score) when given; publishes intercept_, staleness_ and hot_features_
+        (features the workers buffered in this call, 0 for none) and returns the weight
+        matrix (n_outputs, n_features): the averaged one once averaging has begun."""
         if reset or not hasattr(self, "_state"):
             seed = check_random_state(self.random_state).randint(2**31 - 1)
             self._state = self._new_state(prob.n_features, n_outputs, sparse, int(seed))
+            if init is not None:
+                self._state.W[...], self._state.b[...] = init
             self.loss_curve_ = []
             self.n_iter_ = 0
-        converged = self._run_epochs(prob, max_iter, stop_early)
+        converged = self._run_epochs(prob, max_iter, stop_early, scorer)
         if stop_early and not converged:
             warnings.warn(f"Maximum number of iterations ({self.max_iter}) reached before "
                           "convergence; consider increasing max_iter", ConvergenceWarning)
-        self.intercept_ = self._state.b.copy()
+        W, b = self._state.averaged()
+        self.intercept_ = b.copy()
         self.hot_features_ = int(prob.hot_feat.shape[0])
         if self.instrument:
             self.staleness_ = self._state.staleness.copy()
-        return self._state.W
+        return W
 
     def _fit(self, reset, *args):
         """fit/partial_fit: start from scratch when ``reset``; a divergence leaves the
@@ -197,12 +234,12 @@ class _BaseHogwild(BaseEstimator):
             self._forget()
             raise
 
-    def _run_epochs(self, prob, max_iter, stop_early):
+    def _run_epochs(self, prob, max_iter, stop_early, scorer=None):
         clipped_before = self._state.clipped
         self._state.start_method = self.start_method     # set_params between partial_fits
         try:
             with self._state.session(prob):      # processes: workers + shared memory
-                return self._epochs(prob, max_iter, stop_early)
+                return self._epochs(prob, max_iter, stop_early, scorer)
         finally:
             clipped = self._state.clipped - clipped_before
             if clipped:
@@ -210,27 +247,115 @@ class _BaseHogwild(BaseEstimator):
                               "times: the step size is far too large for this data; scale the "
                               "features (e.g. StandardScaler) or lower eta0", RuntimeWarning)
 
-    def _epochs(self, prob, max_iter, stop_early):
-        best = np.inf
+    def _epochs(self, prob, max_iter, stop_early, scorer=None):
+        """Up to max_iter epochs; with stop_early, stop when the objective (mean loss
+        plus penalty) has not fallen by tol, or with a ``scorer`` (early_stopping) the
+        validation score has not risen by tol, for n_iter_no_change epochs in a row
+        (scikit-learn's rules). Returns whether the rule stopped it (or there is none)."""
+        best = -np.inf if scorer is not None else np.inf
         stall = 0
         self.loss_curve_ = getattr(self, "loss_curve_", [])
         for it in range(max_iter):
             mean_loss = self._state.epoch(prob)
             self.loss_curve_.append(mean_loss)
             self.n_iter_ = getattr(self, "n_iter_", 0) + 1
+            score = None
+            if scorer is not None:
+                score = scorer()
+                self.validation_scores_.append(score)
             if self.verbose:
                 print(f"-- epoch {self.n_iter_}: mean loss {mean_loss:.6f}, "
-                      f"t = {self._state.t:.0f}")
+                      f"t = {self._state.t:.0f}"
+                      + ("" if score is None else f", validation score {score:.6f}"))
             if stop_early and self.tol is not None:
-                obj = self._objective(mean_loss)
-                stall = stall + 1 if obj > best - self.tol else 0
-                best = min(best, obj)
+                if scorer is not None:
+                    stall = stall + 1 if score < best + self.tol else 0
+                    best = max(best, score)
+                else:
+                    obj = self._objective(mean_loss)
+                    stall = stall + 1 if obj > best - self.tol else 0
+                    best = min(best, obj)
                 if stall >= self.n_iter_no_change:
                     return True
         return not stop_early or self.tol is None
 
+    def _warm_init(self, coef_init, intercept_init):
+        """(coef_init, intercept_init) for fit: with warm_start and a fitted model, the
+        fitted coef_ / intercept_ where none is given (as SGDClassifier)."""
+        if self.warm_start and hasattr(self, "coef_"):
+            if coef_init is None:
+                coef_init = self.coef_.copy()
+            if intercept_init is None:
+                intercept_init = self.intercept_.copy()
+        return coef_init, intercept_init
+
+    @staticmethod
+    def _initial_weights(init, n_out, d):
+        """The starting (W, b) of shapes (n_out, d), (n_out,) from (coef_init,
+        intercept_init), zeros where None; None when both are None."""
+        if init is None or (init[0] is None and init[1] is None):
+            return None
+        W, b = np.zeros((n_out, d)), np.zeros(n_out)
+        for name, value, out, shape in (("coef_init", init[0], W, (n_out, d)),
+                                        ("intercept_init", init[1], b, (n_out,))):
+            if value is None:
+                continue
+            a = np.asarray(value, dtype=np.float64)
+            if a.size != out.size or a.ndim > out.ndim or a.shape[-1:] != out.shape[-1:]:
+                raise ValueError(f"{name} must have shape {shape} for this data (the "
+                                 f"coef_ / intercept_ of a fit on data like it), got shape "
+                                 f"{a.shape}; with warm_start=True, refit on data with the "
+                                 "same features and classes or set warm_start=False")
+            if not np.isfinite(a).all():
+                raise ValueError(f"{name} holds NaN or inf; pass finite weights")
+            out[...] = a.reshape(out.shape)
+        return W, b
+
+    def _validation_split(self, y, sample_weight):
+        """(training rows, validation rows) for early_stopping: a held-out share
+        validation_fraction of the samples, stratified by class for a classifier
+        (StratifiedShuffleSplit / ShuffleSplit seeded with random_state, as
+        SGDClassifier)."""
+        split = StratifiedShuffleSplit if is_classifier(self) else ShuffleSplit
+        cv = split(test_size=self.validation_fraction, random_state=self.random_state)
+        try:
+            train, val = next(cv.split(np.zeros((y.shape[0], 1)), y))
+        except ValueError as e:
+            raise ValueError(f"early_stopping: cannot hold out validation_fraction="
+                             f"{self.validation_fraction} of {y.shape[0]} samples ({e}); "
+                             "use more samples, another validation_fraction, or "
+                             "early_stopping=False") from e
+        if train.shape[0] == 0 or val.shape[0] == 0:
+            raise ValueError(f"early_stopping: validation_fraction={self.validation_fraction} "
+                             f"of {y.shape[0]} samples leaves an empty training or validation "
+                             "set; use more samples, another validation_fraction, or "
+                             "early_stopping=False")
+        if sample_weight is not None and not (sample_weight[val] > 0).any():
+            raise ValueError("early_stopping: every sample of the validation set has weight "
+                             "0; use another random_state or early_stopping=False")
+        return train, val
+
+    def _early_stopping(self, prob, X, y, sample_weight):
+        """(the problem to train on, the scorer of the held-out samples, or None):
+        with early_stopping, the training rows of a validation split and a scorer that
+        scores the published weights on the rest (accuracy or R^2, sample-weighted)."""
+        self.validation_scores_ = []
+        if not self.early_stopping:
+            return prob, None
+        train, val = self._validation_split(y, sample_weight)
+        Xv, yv = X[val], y[val]
+        swv = None if sample_weight is None else sample_weight[val]
+        return prob.subset(train), lambda: self._score_weights(*self._state.averaged(),
+                                                               Xv, yv, swv)
+
+    def _check_not_early_stopping(self):
+        if self.early_stopping:
+            raise ValueError("early_stopping must be False with partial_fit (it holds out "
+                             "part of each fit's data; partial_fit runs one epoch): stop "
+                             "on your own validation data instead")
+
     def _prepare_X(self, X, reset):
-        return validate_data(self, X, accept_sparse="csr", dtype=np.float64, order="C",
+        return validate_data(self, X, accept_sparse="csr", dtype=_DTYPES, order="C",
                              reset=reset)
 
     def _decision(self, X):
@@ -290,12 +415,41 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         atomic per update. With hot features buffered, a worker reads the hot weights
         from its copy, which may miss up to one publication interval of the others'
         steps more than tau says.
-    random_state : seeds the shuffling.
+    random_state : seeds the shuffling (and early_stopping's split).
+    shuffle : shuffle the samples every epoch (default True); False visits them in
+        order (with several workers, worker w a w-th contiguous block), as SGDClassifier's
+        shuffle=False: with one worker a fit then takes scikit-learn's path step by step.
+    early_stopping, validation_fraction : with early_stopping=True, ``fit`` holds out
+        validation_fraction (default 0.1) of the samples (stratified by class, seeded
+        with random_state, as SGDClassifier) and stops when their accuracy has not risen
+        by tol for n_iter_no_change epochs; the scores are in ``validation_scores_``.
+        The held-out rows are read in place: only their copy for scoring is made.
+    warm_start : ``fit`` starts from the fitted coef_ and intercept_ (the averaged ones
+        with ``average``, as SGDClassifier) instead of zeros; the learning-rate schedule
+        and the average start over. ``fit`` also takes ``coef_init`` and
+        ``intercept_init``, which take precedence.
+    average : False (default); True, or an int a >= 1: averaged SGD (ASGD, Polyak and
+        Juditsky 1992) from the a-th sample seen on (True: a = 1), as SGDClassifier.
+        coef_ and intercept_ are then the averages of the weights after every step
+        since (the current weights until averaging has begun); training, partial_fit
+        included, goes on from the current weights. The average is kept lazily: a step
+        costs one more write per nonzero. Turns off ``hot_features``.
+    class_weight : None (default), "balanced" (n_samples / (n_classes ·
+        bincount(y)), from fit's y), or a dict {class: weight} (1 for a class left
+        out), as SGDClassifier: a sample's step on the output of class c is scaled by
+        c's weight when the sample is of class c, and (one-vs-rest) by 1 otherwise; a
+        binary problem scales each sample's step by its class's weight. Multiplies
+        ``sample_weight``. "balanced" is not available in partial_fit.
+
+    float32 input (dense or CSR) is read as it is, without a float64 copy; the weights
+    are float64.
     """
     _losses = ("hinge", "log_loss", "modified_huber")
 
     def __init__(self, loss="hinge", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
+                 shuffle=True, early_stopping=False, validation_fraction=0.1,
+                 class_weight=None, warm_start=False, average=False,
                  learning_rate="optimal", eta0=0.0, power_t=0.5, momentum=0.0, n_workers=1,
                  backend="threads", start_method="fork", hot_features="auto",
                  instrument=False, random_state=None, verbose=0):
@@ -307,6 +461,12 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         self.max_iter = max_iter
         self.tol = tol
         self.n_iter_no_change = n_iter_no_change
+        self.shuffle = shuffle
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.class_weight = class_weight
+        self.warm_start = warm_start
+        self.average = average
         self.learning_rate = learning_rate
         self.eta0 = eta0
         self.power_t = power_t
@@ -324,9 +484,42 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
             return np.where(y == self.classes_[1], 1.0, -1.0)[:, None]
         return np.where(y[:, None] == self.classes_[None, :], 1.0, -1.0)
 
-    def _fit_inner(self, reset, X, y, sample_weight, classes, max_iter, stop_early):
+    def _class_weight_table(self, y, partial):
+        """class_weight as the kernels' (K, 2) table (see ``hogwild.Problem``), or None."""
+        cw = self.class_weight
+        if cw is None:
+            return None
+        if isinstance(cw, str) and cw == "balanced":
+            if partial:
+                raise ValueError("class_weight='balanced' is not available in partial_fit "
+                                 "(it needs all of y); pass class_weight=compute_class_weight("
+                                 "'balanced', classes=classes, y=y_sample) as a dict")
+        elif not isinstance(cw, dict):
+            raise ValueError(f"class_weight must be None, 'balanced' or a dict {{class: "
+                             f"weight}}, got {type(cw).__name__} {cw!r}")
+        else:
+            for k, v in cw.items():
+                if isinstance(v, bool) or not isinstance(v, numbers.Real) \
+                        or not np.isfinite(v) or v < 0:
+                    raise ValueError(f"class_weight[{k!r}] must be a finite number >= 0, "
+                                     f"got {v!r}")
+        try:
+            w = compute_class_weight(cw, classes=self.classes_, y=y)
+        except ValueError as e:
+            raise ValueError(f"class_weight: {e} (classes_ = {self.classes_.tolist()})") from e
+        if len(self.classes_) == 2:
+            return [[w[1], w[0]]]                  # the positive class is classes_[1]
+        return np.column_stack([w, np.ones_like(w)])   # one-vs-rest: the rest weigh 1
+
+    def _score_weights(self, W, b, X, y, sample_weight):
+        """Accuracy of the weights (W, b) on (X, y) (early_stopping's score)."""
+        d = np.asarray(X @ W.T) + b
+        pred = self.classes_[(d[:, 0] > 0).astype(int) if d.shape[1] == 1 else d.argmax(1)]
+        return float(np.average(pred == y, weights=sample_weight))
+
+    def _fit_inner(self, reset, X, y, sample_weight, classes, max_iter, stop_early, init=None):
         self._validate_params()
-        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C",
+        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=_DTYPES, order="C",
                              reset=reset)
         check_classification_targets(y)
         if (not reset and classes is not None and hasattr(self, "classes_")
@@ -342,15 +535,24 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         if not np.isin(y, self.classes_).all():
             raise ValueError(f"y holds labels not in classes_ {self.classes_.tolist()}")
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
-        prob = Problem.from_xy(X, self._targets(y), sample_weight,
-                               self._hot_features(max_iter, X))
         n_out = 1 if len(self.classes_) == 2 else len(self.classes_)
-        self.coef_ = self._train(prob, reset, n_out, sp.issparse(X), max_iter, stop_early).copy()
+        init = self._initial_weights(init, n_out, X.shape[1])
+        prob = Problem.from_xy(X, self._targets(y), sample_weight,
+                               self._hot_features(max_iter, X),
+                               class_weight=self._class_weight_table(y, not stop_early))
+        prob, scorer = self._early_stopping(prob, X, y, sample_weight) if stop_early \
+            else (prob, None)
+        self.coef_ = self._train(prob, reset, n_out, sp.issparse(X), max_iter, stop_early,
+                                 init, scorer).copy()
         return self
 
-    def fit(self, X, y, sample_weight=None):
-        """Train from scratch for up to max_iter epochs (stopping rule: tol)."""
-        return self._fit(True, X, y, sample_weight, None, self.max_iter, True)
+    def fit(self, X, y, sample_weight=None, *, coef_init=None, intercept_init=None):
+        """Train for up to max_iter epochs (stopping rule: tol), from zeros, or from
+        ``coef_init`` (shape (n_classes, n_features), or (1, n_features) for two
+        classes) and ``intercept_init`` where given, else with warm_start from the
+        fitted coef_ and intercept_."""
+        init = self._warm_init(coef_init, intercept_init)
+        return self._fit(True, X, y, sample_weight, None, self.max_iter, True, init)
 
     def partial_fit(self, X, y, classes=None, sample_weight=None):
         """One epoch over (X, y), continuing from the current weights. ``classes`` is
@@ -358,6 +560,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         first = not hasattr(self, "classes_")
         if first and classes is None:
             raise ValueError("classes must be passed on the first call to partial_fit")
+        self._check_not_early_stopping()
         return self._fit(first, X, y, sample_weight, classes, 1, False)
 
     def decision_function(self, X):
@@ -397,11 +600,34 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
 
 class HogwildRegressor(RegressorMixin, _BaseHogwild):
     """Linear regressor trained by Hogwild SGD (``SGDRegressor``'s parameters and
-    defaults: squared error, invscaling learning rate with eta0 = 0.01)."""
+    defaults: squared error, invscaling learning rate with eta0 = 0.01). The other
+    parameters are HogwildClassifier's (no class_weight), among them:
+
+    shuffle : shuffle the samples every epoch (default True); False visits them in
+        order (with several workers, worker w a w-th contiguous block), as SGDClassifier's
+        shuffle=False: with one worker a fit then takes scikit-learn's path step by step.
+    early_stopping, validation_fraction : with early_stopping=True, ``fit`` holds out
+        validation_fraction (default 0.1) of the samples (a random share, seeded
+        with random_state, as SGDClassifier) and stops when their R^2 has not risen
+        by tol for n_iter_no_change epochs; the scores are in ``validation_scores_``.
+        The held-out rows are read in place: only their copy for scoring is made.
+    warm_start : ``fit`` starts from the fitted coef_ and intercept_ (the averaged ones
+        with ``average``, as SGDClassifier) instead of zeros; the learning-rate schedule
+        and the average start over. ``fit`` also takes ``coef_init`` and
+        ``intercept_init``, which take precedence.
+    average : False (default); True, or an int a >= 1: averaged SGD (ASGD, Polyak and
+        Juditsky 1992) from the a-th sample seen on (True: a = 1), as SGDClassifier.
+        coef_ and intercept_ are then the averages of the weights after every step
+        since (the current weights until averaging has begun); training, partial_fit
+        included, goes on from the current weights. The average is kept lazily: a step
+        costs one more write per nonzero. Turns off ``hot_features``.
+    """
     _losses = ("squared_error",)
 
     def __init__(self, loss="squared_error", *, penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, n_iter_no_change=5,
+                 shuffle=True, early_stopping=False, validation_fraction=0.1,
+                 warm_start=False, average=False,
                  learning_rate="invscaling", eta0=0.01, power_t=0.25, momentum=0.0, n_workers=1,
                  backend="threads", start_method="fork", hot_features="auto",
                  instrument=False, random_state=None, verbose=0):
@@ -413,6 +639,11 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         self.max_iter = max_iter
         self.tol = tol
         self.n_iter_no_change = n_iter_no_change
+        self.shuffle = shuffle
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.warm_start = warm_start
+        self.average = average
         self.learning_rate = learning_rate
         self.eta0 = eta0
         self.power_t = power_t
@@ -425,20 +656,42 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         self.random_state = random_state
         self.verbose = verbose
 
-    def _fit_inner(self, reset, X, y, sample_weight, max_iter, stop_early):
+    def _score_weights(self, W, b, X, y, sample_weight):
+        """R^2 of the weights (W, b) on (X, y) (early_stopping's score; as
+        sklearn.metrics.r2_score, 1 for a perfect fit of constant y, else 0 there)."""
+        pred = np.asarray(X @ W[0]).ravel() + b[0]
+        w = np.ones_like(y) if sample_weight is None else sample_weight
+        ss_res = float(np.sum(w * (y - pred) ** 2))
+        ss_tot = float(np.sum(w * (y - np.average(y, weights=w)) ** 2))
+        if ss_tot == 0.0:
+            return 1.0 if ss_res == 0.0 else 0.0
+        return 1.0 - ss_res / ss_tot
+
+    def _fit_inner(self, reset, X, y, sample_weight, max_iter, stop_early, init=None):
         self._validate_params()
-        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C",
+        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=_DTYPES, order="C",
                              y_numeric=True, reset=reset)
+        y = np.asarray(y, dtype=np.float64)
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
-        prob = Problem.from_xy(X, np.asarray(y, dtype=np.float64).reshape(-1, 1), sample_weight,
+        init = self._initial_weights(init, 1, X.shape[1])
+        prob = Problem.from_xy(X, y.reshape(-1, 1), sample_weight,
                                self._hot_features(max_iter, X))
-        self.coef_ = self._train(prob, reset, 1, sp.issparse(X), max_iter, stop_early)[0].copy()
+        prob, scorer = self._early_stopping(prob, X, y, sample_weight) if stop_early \
+            else (prob, None)
+        self.coef_ = self._train(prob, reset, 1, sp.issparse(X), max_iter, stop_early, init,
+                                 scorer)[0].copy()
         return self
 
-    def fit(self, X, y, sample_weight=None):
-        return self._fit(True, X, y, sample_weight, self.max_iter, True)
+    def fit(self, X, y, sample_weight=None, *, coef_init=None, intercept_init=None):
+        """Train for up to max_iter epochs (stopping rule: tol), from zeros, or from
+        ``coef_init`` (n_features,) and ``intercept_init`` where given, else with
+        warm_start from the fitted coef_ and intercept_."""
+        init = self._warm_init(coef_init, intercept_init)
+        return self._fit(True, X, y, sample_weight, self.max_iter, True, init)
 
     def partial_fit(self, X, y, sample_weight=None):
+        """One epoch over (X, y), continuing from the current weights."""
+        self._check_not_early_stopping()
         return self._fit(not hasattr(self, "_state"), X, y, sample_weight, 1, False)
 
     def _decision(self, X):

@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from dataclasses import dataclass
@@ -68,7 +69,15 @@ def auto_hot_features(X, epochs) -> int:
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
-_EMPTY_F = np.empty(0, dtype=np.float64)
+_NO_CLASS_WEIGHT = np.ones((0, 2))
+#: the value types the kernels read as they are; other inputs are converted to float64
+DTYPES = (np.float64, np.float32)
+
+
+def _value_dtype(dtype):
+    """float32 data stays float32 (the kernels read it as it is, without a float64
+    copy); anything else is converted to float64."""
+    return np.dtype(dtype) if np.dtype(dtype) in DTYPES else np.dtype(np.float64)
 
 
 class DivergenceError(FloatingPointError, ValueError):
@@ -110,34 +119,60 @@ def run_workers(work, n_workers):
 class Problem:
     """Training data in the layout the kernels read: CSR (int64 indptr, int32
     indices) or a C-contiguous dense matrix, targets Y of shape (n, K), sample
-    weights. With ``hot_features`` = H > 0, sparse rows are stored hot-first: the H
-    most frequent features (``hot_feat``, most frequent first) carry their slot
-    number instead of the feature id, ``hot_end[i]`` ends row i's hot part, and the
-    workers buffer those weights (see ``_kernels``; this costs a copy of the data,
-    a pass over its nonzeros). The caller's matrix is never modified."""
+    weights. float32 values stay float32: the kernels read the caller's buffer (a
+    C-contiguous dense array, or a CSR matrix's data) without a copy, and compute
+    in float64. ``rows`` (see :meth:`subset`) limits the samples an epoch visits;
+    ``cw`` holds class weights per output (see ``_kernels.Data``). With
+    ``hot_features`` = H > 0, sparse rows are stored hot-first: the H most frequent
+    features (``hot_feat``, most frequent first) carry their slot number instead of
+    the feature id, ``hot_end[i]`` ends row i's hot part, and the workers buffer
+    those weights (see ``_kernels``; this costs a copy of the data, a pass over its
+    nonzeros). The caller's matrix is never modified."""
     n_samples: int
     n_features: int
     Y: np.ndarray
     sw: np.ndarray
-    X: np.ndarray            # (n, d) dense, or (0, d) when sparse
+    X: np.ndarray            # (n, d) dense, or (0, d) when sparse (float64 or float32)
     indptr: np.ndarray       # (n + 1,) int64 when sparse, else empty
     indices: np.ndarray      # (nnz,) int32 column indices
     data: np.ndarray
     cols_all: np.ndarray     # arange(d) (int32) for dense rows
     hot_end: np.ndarray      # (n,) int64 with hot features: end of each row's hot part
     hot_feat: np.ndarray     # (H,) int64: the hot features, by slot (empty when dense)
+    # (K, 2) class weights, or (0, 2): none; the sorted rows an epoch visits, empty: all
+    cw: np.ndarray = dataclasses.field(default_factory=lambda: _NO_CLASS_WEIGHT)
+    rows: np.ndarray = dataclasses.field(default_factory=lambda: _EMPTY_I)
 
     @property
     def sparse(self) -> bool:
         return self.indptr.shape[0] > 0
 
+    @property
+    def dtype(self) -> np.dtype:
+        """The type of the values (float64 or float32)."""
+        return (self.data if self.sparse else self.X).dtype
+
+    def weight_sum(self) -> float:
+        """The sample weights of the rows an epoch visits, summed."""
+        return float(self.sw[self.rows].sum() if self.rows.shape[0] else self.sw.sum())
+
     def kernel_data(self) -> K.Data:
         """The arrays as the kernel takes them (``_kernels.Data``)."""
         return K.Data(self.X, self.cols_all, self.indptr, self.indices, self.data,
-                      self.hot_end, self.hot_feat, self.Y, self.sw)
+                      self.hot_end, self.hot_feat, self.Y, self.sw, self.cw)
+
+    def subset(self, rows) -> "Problem":
+        """The same data (no copy), of which an epoch visits only ``rows`` (e.g. the
+        training part of a validation split): n_samples is their count, and without
+        shuffling they come in increasing order."""
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        if rows.shape[0] == 0 or rows[0] < 0 or rows[-1] >= self.Y.shape[0]:
+            raise ValueError(f"rows must be a non-empty set of row numbers in [0, "
+                             f"{self.Y.shape[0]}), got {rows.shape[0]} rows")
+        return dataclasses.replace(self, n_samples=int(rows.shape[0]), rows=rows)
 
     @classmethod
-    def from_xy(cls, X, Y, sample_weight=None, hot_features=0) -> "Problem":
+    def from_xy(cls, X, Y, sample_weight=None, hot_features=0, class_weight=None) -> "Problem":
         if isinstance(hot_features, bool) or not isinstance(hot_features, (int, np.integer)):
             raise TypeError(f"hot_features must be an int, got {type(hot_features).__name__}")
         if hot_features < 0:
@@ -148,8 +183,9 @@ class Problem:
         n, d = X.shape
         sw = (np.ones(n) if sample_weight is None
               else np.ascontiguousarray(sample_weight, dtype=np.float64))
+        cw = _class_weight_table(class_weight, Y.shape[1])
         if sp.issparse(X):
-            X = sp.csr_matrix(X, dtype=np.float64)
+            X = sp.csr_matrix(X, dtype=_value_dtype(X.dtype))
             if not X.has_canonical_format:
                 X = X.copy()                 # never modify the caller's matrix
                 X.sum_duplicates()
@@ -160,8 +196,11 @@ class Problem:
                 data = np.ascontiguousarray(X.data)
                 if not data.flags.writeable:      # the kernels take writeable arrays only
                     data = data.copy()
-                return cls(n, d, Y, sw, np.empty((0, d)), indptr, X.indices.astype(np.int32),
-                           data, _EMPTY_I32, _EMPTY_I, _EMPTY_I)
+                indices = X.indices.astype(np.int32, copy=False)
+                if not indices.flags.writeable:
+                    indices = indices.copy()
+                return cls(n, d, Y, sw, np.empty((0, d), dtype=data.dtype), indptr, indices,
+                           data, _EMPTY_I32, _EMPTY_I, _EMPTY_I, cw)
             counts = K.feature_counts(X.indices, d)
             n_hot = min(int(hot_features), int(np.count_nonzero(counts)))
             hot_feat = np.argsort(-counts, kind="stable")[:n_hot].astype(np.int64)
@@ -170,7 +209,7 @@ class Problem:
             # fresh arrays (numpy's, so large ones get huge pages: the rows are read
             # at random) that hold the hot-first rows; X itself is never modified
             indices = np.empty(X.nnz, dtype=np.int32)
-            data = np.empty(X.nnz, dtype=np.float64)
+            data = np.empty(X.nnz, dtype=X.dtype)
             hot_end = np.empty(n, dtype=np.int64)
             # row blocks on threads (the kernel releases the GIL; the pages of the new
             # arrays are first touched there too)
@@ -178,13 +217,25 @@ class Problem:
             cuts = np.linspace(0, n, nt + 1).astype(np.int64)
             run_workers(lambda w: K.hot_layout(indptr, X.indices, X.data, slot, indices, data,
                                                hot_end, cuts[w], cuts[w + 1]), nt)
-            return cls(n, d, Y, sw, np.empty((0, d)), indptr, indices, data, _EMPTY_I32,
-                       hot_end, hot_feat)
-        X = np.ascontiguousarray(X, dtype=np.float64)
+            return cls(n, d, Y, sw, np.empty((0, d), dtype=data.dtype), indptr, indices, data,
+                       _EMPTY_I32, hot_end, hot_feat, cw)
+        X = np.ascontiguousarray(X, dtype=_value_dtype(X.dtype))
         if not X.flags.writeable:
             X = X.copy()
-        return cls(n, d, Y, sw, X, _EMPTY_I, _EMPTY_I32, _EMPTY_F,
-                   np.arange(d, dtype=np.int32), _EMPTY_I, _EMPTY_I)
+        return cls(n, d, Y, sw, X, _EMPTY_I, _EMPTY_I32, np.empty(0, dtype=X.dtype),
+                   np.arange(d, dtype=np.int32), _EMPTY_I, _EMPTY_I, cw)
+
+
+def _class_weight_table(class_weight, k):
+    """class_weight as the kernels' (K, 2) table (see ``_kernels.Data``), checked."""
+    if class_weight is None:
+        return _NO_CLASS_WEIGHT
+    cw = np.array(class_weight, dtype=np.float64)
+    if cw.shape != (k, 2) or not np.isfinite(cw).all() or (cw < 0).any():
+        raise ValueError(f"class_weight must be a finite (n_outputs, 2) = ({k}, 2) table of "
+                         f"weights >= 0 (a step on output c is scaled by [c, 0] for a target "
+                         f"> 0, else [c, 1]), got shape {cw.shape}")
+    return cw
 
 
 class HogwildSGD:
@@ -194,7 +245,7 @@ class HogwildSGD:
                  learning_rate="optimal", eta0=0.0, power_t=0.5, fit_intercept=True,
                  intercept_decay=1.0, n_workers=1, backend="threads", locked=False,
                  instrument=False, stale_bins=64, penalty_scale=1.0, momentum=0.0,
-                 seed=None, shuffle=True, start_method="fork"):
+                 seed=None, shuffle=True, start_method="fork", average=0):
         if loss not in K.LOSSES:
             raise ValueError(f"loss must be one of {sorted(K.LOSSES)}, got {loss!r}")
         if learning_rate not in K.LEARNING_RATES:
@@ -209,6 +260,7 @@ class HogwildSGD:
         # heavy-ball velocity in weight units (empty without momentum)
         self.V = (np.zeros((n_outputs, n_features)) if momentum > 0 else np.zeros((0, 0)))
         self.n_workers = int(n_workers)
+        self._init_average(average, n_outputs, n_features)
         if backend not in ("threads", "processes"):
             raise ValueError(f"backend must be 'threads' or 'processes', got {backend!r}")
         self.backend = backend
@@ -245,12 +297,37 @@ class HogwildSGD:
         self.fp[K.F_ICPT_DECAY] = intercept_decay
         self.fp[K.F_T_START] = 0.0
         self.fp[K.F_U0] = 0.0
+        self.fp[K.F_AVG_FROM] = -1.0     # set per segment when averaging (_average_from)
         self.clipped = 0           # loss derivatives clipped to +-MAX_DLOSS so far
+
+    def _init_average(self, average, k, d):
+        """average = a >= 1: from the a-th sample on (1-based global count, as
+        scikit-learn's ``average``), keep the average of the weights and intercepts
+        after every step in ``avg_W``, ``avg_b`` (over ``avg_count`` steps); 0: none.
+        The kernels keep it lazily (see ``_kernels.average_table``)."""
+        if isinstance(average, bool) or not isinstance(average, (int, np.integer)) \
+                or average < 0:
+            raise ValueError(f"average must be an int >= 0 (0: no averaging), got {average!r}")
+        self.average = int(average)
+        on = self.average > 0
+        self.avg_W = np.zeros((k, d)) if on else None
+        self.avg_b = np.zeros(k) if on else None
+        self.avg_count = 0
+        self.A = np.zeros((k, d)) if on else np.zeros((0, 0))
+        self.Ab = np.zeros((self.n_workers, k)) if on else np.zeros((0, 0))
+        self._avg = np.empty(0)                    # the segment's table (_tables)
 
     @property
     def t(self) -> float:
         """Samples seen so far (the global step count)."""
         return float(self.fp[K.F_T_START])
+
+    def averaged(self):
+        """(weights, intercepts) as published: the averages once averaging has
+        counted a step, else the current ones."""
+        if self.average and self.avg_count > 0:
+            return self.avg_W, self.avg_b
+        return self.W, self.b
 
     @contextlib.contextmanager
     def session(self, prob: Problem):
@@ -261,7 +338,7 @@ class HogwildSGD:
             return
         from sgd_shm._procs import ProcessPool
         self._set_hot(prob)                 # the workers get ip as it is at their start
-        self._split(prob.n_samples)         # the pool moves these into shared memory
+        self._split(prob.n_samples, prob.rows)   # the pool moves these into shared memory
         self._tables(prob.n_samples)
         self._pool = ProcessPool(self, prob, max(1, min(self.n_workers, prob.n_samples)),
                                  self.start_method)
@@ -291,7 +368,7 @@ class HogwildSGD:
         n = prob.n_samples
         nw = max(1, min(self.n_workers, n))
         hot = self._set_hot(prob)
-        self._split(n)
+        self._split(n, prob.rows)
         bounds = np.linspace(0, n, nw + 1).astype(np.int64)
         lens = np.diff(bounds)
         # each worker reshuffles its part [bounds[w], bounds[w + 1]) with seeds[w]
@@ -316,6 +393,8 @@ class HogwildSGD:
             hi = bounds[:-1] + lens * g1 // n
             seg_outs = np.zeros((nw, K.N_OUT))
             fp[K.F_U0] = self.fp[K.F_U0]
+            a0 = self._average_from(g0, L)
+            fp[K.F_AVG_FROM] = a0
             # the hot block travels as Wh[0], and each worker publishes its steps on
             # it in Wh[1 + w] (see _kernels)
             Wh = np.zeros((nw + 1, self.W.shape[0], prob.hot_feat.shape[0] if hot else 0))
@@ -331,6 +410,8 @@ class HogwildSGD:
                     "SGD diverged (a prediction became inf/NaN) after "
                     f"{self.t + outs[:, K.O_STEPS].sum():.0f} samples; lower eta0 or alpha, "
                     "scale the features (e.g. StandardScaler), or use learning_rate='optimal'")
+            if a0 >= 0:
+                self._fold_average(float(self._avg[L]), L - a0)
             scale = float(scale_buf[L])
             if scale != 1.0:
                 self.W *= scale
@@ -341,18 +422,46 @@ class HogwildSGD:
         self.fp[K.F_T_START] += n
         if not (np.isfinite(self.W).all() and np.isfinite(self.b).all()):
             raise DivergenceError("SGD diverged: the weights are no longer finite; lower eta0")
-        return float(outs[:, K.O_LOSS].sum() / max(prob.sw.sum(), 1e-300))
+        return float(outs[:, K.O_LOSS].sum() / max(prob.weight_sum(), 1e-300))
 
-    def _split(self, n):
+    def _average_from(self, g0, L):
+        """The first step of the segment [g0, g0 + L) of this epoch that counts in the
+        average (-1: none), with its table filled (see ``_kernels.average_table``)."""
+        if not self.average:
+            return -1
+        first = self.average - 1 - int(self.fp[K.F_T_START]) - g0   # 1-based sample count
+        a0 = max(0, first)
+        if a0 >= L:
+            return -1
+        K.average_table(self._scale, L, a0, self._avg)
+        return a0
+
+    def _fold_average(self, c_end, m):
+        """Fold the segment's m averaged steps into avg_W, avg_b (the weights W still
+        unscaled: the true sum over the segment is c_end·W + A, see
+        ``_kernels.average_table``) and clear the compensation sums."""
+        k0 = self.avg_count
+        total = k0 + m
+        self.avg_W *= k0 / total
+        self.avg_W += (c_end * self.W + self.A) / total
+        self.avg_b *= k0 / total
+        self.avg_b += (m * self.b + self.Ab.sum(axis=0)) / total
+        self.avg_count = total
+        self.A[...] = 0.0
+        self.Ab[...] = 0.0
+
+    def _split(self, n, rows=_EMPTY_I):
         """The order array for n samples (kept while n stays the same). A new one is a
         random permutation (identity without shuffle): cut into the workers' contiguous
         parts, it splits the samples between the workers at random, once. Every epoch
         each worker then reshuffles its own part in place (``_mf.shuffle_part``, as the
         MF workers do), in parallel, so that the driver's serial time per epoch does not
         grow with the data; with one worker the part is all of it, so a lone worker
-        still sees a fresh uniform order every epoch."""
-        if self._perm.shape[0] != n:
-            self._perm = np.arange(n, dtype=np.int64)
+        still sees a fresh uniform order every epoch. With ``rows`` (n of them), the
+        order holds those rows instead of 0..n-1 (kept while the same array comes)."""
+        if self._perm.shape[0] != n or rows is not getattr(self, "_perm_rows", _EMPTY_I):
+            self._perm = rows.copy() if rows.shape[0] else np.arange(n, dtype=np.int64)
+            self._perm_rows = rows
             if self.shuffle:
                 shuffle_part(self._perm, 0, n, int(self.rng.integers(0, 2**63 - 1)))
         return self._perm
@@ -362,13 +471,16 @@ class HogwildSGD:
         ``_kernels.segment``), allocated once for n samples instead of every epoch."""
         if self._eta.shape[0] != n:
             self._eta, self._scale, self._cum = np.empty(n), np.empty(n + 1), np.empty(n + 1)
+            self._avg = np.empty(n + 1 if self.average else 0)
         return self._eta, self._scale, self._cum
 
     def _set_hot(self, prob) -> bool:
         """Whether the workers buffer the hot coordinates of ``prob`` (sparse data
-        with hot features, no lock, no L1, no momentum), written to ip[I_HOT]."""
+        with hot features, no lock, no L1, no momentum, no averaging), written to
+        ip[I_HOT]."""
         hot = (prob.sparse and prob.hot_feat.shape[0] > 0 and not self.ip[K.I_LOCKED]
-               and self.fp[K.F_ALPHA1] == 0.0 and self.fp[K.F_MOMENTUM] == 0.0)
+               and self.fp[K.F_ALPHA1] == 0.0 and self.fp[K.F_MOMENTUM] == 0.0
+               and not self.average)
         self.ip[K.I_HOT] = int(hot)
         return hot
 
@@ -382,9 +494,9 @@ class HogwildSGD:
             self._pool.run_epoch(lo, hi, parts, seeds, fp, outs, g0, L, hists, Wh)
             return
         data = prob.kernel_data()
-        model = K.Model(self.W, self.b, self.q, self.V, Wh, self.lock)
+        model = K.Model(self.W, self.b, self.q, self.V, Wh, self.lock, self.A, self.Ab)
         sched = K.Schedule.for_segment(self._perm, parts, seeds, lo, hi, K.fresh_progress(nw),
-                                       self._eta, self._scale, self._cum, g0, L)
+                                       self._eta, self._scale, self._cum, g0, L, self._avg)
         params = K.Params.from_driver(fp, self.ip)
         run_workers(lambda w: K.run_worker(data, model, sched, params,
                                            K.Report(outs[w], hists[w], self.clock), w), nw)

@@ -114,10 +114,12 @@ def summary(runs, target):
     return out
 
 
-def plot(runs, target, path, title):
-    """Loss against seconds and against rounds, every run of every collective."""
-    from matplotlib.figure import Figure      # no pyplot: the caller's backend is left alone
-    fig = Figure(figsize=(11, 4.2))
+def plot(runs, target, path=None, title="", *, fig=None):
+    """Loss against seconds and against rounds, every run of every collective, drawn
+    on ``fig`` (default: a new Figure outside pyplot; the backend is never touched);
+    returns the Figure, after writing it to ``path`` when given."""
+    from sgd_shm.ps.plots import _figure
+    fig = _figure(fig, (11, 4.2))
     a_t, a_r = fig.subplots(1, 2)
     for i, (c, rs) in enumerate(runs.items()):
         for j, r in enumerate(rs):
@@ -131,10 +133,12 @@ def plot(runs, target, path, title):
         ax.set_ylabel("training loss")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return path
+    if path is not None:
+        fig.savefig(path, dpi=100)
+    return fig
 
 
 def _table(summ):
@@ -183,8 +187,9 @@ def main(argv=None) -> int:
                                  "skipped": r.skipped, "bytes_sent": r.bytes_sent,
                                  "bytes_dense": r.bytes_dense} for r in rs]
                             for c, rs in runs.items()}}, f, indent=1)
-    png = plot(runs, args.target, os.path.join(args.out, "eager-main.png"),
-               f"eager-SGD, {P} ranks ({args.backend}), imbalance {args.imbalance}")
+    png = os.path.join(args.out, "eager-main.png")
+    plot(runs, args.target, png,
+         f"eager-SGD, {P} ranks ({args.backend}), imbalance {args.imbalance}")
     print(f"wrote {path} and {png}")
     return 0
 

@@ -1,5 +1,16 @@
 """Plots of parameter-server runs (outside the training path: matplotlib is imported
-only when a plot is drawn)."""
+only when a plot is drawn). The plots draw on a ``matplotlib.figure.Figure`` (the
+caller's, or a new one that no pyplot state knows of) and return it: no backend is
+chosen or switched, so they work the same in a script, a notebook or a server.
+
+Example::
+
+    from sgd_shm.ps import curves_of, plot_losses
+    fig = plot_losses(curves_of(results), target=0.35)      # a Figure; nothing written
+    fig.savefig("ps.png")                                   # or plot_losses(..., path=)
+    # in a notebook: draw into a pyplot figure to show it inline
+    # import matplotlib.pyplot as plt; plot_losses(curves, 0.35, fig=plt.figure())
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +30,7 @@ def _flag_intervals(events, end):
     return out
 
 
-def plot_losses(curves, target, path, title="", n_workers=None):
+def plot_losses(curves, target, path=None, title="", n_workers=None, *, fig=None):
     """Four panels: training loss against seconds (SaPS detections dotted) and
     against updates, one line per policy; the staleness histogram of each
     policy's pushes; SaPS's detection timeline (which worker was flagged when).
@@ -27,9 +38,10 @@ def plot_losses(curves, target, path, title="", n_workers=None):
     ``curves``: {policy: {"seconds": [...], "loss": [...], "updates": [...]
     (optional), "detections": [(seconds, worker)], "events": [(seconds, worker,
     flagged)] (optional), "staleness_hist": [counts per log2 bin] (optional)}}.
-    Writes a PNG."""
-    from matplotlib.figure import Figure      # no pyplot: the caller's backend is left alone
-    fig = Figure(figsize=(11, 7.5))
+    Draws on ``fig`` (a matplotlib Figure, e.g. ``plt.figure()`` to show it in a
+    notebook; default: a new ``Figure`` outside pyplot) and returns it; with ``path``
+    it also writes the figure there (PNG, 100 dpi). Never touches the backend."""
+    fig = _figure(fig, (11, 7.5))
     axes = fig.subplots(2, 2)
     (a_t, a_u), (a_h, a_d) = axes
     colors = {}
@@ -73,8 +85,20 @@ def plot_losses(curves, target, path, title="", n_workers=None):
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    return path
+    if path is not None:
+        fig.savefig(path, dpi=100)
+    return fig
+
+
+def _figure(fig, size):
+    """``fig`` if given (checked), else a new Figure of ``size`` inches outside pyplot."""
+    from matplotlib.figure import Figure      # no pyplot: the caller's backend is left alone
+    if fig is None:
+        return Figure(figsize=size)
+    if not isinstance(fig, Figure):
+        raise TypeError(f"fig must be a matplotlib.figure.Figure (e.g. plt.figure()), got "
+                        f"{type(fig).__name__}; pass fig=None for a new one")
+    return fig
 
 
 def curves_of(results):
