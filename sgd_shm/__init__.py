@@ -5,6 +5,7 @@ Estimators (scikit-learn API):
     HogwildClassifier   linear classifier (hinge / log_loss / modified_huber), binary and one-vs-rest
     HogwildRegressor    linear regressor (squared error)
     MatrixFactorization biased matrix factorization of a ratings matrix (Netflix-style)
+    HogwildMLPClassifier multi-layer perceptron, optionally block-partitioned (models: sgd_shm.models)
 
 Engine:
 
@@ -26,5 +27,7 @@ from relaxed import __version__
 from sgd_shm.estimators import HogwildClassifier, HogwildRegressor
 from sgd_shm.hogwild import DivergenceError
 from sgd_shm.mf import MatrixFactorization
+from sgd_shm.mlp import HogwildMLPClassifier
 
-__all__ = ["__version__", "HogwildClassifier", "HogwildRegressor", "MatrixFactorization", "DivergenceError"]
+__all__ = ["__version__", "HogwildClassifier", "HogwildRegressor", "MatrixFactorization", "DivergenceError",
+           "HogwildMLPClassifier"]

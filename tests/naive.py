@@ -325,3 +325,68 @@ def model_averaging_naive(X, y, rows, lr, alpha, bounds, up=None, down=None):
                 if down[t, k, j]:
                     xs[k][lo:hi] = server[lo:hi]
     return server, xs
+
+
+def mlp_loss_grad_naive(coefs, intercepts, X, y, alpha):
+    """The MLP minibatch loss and gradient by plain numpy, layer by layer: ReLU hidden
+    layers, softmax output, loss = mean cross-entropy of the rows (y: class indices)
+    + alpha / (2 n) * sum ||W_l||^2. Returns (loss, coef grads, intercept grads)."""
+    X = np.asarray(X.todense()) if hasattr(X, "todense") else np.asarray(X, dtype=float)
+    n = X.shape[0]
+    acts = [X]
+    for l, (W, b) in enumerate(zip(coefs, intercepts)):
+        z = acts[-1] @ W + b
+        acts.append(np.maximum(z, 0.0) if l < len(coefs) - 1 else z)
+    z = acts[-1]
+    logp = z - z.max(axis=1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    onehot = np.zeros_like(z)
+    onehot[np.arange(n), y] = 1.0
+    loss = -np.sum(logp * onehot) / n + 0.5 * alpha * sum(np.sum(W * W) for W in coefs) / n
+    delta = (np.exp(logp) - onehot) / n
+    gW, gb = [None] * len(coefs), [None] * len(coefs)
+    for l in range(len(coefs) - 1, -1, -1):
+        gW[l] = acts[l].T @ delta + alpha * coefs[l] / n
+        gb[l] = delta.sum(axis=0)
+        if l > 0:
+            delta = (delta @ coefs[l].T) * (acts[l] > 0)
+    return loss, gW, gb
+
+
+def mlp_flat_naive(coefs, intercepts):
+    """The flat weight vector of the kit's MLP: W_0 (row-major), b_0, W_1, b_1, ..."""
+    return np.concatenate([p for W, b in zip(coefs, intercepts) for p in (W.ravel(), b)])
+
+
+def mlp_unflat_naive(w, sizes):
+    """Inverse of ``mlp_flat_naive`` for layer sizes (features, hidden..., outputs)."""
+    coefs, intercepts, pos = [], [], 0
+    for fi, fo in zip(sizes[:-1], sizes[1:]):
+        coefs.append(np.array(w[pos:pos + fi * fo]).reshape(fi, fo))
+        intercepts.append(np.array(w[pos + fi * fo:pos + fi * fo + fo]))
+        pos += fi * fo + fo
+    return coefs, intercepts
+
+
+def mlp_sgd_naive(X, y, sizes, w, steps, lr, alpha, momentum=0.0, nesterov=True):
+    """Serial minibatch SGD of the MLP on its flat weights ``w`` (copied), as
+    scikit-learn's SGDOptimizer: ``steps`` is a list of (rows, (lo, hi)): the
+    minibatch's full gradient (``mlp_loss_grad_naive``) is computed and only
+    coordinates lo:hi move (one velocity vector v: v = mu v - lr g, w += v, or with
+    Nesterov w += mu v - lr g). ``lr``: a number or one per step. Returns (w, the
+    minibatch losses)."""
+    w = np.array(w, dtype=float)
+    v = np.zeros_like(w)
+    losses = []
+    for t, (rows, (lo, hi)) in enumerate(steps):
+        eta = lr[t] if np.ndim(lr) else lr
+        coefs, intercepts = mlp_unflat_naive(w, sizes)
+        loss, gW, gb = mlp_loss_grad_naive(coefs, intercepts, X[rows], y[rows], alpha)
+        g = mlp_flat_naive(gW, gb)[lo:hi]
+        losses.append(loss)
+        if momentum == 0:
+            w[lo:hi] -= eta * g
+            continue
+        v[lo:hi] = momentum * v[lo:hi] - eta * g
+        w[lo:hi] += momentum * v[lo:hi] - eta * g if nesterov else v[lo:hi]
+    return w, losses

@@ -1,0 +1,257 @@
+"""Models on flat weights: the interface every trainer of the kit can train through.
+
+A :class:`Model` describes a differentiable model whose parameters are one flat
+float64 vector: it knows its size (``n_params``), draws initial weights
+(``init``), computes the loss and gradient of a minibatch (rows given as an index
+array into the data) into the caller's buffer (``loss_grad``), and predicts
+(``decision_function``, ``predict_proba``, ``predict``). A trainer owns the
+weight vector (private, or in shared memory) and decides how gradients combine:
+Hogwild (``sgd_shm.mlp``), and through the same calls a parameter server or the
+eager collectives. ``blocks`` splits the vector into coordinate blocks for
+block-partitioned training (Kungurtsev, Egan, Chatterjee, Alistarh, "Asynchronous
+optimization methods for efficient training of deep neural networks with
+guarantees", arXiv:1905.11845).
+
+Implemented here: :class:`MLP` (ReLU hidden layers, softmax output, L2 on the
+coefficient matrices, as scikit-learn's ``MLPClassifier``) and
+:class:`SoftmaxRegression` (multinomial logistic regression: the MLP with no
+hidden layer). Their minibatch path is one nogil Numba call (``sgd_shm._mlp``).
+
+Example::
+
+    import numpy as np
+    from sgd_shm.models import MLP
+    model = MLP(n_features=64, hidden_layer_sizes=(32,), n_outputs=10, alpha=1e-4)
+    w = model.init(np.random.default_rng(0))          # flat float64, model.n_params long
+    data = model.prepare(X, y)                        # y: class indices 0..9
+    grad = np.empty(model.n_params)
+    loss = model.loss_grad(w, data, np.arange(32), grad)
+    w -= 0.1 * grad
+    model.predict(w, X)
+"""
+from __future__ import annotations
+
+import abc
+import numbers
+import threading
+
+import numpy as np
+import scipy.sparse as sp
+
+from sgd_shm import _mlp
+
+__all__ = ["Model", "MLP", "SoftmaxRegression", "scratch"]
+
+
+class Model(abc.ABC):
+    """The contract of a model on flat float64 weights (see the module notes).
+
+    Attributes: ``n_features``, ``n_outputs`` (classes), ``n_params``."""
+
+    n_features: int
+    n_outputs: int
+    n_params: int
+
+    @abc.abstractmethod
+    def init(self, rng: np.random.Generator) -> np.ndarray:
+        """Fresh initial weights (float64, ``n_params``) drawn from ``rng``."""
+
+    @abc.abstractmethod
+    def prepare(self, X, y=None):
+        """The data in the layout ``loss_grad`` reads (made once per data set);
+        ``y`` holds class indices in [0, n_outputs)."""
+
+    @abc.abstractmethod
+    def loss_grad(self, w, data, rows, grad, block=None) -> float:
+        """The loss of the minibatch ``rows`` (int64 indices into the prepared data)
+        at weights ``w``; writes its gradient into ``grad`` (``n_params`` float64),
+        all of it, or with ``block=(lo, hi)`` (one of :meth:`blocks`) only
+        grad[lo:hi]."""
+
+    @abc.abstractmethod
+    def decision_function(self, w, X) -> np.ndarray:
+        """The model's scores (n_samples, n_outputs) of the rows of X."""
+
+    @abc.abstractmethod
+    def blocks(self, n_parts) -> tuple[np.ndarray, list]:
+        """(bounds, owners): coordinate blocks [bounds[b], bounds[b + 1]) covering the
+        vector, and ``owners[p]``: the blocks part p alone updates."""
+
+    def predict_proba(self, w, X) -> np.ndarray:
+        """Class probabilities: the softmax of the decision function."""
+        z = self.decision_function(w, X)
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        return z / z.sum(axis=1, keepdims=True)
+
+    def predict(self, w, X) -> np.ndarray:
+        """The class index of the highest score of each row."""
+        return np.argmax(self.decision_function(w, X), axis=1)
+
+
+def scratch(net, batch):
+    """A fresh ``_mlp.Scratch`` for minibatches of up to ``batch`` rows of the network
+    ``net`` (an ``_mlp.Net``); each concurrent caller needs its own."""
+    sizes = net.sizes
+    n_params = int(net.b_off[-1] + sizes[-1])
+    return _mlp.Scratch(np.empty(batch * int(sizes.sum())), np.zeros(sizes.shape[0], np.int64),
+                        np.empty((2, batch * int(sizes[1:].max()))), np.empty(n_params))
+
+
+def _positive_int(name, v):
+    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    return int(v)
+
+
+class MLP(Model):
+    """A multi-layer perceptron: ReLU hidden layers of ``hidden_layer_sizes`` units,
+    a softmax output of ``n_outputs`` classes, cross-entropy loss, and L2 of
+    strength ``alpha`` on the coefficient matrices, as ``MLPClassifier``: the loss of
+    a minibatch of B rows is mean cross-entropy + alpha/(2B) sum ||W_l||^2.
+
+    The flat vector holds W_0 (n_features x h_1, row-major), b_0, W_1, b_1, ...;
+    :meth:`unpack` gives them as views (scikit-learn's ``coefs_``, ``intercepts_``)."""
+
+    def __init__(self, n_features, hidden_layer_sizes=(100,), n_outputs=2, alpha=0.0001):
+        hidden = tuple(hidden_layer_sizes)
+        sizes = [_positive_int("n_features", n_features)]
+        sizes += [_positive_int("hidden_layer_sizes", h) for h in hidden]
+        if _positive_int("n_outputs", n_outputs) < 2:
+            raise ValueError(f"n_outputs must be >= 2 (a softmax over the classes), got "
+                             f"{n_outputs}; a binary problem has 2")
+        sizes.append(int(n_outputs))
+        if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not alpha >= 0:
+            raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
+        self.sizes = np.array(sizes, dtype=np.int64)
+        self.n_features, self.n_outputs = sizes[0], sizes[-1]
+        self.hidden_layer_sizes = hidden
+        self.alpha = float(alpha)
+        w_off, b_off, pos = [], [], 0
+        for fi, fo in zip(sizes[:-1], sizes[1:]):
+            w_off.append(pos)
+            b_off.append(pos + fi * fo)
+            pos += fi * fo + fo
+        self.n_params = pos
+        self.net = _mlp.Net(self.sizes, np.array(w_off, np.int64), np.array(b_off, np.int64),
+                            self.alpha)
+        self._local = threading.local()
+
+    def __getstate__(self):           # the per-thread scratch stays behind
+        return {k: v for k, v in self.__dict__.items() if k != "_local"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    @property
+    def n_layers(self):
+        """Weight layers (hidden layers + 1)."""
+        return self.sizes.shape[0] - 1
+
+    def unpack(self, w):
+        """(coefs, intercepts): lists of views of ``w``, W_l of shape
+        (sizes[l], sizes[l + 1]) and b_l."""
+        w = np.asarray(w)
+        if w.shape != (self.n_params,):
+            raise ValueError(f"w must have shape ({self.n_params},), got {w.shape}")
+        coefs, intercepts = [], []
+        for l in range(self.n_layers):
+            fi, fo = int(self.sizes[l]), int(self.sizes[l + 1])
+            o = int(self.net.w_off[l])
+            coefs.append(w[o:o + fi * fo].reshape(fi, fo))
+            intercepts.append(w[o + fi * fo:o + fi * fo + fo])
+        return coefs, intercepts
+
+    def init(self, rng):
+        """Glorot-uniform weights and intercepts per layer, as ``MLPClassifier``:
+        uniform in +-sqrt(6 / (fan_in + fan_out)), W_l then b_l, layer by layer."""
+        w = np.empty(self.n_params)
+        coefs, intercepts = self.unpack(w)
+        for c, b in zip(coefs, intercepts):
+            bound = np.sqrt(6.0 / (c.shape[0] + c.shape[1]))
+            c[...] = rng.uniform(-bound, bound, c.shape)
+            b[...] = rng.uniform(-bound, bound, b.shape)
+        return w
+
+    def prepare(self, X, y=None):
+        """X (dense float32/float64, kept as is when C-contiguous, or any scipy
+        sparse matrix, read as CSR) and y (class indices, or None for zeros) as the
+        kernel's ``Data``."""
+        n = X.shape[0]
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise ValueError(f"X must be 2-D with {self.n_features} features, got shape "
+                             f"{X.shape}")
+        y = np.zeros(n, np.int64) if y is None else np.ascontiguousarray(y, dtype=np.int64)
+        if y.shape != (n,):
+            raise ValueError(f"y must have shape ({n},), got {y.shape}")
+        if n and (y.min() < 0 or y.max() >= self.n_outputs):
+            raise ValueError(f"y must hold class indices in [0, {self.n_outputs}), got "
+                             f"[{y.min()}, {y.max()}]; encode the labels first")
+        if sp.issparse(X):
+            X = sp.csr_matrix(X)
+            return _mlp.Data(np.empty((0, X.shape[1])), X.indptr.astype(np.int64),
+                             X.indices.astype(np.int64), X.data.astype(np.float64), y)
+        X = np.asarray(X)
+        if X.dtype != np.float32:
+            X = X.astype(np.float64, copy=False)
+        empty = np.empty(0, np.int64)
+        return _mlp.Data(np.ascontiguousarray(X), empty, empty, np.empty(0), y)
+
+    def _scratch_for(self, batch):
+        scr = getattr(self._local, "scratch", None)
+        if scr is None or scr.act.shape[0] < batch * int(self.sizes.sum()):
+            scr = self._local.scratch = scratch(self.net, batch)
+        return scr
+
+    def loss_grad(self, w, data, rows, grad, block=None):
+        """See :meth:`Model.loss_grad`. One nogil Numba call; ``grad`` may be ``w``'s
+        neighbour in shared memory, it is written only on the block."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if rows.ndim != 1 or rows.shape[0] == 0:
+            raise ValueError(f"rows must be a non-empty 1-D index array, got shape {rows.shape}")
+        if w.shape != (self.n_params,) or grad.shape != (self.n_params,):
+            raise ValueError(f"w and grad must have shape ({self.n_params},), got {w.shape} "
+                             f"and {grad.shape}")
+        lo, hi = (0, self.n_params) if block is None else (int(block[0]), int(block[1]))
+        scr = self._scratch_for(rows.shape[0])
+        loss = _mlp.loss_grad(self.net, data, rows, w, scr, lo, hi)
+        grad[lo:hi] = scr.grad[lo:hi]
+        return float(loss)
+
+    def decision_function(self, w, X):
+        """The output layer's pre-softmax scores, by numpy (sparse X: scipy)."""
+        coefs, intercepts = self.unpack(w)
+        a = X
+        for l, (c, b) in enumerate(zip(coefs, intercepts)):
+            a = np.asarray(a @ c) + b
+            if l < len(coefs) - 1:
+                np.maximum(a, 0.0, out=a)
+        return a
+
+    def blocks(self, n_parts):
+        """Per-layer row blocks: W_l's rows split into min(n_parts, fan_in) contiguous
+        chunks (b_l joins the last one), chunk c owned by part c. Every part owns at
+        most one block per layer; a ValueError when some part would own none."""
+        n_parts = _positive_int("n_parts", n_parts)
+        bounds, owners = [0], [[] for _ in range(n_parts)]
+        for l in range(self.n_layers):
+            fi, fo = int(self.sizes[l]), int(self.sizes[l + 1])
+            o = int(self.net.w_off[l])
+            cuts = np.linspace(0, fi, min(n_parts, fi) + 1).astype(np.int64)
+            for c in range(cuts.shape[0] - 1):
+                owners[c].append(len(bounds) - 1)
+                bounds.append(o + int(cuts[c + 1]) * fo + (fo if c == cuts.shape[0] - 2 else 0))
+        empty = [p for p, own in enumerate(owners) if not own]
+        if empty:
+            raise ValueError(f"partition='blocks' with {n_parts} workers: every layer has "
+                             f"fewer input rows than workers ({self.sizes[:-1].tolist()}), so "
+                             f"workers {empty} would own no block; use fewer workers")
+        return np.array(bounds, np.int64), [np.array(o, np.int64) for o in owners]
+
+
+class SoftmaxRegression(MLP):
+    """Multinomial logistic regression with L2 on the coefficients: the
+    :class:`MLP` with no hidden layer (its kernel, flat layout and ``blocks``)."""
+
+    def __init__(self, n_features, n_outputs=2, alpha=0.0001):
+        super().__init__(n_features, (), n_outputs, alpha)
