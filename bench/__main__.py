@@ -38,6 +38,8 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
 Examples:
   python -m bench all                       # 1..CPU count workers, 5 repetitions
   python -m bench pq-threads --workers 1-16 --reps 7
+  python -m bench pq-threads --only mq-nogil --cxx-mq ./mq_hold   # beside the C++ MultiQueue
+  python -m bench mis --mis-parts "" --pbbs ~/pbbsbench          # beside PBBS, speed only
 """
 from __future__ import annotations
 
@@ -74,7 +76,10 @@ def _measure(comp_objs, workers_list, args, kind, iters_of):
             built.append((c, s, Series(c.name, {"workers": T, "iters_per_worker": iters_of(c)})))
         for rep in range(args.reps + 1):            # rep 0 is the warm-up
             for c, s, ser in built:
-                rate = runner(c, s, T, iters_of(c), args.seed + rep)
+                if getattr(c, "external", False):     # its own process does the loop
+                    rate = c.run(T, iters_of(c), args.seed + rep)
+                else:
+                    rate = runner(c, s, T, iters_of(c), args.seed + rep)
                 if rep:
                     ser.rates.append(rate)
                 bar.update()
@@ -108,6 +113,10 @@ def cmd_pq(args, kind):
     if args.only:
         classes = [c for c in classes if c.name in args.only.split(",")]
     comps = [c(prefill) for c in classes]
+    if kind == "threads" and args.cxx_mq:
+        cxx = pq.CxxMQ(prefill)
+        cxx.path = args.cxx_mq
+        comps.append(cxx)
 
     def iters_of(c):
         if c.name == "manager-pq":
@@ -295,9 +304,13 @@ def cmd_mis(args):
     queues = [2, 4, 8, 16, 32, 64]
     ks = [1, 2, 4, 8, 16, 32, 64]
     seeds = list(range(args.seed, args.seed + args.waste_seeds))
-    waste_rows, slopes = mis.waste(sizes, queues, ks, seeds, degree=args.mis_degree)
-    speed_rows, problem = mis.speed(args.mis_n, args.mis_m, workers, args.reps, args.seed)
-    nx = mis.versus_networkx(args.nx_n, args.nx_n * args.mis_m // args.mis_n, args.seed)
+    parts = args.mis_parts.split(",")
+    waste_rows, slopes = (mis.waste(sizes, queues, ks, seeds, degree=args.mis_degree)
+                          if "waste" in parts else ([], {}))
+    speed_rows, problem = mis.speed(args.mis_n, args.mis_m, workers, args.reps, args.seed,
+                                    pbbs=args.pbbs, multiqueue="multiqueue" in parts)
+    nx = (mis.versus_networkx(args.nx_n, args.nx_n * args.mis_m // args.mis_n, args.seed)
+          if "networkx" in parts else None)
     d = {"header": hdr, "waste": waste_rows, "slopes": slopes, "speed": speed_rows,
          "speed_problem": problem, "networkx": nx, "degree": args.mis_degree}
     print()
@@ -441,6 +454,14 @@ def main(argv=None):
                     help="edges of the MIS speed graph (default 10M)")
     ap.add_argument("--mis-degree", type=int, default=10,
                     help="average degree of the wasted-work graphs (default 10)")
+    ap.add_argument("--mis-parts", default="waste,multiqueue,networkx",
+                    help="mis: parts beside the speed table (the sequential loops and the "
+                         "prefix engine): any of waste, multiqueue, networkx "
+                         "(default all three)")
+    ap.add_argument("--pbbs", default=None, metavar="PATH",
+                    help="mis: also run PBBS's MIS and matching binaries, built in this "
+                         "pbbsbench checkout (github.com/cmuparlay/pbbsbench), interleaved "
+                         "with the kit on the same graph and priorities")
     ap.add_argument("--waste-sizes", default="10000,100000,1000000",
                     help="graph sizes n for wasted work (default 10000,100000,1000000)")
     ap.add_argument("--waste-seeds", type=int, default=10,
@@ -454,6 +475,9 @@ def main(argv=None):
     ap.add_argument("--cxx", action="store_true",
                     help="hogwild: also time a plain C++ Hogwild (bench/cxx/hogwild.cpp, built "
                          "with g++ -O3 -march=native) side by side")
+    ap.add_argument("--cxx-mq", default=None, metavar="PATH",
+                    help="pq-threads: also run this C++ MultiQueue hold-loop binary (built from "
+                         "bench/cxx/mq_hold.cpp, see its first lines), interleaved with the kit")
     ap.add_argument("--torch-batch", type=int, default=32,
                     help="minibatch of the PyTorch reference (default 32)")
     ap.add_argument("--delay-samples", type=int, default=20_000,
@@ -512,6 +536,22 @@ def main(argv=None):
     if args.backend != "shm" and args.scenario in ("ps", "all"):
         if importlib.util.find_spec("ray") is None:
             ap.error(f"--backend {args.backend} needs Ray: pip install 'relaxed-sgd-kit[ray]'")
+    if args.cxx_mq is not None:
+        if args.scenario not in ("pq-threads", "all"):
+            ap.error("--cxx-mq applies to pq-threads (and all)")
+        if not (os.path.isfile(args.cxx_mq) and os.access(args.cxx_mq, os.X_OK)):
+            ap.error(f"--cxx-mq {args.cxx_mq!r} is not an executable file; build it from "
+                     "bench/cxx/mq_hold.cpp (the build lines are at its top)")
+    bad = set(args.mis_parts.split(",")) - {"waste", "multiqueue", "networkx", ""}
+    if bad:
+        ap.error(f"--mis-parts: unknown part(s) {sorted(bad)}; use waste, multiqueue, networkx")
+    if args.pbbs is not None:
+        from bench import mis
+        if args.scenario not in ("mis", "all"):
+            ap.error("--pbbs applies to mis (and all)")
+        if not mis.pbbs_binaries(args.pbbs):
+            ap.error(f"--pbbs {args.pbbs!r}: no built binary found; build e.g. "
+                     f"{mis.PBBS_BINARIES[('MIS', 'PBBS incrementalMIS')]} (make in its folder)")
     if args.out:
         common.set_results_dir(args.out)
     t0 = time.time()

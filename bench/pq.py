@@ -13,11 +13,19 @@ cost of a single lock), the MultiQueue's bulk API from Python (``mq-bulk``:
 ``heapq`` behind a ``threading.Lock`` (``heapq+lock``) and ``queue.PriorityQueue``.
 Processes: ``mq-nogil`` and ``mq-python`` on a shared MultiQueue, and a
 ``multiprocessing`` Manager-served ``queue.PriorityQueue`` (``manager-pq``).
+
+``--cxx-mq PATH`` adds ``cxx-mq``: the C++ MultiQueue of Williams, Sanders and
+Dementiev (ESA 2021) running the same hold loop in an external binary built from
+``bench/cxx/mq_hold.cpp`` (build lines at its top), one process per measurement,
+interleaved with the kit's competitors. It draws its own prefill of the same size
+and distribution. The default bench runs without it.
 """
 from __future__ import annotations
 
 import heapq
+import json
 import queue
+import subprocess
 import threading
 import time
 from multiprocess.managers import BaseManager
@@ -133,6 +141,30 @@ class PriorityQueueComp(Competitor):
         for d in incs:
             k, v = get()
             put((k + d, v))
+
+
+class CxxMQ(Competitor):
+    """An external hold-loop binary (bench/cxx/mq_hold.cpp); ``run`` replaces build/work."""
+    name = "cxx-mq"
+    external = True
+    queues_per_worker = MQNogil.queues_per_worker
+    path = None
+
+    def build(self, workers):
+        return None
+
+    def run(self, workers, iters, seed):
+        cmd = [str(self.path), str(workers), str(len(self.prefill)), str(iters),
+               str(self.queues_per_worker), str(seed)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited with {out.returncode}: "
+                               f"{out.stderr.strip()[-500:]}")
+        try:
+            return float(json.loads(out.stdout.strip().splitlines()[-1])["ops_per_s"])
+        except (ValueError, KeyError, IndexError):
+            raise RuntimeError(f"{' '.join(cmd)} printed no JSON line with ops_per_s: "
+                               f"{out.stdout[-500:]!r}") from None
 
 
 class _PQManager(BaseManager):

@@ -138,7 +138,9 @@ SCENARIOS = (
         "compiled hold loop (`mq._hold`, nogil, 2 queues per worker); `mq1-nogil`: the same "
         "with one queue (one lock); `mq-bulk`: `pop_many(256)` + `push_many` from Python; "
         "`mq-python`: Python-level `pop()` + `push()`; `heapq+lock`: `heapq` behind a "
-        "`threading.Lock`; `queue.PriorityQueue`."), ("pq-threads.png",)),
+        "`threading.Lock`; `queue.PriorityQueue`; `cxx-mq` (with `--cxx-mq PATH`): the C++ "
+        "MultiQueue of Williams, Sanders and Dementiev running the same loop "
+        "(`bench/cxx/mq_hold.cpp`)."), ("pq-threads.png",)),
     Scenario("pq-processes", "Hold model, processes sharing one queue (operations/s)", (
         "The hold model with worker processes attached to one shared MultiQueue; "
         "`manager-pq`: a `queue.PriorityQueue` served by a `multiprocess` Manager (10k "
@@ -184,13 +186,18 @@ SCENARIOS = (
         "MultiQueue with `batch=1`) over 10 seeds at n = 10^4, 10^5, 10^6 (Erdős–Rényi, "
         "average degree 10) against q and k, with log-log slopes; then time per call on a "
         "1M-vertex, 10M-edge Erdős–Rényi graph with random priorities: sequential greedy in "
-        "Numba with the same priorities, MultiQueue MIS and matching on 1..T threads "
-        "(default settings) and the exact scheduler, every answer checked equal to the "
-        "sequential one; networkx's `maximal_independent_set` at 100k vertices (one run)."),
+        "Numba with the same priorities (order given, and with `np.argsort` computing it), "
+        "the kit's default prefix engine and the MultiQueue scheduler on 1..T threads (whole "
+        "calls, and the engine alone) and the exact scheduler, every answer checked equal to "
+        "the sequential one; with `--pbbs PATH`, PBBS's incremental (deterministic "
+        "reservations) and serial MIS and matching binaries on the same graph and "
+        "priorities, relabelled by priority as PBBS reads them; networkx's "
+        "`maximal_independent_set` at 100k vertices (one run)."),
         ("mis.png",), (
         "With q = 2 the two random choices are always both queues, so that MultiQueue is "
-        "exact (nothing wasted). Greedy matching pays a scheduler pop for every edge, where "
-        "sequential greedy only checks two partner entries per edge.")),
+        "exact (nothing wasted). The MultiQueue engine pays a scheduler pop for every task; "
+        "the prefix engine serves the ranks in order and pays only for the tasks a thread "
+        "must keep because it runs ahead of the others.")),
     Scenario("delay", "The price of asynchrony: SGD on stale weights", (
         "A deterministic serial simulation (Numba) of SGD whose step t takes its gradient at "
         "the weights of step t − τ (\"max\": every step as stale as the bound allows) or "

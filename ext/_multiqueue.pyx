@@ -6,26 +6,37 @@ Algorithm: Rihani, Sanders, Dementiev, "MultiQueues: Simple Relaxed Concurrent
 Priority Queues" (SPAA 2015); engineering after Williams, Sanders, Dementiev,
 "Engineering MultiQueues: Fast Relaxed Concurrent Priority Queues" (ESA 2021).
 
-n sequential 4-ary min-heaps. Each heap has a guard in its own cache line:
-a test-and-test-and-set try-lock whose word holds the owner's pid, the cached
-top key, the size, and a small journal of the operation in flight. Push locks
-a random queue whose lock is free; pop reads the cached tops of two distinct
-random queues and pops from the smaller; stickiness reuses the same queues for
-several operations. A pop that reports "empty" has visited every queue and
-found each one empty (by its size word, or under its lock).
+n sequential queues, each an 8-ary min-heap with a 16-item insertion buffer and
+a 16-item deletion buffer (as in the ESA 2021 MultiQueue). The deletion buffer
+holds the queue's smallest items in ascending order: a pop takes its first item
+and reaches into the heap only when it runs empty (a refill: flush the insertion
+buffer, move the 16 smallest heap items over); a push goes to the insertion
+buffer (flushed into the heap when full) unless its key is below the deletion
+buffer's largest, then into the deletion buffer. So most operations touch the
+guard's line and one buffer line instead of a path through the heap, and fewer
+lines move between cores. Each queue has a guard in its own cache line: a
+test-and-test-and-set try-lock whose word holds the owner's pid, the cached top
+key (the deletion buffer's first), one counts word that packs the heap size, the
+insertion count and the deletion buffer's window, and a small journal of the
+step in flight. Push locks a random queue whose lock is free; pop reads the
+cached tops of two distinct random queues and pops from the smaller; stickiness
+reuses the same queues for several operations. A pop that reports "empty" has
+visited every queue and found each one empty (by its counts word, or under its
+lock).
 
 Intended races (why each is safe):
-* ``top`` and ``size`` are read without the lock (relaxed loads) to choose a
+* ``top`` and ``cnt`` are read without the lock (relaxed loads) to choose a
   queue or skip an empty one. They are only hints: the choice is re-checked under
   the lock, and a stale read costs quality, never correctness. At quiescence
   (after a join, which orders memory) they are exact.
 * The lock word is read before the CAS (test-and-test-and-set) to keep the line
   shared while it is held; the CAS has acquire and the unlock release ordering,
-  which is all the heap contents need.
-* The journal (``op``, ``op_size``, ``hole``, ``pending``) is written by the
+  which is all the heap and buffer contents need. The prefetches before the CAS
+  only warm lines; nothing read through them is used before the lock is held.
+* The journal (``op``, ``op_cnt``, ``hole``, ``pending``) is written by the
   holder only; a release fence after each journal store orders it before the next
-  heap write, so a process that takes over the lock of a dead holder can put the
-  heap back together (see ``_recover``).
+  element store, so a process that takes over the lock of a dead holder can finish
+  the step (see ``recover``). Every change of membership is one store of ``cnt``.
 
 Keys are int64 or float64, mapped order-preservingly to uint64; values int64.
 """
@@ -48,13 +59,16 @@ from relaxed import shm as _shm
 cdef enum:
     KIND_MQ = 1
     OP_NONE = 0
-    OP_PUSH = 1
-    OP_POP = 2
-    OP_SIFT = 3
+    OP_DINS = 1        # journal: an insertion into the deletion buffer is in flight
+    OP_SIFT_UP = 2     # journal: a heap sift-up (an insertion buffer flush) is in flight
+    OP_SIFT_DOWN = 3   # journal: a heap sift-down (a deletion buffer refill) is in flight
+    OP_DINS_DOWN = 4   # journal: as OP_DINS, growing the deletion window downwards
     KEY_INT64 = 0
     KEY_FLOAT64 = 1
-    HEAP_ARITY = 4
+    HEAP_ARITY = 8
     HEAD_OFFSET = 48   # element 1 of every heap starts a 64-byte line
+    BUF = 16           # elements in each insertion and each deletion buffer
+    BUF_BYTES = 2 * BUF * 16
 
 cdef uint64_t EMPTY_TOP = 0xFFFFFFFFFFFFFFFFULL
 
@@ -64,14 +78,13 @@ ctypedef struct Elem:
 
 ctypedef struct Guard:
     int32_t lock       # 0 = free, else the holder's pid
-    int32_t op         # journal: OP_NONE / OP_PUSH / OP_POP / OP_SIFT in flight
-    uint64_t top       # cached key of the heap top, EMPTY_TOP when empty (a hint)
-    int64_t size       # element count; written under the lock, read relaxed
-    int64_t op_size    # journal: size when the op in flight began
-    int64_t hole       # journal: current hole of the sift in flight
-    int64_t _pad
+    int32_t op         # journal: OP_NONE or the multi-store step in flight
+    uint64_t top       # cached smallest key, EMPTY_TOP when empty (a hint)
+    uint64_t cnt       # packed counts (heap size, insertion count, deletion window):
+                       # the one word whose store commits a change of membership
+    int64_t hole       # journal: the free slot of the step in flight
+    uint64_t op_cnt    # journal: the counts the step in flight commits
     Elem pending       # journal: the element being placed
-    Elem popped        # journal: the element a pop in flight is taking out
 
 ctypedef struct Header:         # at offset 0
     ShmHead head               # magic ... handle_counter (ext/_common.pxd)
@@ -111,15 +124,46 @@ cdef int64_t HEADER_BYTES = 256
 cdef inline int64_t _round_up(int64_t x, int64_t a) nogil:
     return (x + a - 1) // a * a
 
+# counts word: heap size (bits 0-39), insertion buffer count (40-47), deletion window
+# [ds, de) (48-55, 56-63); the deletion buffer holds its items ascending in D[ds:de]
+cdef inline int64_t C_HS(uint64_t c) noexcept nogil:
+    return <int64_t>(c & 0xFFFFFFFFFFULL)
+
+cdef inline int64_t C_NI(uint64_t c) noexcept nogil:
+    return <int64_t>((c >> 40) & 0xFF)
+
+cdef inline int64_t C_DS(uint64_t c) noexcept nogil:
+    return <int64_t>((c >> 48) & 0xFF)
+
+cdef inline int64_t C_DE(uint64_t c) noexcept nogil:
+    return <int64_t>(c >> 56)
+
+cdef inline uint64_t MK(int64_t hs, int64_t ni, int64_t ds, int64_t de) noexcept nogil:
+    return (<uint64_t>hs) | (<uint64_t>ni << 40) | (<uint64_t>ds << 48) | (<uint64_t>de << 56)
+
+cdef inline int64_t C_TOTAL(uint64_t c) noexcept nogil:
+    return C_HS(c) + C_NI(c) + C_DE(c) - C_DS(c)
+
 
 # ---------------------------------------------------------------------------
-# core: locks, heaps, journal
+# core: locks, buffers, heaps, journal
 # ---------------------------------------------------------------------------
 cdef inline Guard* G(const Core *c, int64_t q) noexcept nogil:
     return <Guard*>(c.guards + q * c.guard_stride)
 
+cdef inline Elem* D(const Core *c, int64_t q) noexcept nogil:
+    # deletion buffer, then insertion buffer, at the end of the guard's region
+    return <Elem*>(c.guards + (q + 1) * c.guard_stride - BUF_BYTES)
+
+cdef inline Elem* I(const Core *c, int64_t q) noexcept nogil:
+    return D(c, q) + BUF
+
 cdef inline Elem* H(const Core *c, int64_t q) noexcept nogil:
     return <Elem*>(c.heaps + q * c.heap_stride + HEAD_OFFSET)
+
+cdef inline int64_t qsize(Guard *g) noexcept nogil:
+    # relaxed read: a hint while others run, exact at quiescence
+    return C_TOTAL(rlx_load_relaxed_u64(&g.cnt))
 
 cdef inline bint try_lock(Guard *g, int32_t pid) noexcept nogil:
     if rlx_load_relaxed_i32(&g.lock) != 0:
@@ -133,7 +177,7 @@ cdef inline void CP() noexcept nogil:
     rlx_crash_point()          # a test may kill the process here (see relaxed_atomic.h)
 
 cdef inline void jset(int64_t *p, int64_t v) noexcept nogil:
-    # journal store: after every earlier heap write, before every later one
+    # journal store: after every earlier write, before every later one
     rlx_release_fence()
     p[0] = v
     rlx_release_fence()
@@ -146,30 +190,61 @@ cdef inline void jbegin(Guard *g, int32_t op) noexcept nogil:
     rlx_release_fence()
     CP()
 
-cdef void sift_down_journaled(Guard *g, Elem *h, int64_t n, int64_t i) noexcept nogil:
-    """Sift h[i] down in a heap of n elements; crash-safe through the journal
-    (OP_SIFT: the array minus the hole, plus ``pending``, is the multiset)."""
-    cdef int64_t c, m, e
-    cdef Elem x = h[i]
+cdef inline void commit(Guard *g, uint64_t cnt) noexcept nogil:
+    # every element store before it is in place; one store changes the membership
+    rlx_release_fence()
+    rlx_store_relaxed_u64(&g.cnt, cnt)
+    CP()
+
+cdef inline void journal(Guard *g, int32_t op, Elem x, int64_t hole, uint64_t op_cnt) noexcept nogil:
+    """Open a multi-store step: from here the queue's multiset is the arrays under
+    ``op_cnt`` with slot ``hole`` (of the heap or the deletion buffer) replaced by x.
+    Each step below moves the hole (jset) and keeps that true, so a recoverer
+    finishes the step from wherever it stopped (roll forward)."""
     g.pending = x
     CP()
-    g.hole = i
+    g.hole = hole
     CP()
-    jbegin(g, OP_SIFT)
+    g.op_cnt = op_cnt
+    CP()
+    jbegin(g, op)
+
+cdef void finish_sift_up(Guard *g, Elem *h) noexcept nogil:
+    cdef int64_t i = g.hole, p
+    cdef Elem x = g.pending
+    while i > 0:
+        p = (i - 1) // HEAP_ARITY
+        if h[p].key <= x.key:
+            break
+        h[i] = h[p]
+        CP()
+        jset(&g.hole, p)
+        i = p
+    h[i] = x
+    CP()
+    commit(g, g.op_cnt)
+    jbegin(g, OP_NONE)
+
+cdef void finish_sift_down(Guard *g, Elem *h) noexcept nogil:
+    cdef int64_t n = C_HS(g.op_cnt), i = g.hole, c, m, e
+    cdef uint64_t km
+    cdef Elem x = g.pending
     while True:
         c = HEAP_ARITY * i + 1
         if c >= n:
             break
-        m = c
         e = c + HEAP_ARITY
         if e > n:
             e = n
+        m = c
+        km = h[c].key
         c += 1
         while c < e:
-            if h[c].key < h[m].key:
+            if h[c].key < km:
+                km = h[c].key
                 m = c
             c += 1
-        if h[m].key >= x.key:
+        if km >= x.key:
             break
         h[i] = h[m]
         CP()
@@ -177,53 +252,114 @@ cdef void sift_down_journaled(Guard *g, Elem *h, int64_t n, int64_t i) noexcept 
         i = m
     h[i] = x
     CP()
+    commit(g, g.op_cnt)
     jbegin(g, OP_NONE)
 
-cdef void heapify_journaled(Guard *g, Elem *h, int64_t n) noexcept nogil:
-    cdef int64_t start
-    if n < 2:
+cdef void finish_del_insert(Guard *g, Elem *d) noexcept nogil:
+    """Finish placing ``pending`` into the ascending deletion buffer: larger items
+    above the hole move up one slot until the hole reaches its place."""
+    cdef int64_t i = g.hole, ds = C_DS(g.op_cnt)
+    cdef Elem x = g.pending
+    while i > ds and d[i - 1].key > x.key:
+        d[i] = d[i - 1]
+        CP()
+        jset(&g.hole, i - 1)
+        i -= 1
+    d[i] = x
+    CP()
+    commit(g, g.op_cnt)
+    jbegin(g, OP_NONE)
+
+cdef void finish_del_insert_down(Guard *g, Elem *d) noexcept nogil:
+    """As finish_del_insert, for a window that grows down: smaller items below
+    the hole move down one slot."""
+    cdef int64_t i = g.hole, de = C_DE(g.op_cnt)
+    cdef Elem x = g.pending
+    while i + 1 < de and d[i + 1].key < x.key:
+        d[i] = d[i + 1]
+        CP()
+        jset(&g.hole, i + 1)
+        i += 1
+    d[i] = x
+    CP()
+    commit(g, g.op_cnt)
+    jbegin(g, OP_NONE)
+
+cdef void heap_add(Guard *g, Elem *h, Elem x, uint64_t new_cnt) noexcept nogil:
+    """Move x (still counted in a buffer) into the heap; new_cnt counts it there
+    and no longer in the buffer. A key that stays at the bottom needs one commit;
+    otherwise the sift-up is journaled."""
+    cdef int64_t s = C_HS(g.cnt)
+    h[s] = x
+    CP()
+    if s == 0 or h[(s - 1) // HEAP_ARITY].key <= x.key:
+        commit(g, new_cnt)
         return
-    start = (n - 2) // HEAP_ARITY
-    while start >= 0:
-        sift_down_journaled(g, h, n, start)
-        start -= 1
+    journal(g, OP_SIFT_UP, x, s, new_cnt)
+    finish_sift_up(g, h)
+
+cdef void flush_insertions(Core *c, Guard *g, int64_t q) noexcept nogil:
+    cdef Elem *ins = I(c, q)
+    cdef Elem *h = H(c, q)
+    cdef uint64_t k = g.cnt
+    while C_NI(k) > 0:
+        heap_add(g, h, ins[C_NI(k) - 1], MK(C_HS(k) + 1, C_NI(k) - 1, C_DS(k), C_DE(k)))
+        k = g.cnt
+
+cdef void refill(Core *c, Guard *g, int64_t q) noexcept nogil:
+    """The deletion buffer is empty (ds = de = 0): flush the insertion buffer, then
+    take up to BUF smallest items of the heap into the deletion buffer, in order."""
+    cdef Elem *h = H(c, q)
+    cdef Elem *d = D(c, q)
+    cdef uint64_t k
+    cdef int64_t hs, de
+    flush_insertions(c, g, q)
+    k = g.cnt
+    hs = C_HS(k)
+    de = 0
+    while de < BUF and hs > 0:
+        d[de] = h[0]               # a copy outside the window: not counted yet
+        CP()
+        if hs == 1:
+            commit(g, MK(0, 0, 0, de + 1))
+        else:
+            # the heap's last item fills the hole at the root; the commit moves the
+            # root into the deletion buffer, and the journal finishes the sift
+            journal(g, OP_SIFT_DOWN, h[hs - 1], 0, MK(hs - 1, 0, 0, de + 1))
+            commit(g, g.op_cnt)
+            finish_sift_down(g, h)
+        hs -= 1
+        de += 1
+
+cdef inline void set_top(Core *c, Guard *g, int64_t q) noexcept nogil:
+    cdef uint64_t k = g.cnt
+    rlx_store_relaxed_u64(&g.top, D(c, q)[C_DS(k)].key if C_DE(k) > C_DS(k) else EMPTY_TOP)
 
 cdef void recover(Core *c, int64_t q) noexcept nogil:
     """Repair queue q after taking over the lock of a dead holder (lock held).
 
-    Idempotent, so that a recoverer that dies half-way leaves a state the next
-    one repairs the same way: first the multiset is restored from the journal
-    (writes that are safe to repeat), then size is committed and op cleared,
-    and only then is the heap order rebuilt by journaled sifts."""
+    The journal names the one multi-store step that may be in flight; it is
+    finished (rolled forward) with the same journaled stores, so a recoverer that
+    dies half-way leaves a state the next one finishes the same way. Then a
+    deletion buffer left empty by a pop that committed is refilled."""
     cdef Guard *g = G(c, q)
-    cdef Elem *h = H(c, q)
-    cdef int64_t size = g.size
     cdef int32_t op = g.op
-    if op == OP_PUSH:
-        if size != g.op_size + 1:          # not committed: complete it
-            h[g.hole] = g.pending
-            CP()
-            size = g.op_size + 1
-    elif op == OP_POP:
-        if size != g.op_size - 1:          # not committed: roll the pop back
-            h[g.hole] = g.pending          # where the moved last element belongs ...
-            CP()
-            h[g.op_size - 1] = g.popped    # ... and the top goes back in at the end
-            CP()
-            size = g.op_size
-    elif op == OP_SIFT:
-        h[g.hole] = g.pending
-        CP()
-    if size < 0:
-        size = 0
-    if size > c.cap:
-        size = c.cap
-    rlx_release_fence()
-    rlx_store_relaxed_i64(&g.size, size)
-    CP()
-    jbegin(g, OP_NONE)
-    heapify_journaled(g, h, size)
-    rlx_store_relaxed_u64(&g.top, h[0].key if size > 0 else EMPTY_TOP)
+    cdef uint64_t k
+    if op == OP_DINS:
+        finish_del_insert(g, D(c, q))
+    elif op == OP_DINS_DOWN:
+        finish_del_insert_down(g, D(c, q))
+    elif op == OP_SIFT_UP:
+        finish_sift_up(g, H(c, q))
+    elif op == OP_SIFT_DOWN:
+        finish_sift_down(g, H(c, q))
+    jbegin(g, OP_NONE)                 # (again) clear the journal, whatever it held
+    k = g.cnt
+    if C_DE(k) == C_DS(k) and (C_HS(k) > 0 or C_NI(k) > 0):
+        if C_DS(k) != 0:
+            commit(g, MK(C_HS(k), C_NI(k), 0, 0))
+        refill(c, g, q)
+    set_top(c, g, q)
 
 cdef int lock_spin(Core *c, int64_t q, int32_t pid, int64_t max_yields) noexcept nogil:
     """Blocking acquire with a budget: 1 = acquired, 0 = gave up after max_yields
@@ -259,99 +395,68 @@ cdef inline void log_op(Handle *hd, int64_t op, Elem e) noexcept nogil:
         row[3] = e.value
         hd.log_len += 1
 
-cdef inline void heap_push(Core *c, Guard *g, Elem *h, Elem e) noexcept nogil:
-    cdef int64_t s = g.size
-    cdef int64_t i = s, p
-    g.pending = e
-    CP()
-    g.op_size = s
-    CP()
-    g.hole = s
-    CP()
-    jbegin(g, OP_PUSH)
-    while i > 0:
-        p = (i - 1) >> 2
-        if h[p].key <= e.key:
-            break
-        h[i] = h[p]
+cdef int32_t del_insert_begin(Core *c, Guard *g, int64_t q, Elem e) noexcept nogil:
+    """Open the journal of an insertion of e, smaller than the deletion buffer's
+    largest item, into that buffer; a full buffer first hands its largest item to
+    the insertion buffer. Returns the op (OP_DINS or OP_DINS_DOWN)."""
+    cdef Elem *d = D(c, q)
+    cdef uint64_t k = g.cnt
+    cdef int64_t ds = C_DS(k), de = C_DE(k)
+    if de - ds == BUF:
+        if C_NI(k) == BUF:
+            flush_insertions(c, g, q)
+            k = g.cnt
+        I(c, q)[C_NI(k)] = d[de - 1]   # a copy outside the count; the journal counts it
         CP()
-        jset(&g.hole, p)
-        i = p
-    h[i] = e
-    CP()
-    rlx_release_fence()
-    rlx_store_relaxed_i64(&g.size, s + 1)       # commit point
-    CP()
-    jbegin(g, OP_NONE)
-    rlx_store_relaxed_u64(&g.top, h[0].key)
+        journal(g, OP_DINS, e, de - 1, MK(C_HS(k), C_NI(k) + 1, ds, de))
+        return OP_DINS
+    if de < BUF:
+        journal(g, OP_DINS, e, de, MK(C_HS(k), C_NI(k), ds, de + 1))
+        return OP_DINS
+    # the window ends at the top slot: it grows downwards
+    journal(g, OP_DINS_DOWN, e, ds - 1, MK(C_HS(k), C_NI(k), ds - 1, de))
+    return OP_DINS_DOWN
 
-cdef inline Elem heap_pop(Core *c, Guard *g, Elem *h) noexcept nogil:
-    cdef int64_t s = g.size
-    cdef Elem out = h[0]
-    cdef int64_t n = s - 1, i = 0, ch, m
-    cdef uint64_t k0, k1, k2, k3, km
-    cdef Elem last
-    if n == 0:
-        rlx_store_relaxed_i64(&g.size, 0)        # one store: nothing to journal
+cdef inline void del_insert(Core *c, Guard *g, int64_t q, Elem e) noexcept nogil:
+    if del_insert_begin(c, g, q, e) == OP_DINS:
+        finish_del_insert(g, D(c, q))
+    else:
+        finish_del_insert_down(g, D(c, q))
+
+cdef inline void buffered_push(Core *c, Guard *g, int64_t q, Elem e) noexcept nogil:
+    cdef uint64_t k = g.cnt
+    cdef int64_t hs = C_HS(k), ni = C_NI(k), ds = C_DS(k), de = C_DE(k)
+    cdef Elem *d = D(c, q)
+    if de > ds and e.key < d[de - 1].key:
+        del_insert(c, g, q, e)
+        set_top(c, g, q)
+        return
+    if hs == 0 and ni == 0 and de < BUF:
+        d[de] = e                      # not smaller than any item: appended in order
         CP()
-        rlx_store_relaxed_u64(&g.top, EMPTY_TOP)
-        return out
-    last = h[n]
-    g.pending = last
+        commit(g, MK(0, 0, ds, de + 1))
+        if de == ds:
+            set_top(c, g, q)
+        return
+    if ni == BUF:
+        flush_insertions(c, g, q)
+        ni = 0
+        k = g.cnt
+    I(c, q)[ni] = e
     CP()
-    g.popped = out
-    CP()
-    g.op_size = s
-    CP()
-    g.hole = 0
-    CP()
-    jbegin(g, OP_POP)
-    while True:
-        ch = 4 * i + 1
-        if ch + 3 < n:
-            # full group of four children in one 64-byte line
-            k0 = h[ch].key
-            k1 = h[ch + 1].key
-            k2 = h[ch + 2].key
-            k3 = h[ch + 3].key
-            if k1 < k0:
-                k0 = k1
-                m = ch + 1
-            else:
-                m = ch
-            if k3 < k2:
-                k2 = k3
-                ch = ch + 3
-            else:
-                ch = ch + 2
-            if k2 < k0:
-                k0 = k2
-                m = ch
-            km = k0
-        elif ch < n:
-            m = ch
-            km = h[ch].key
-            ch += 1
-            while ch < n:
-                if h[ch].key < km:
-                    km = h[ch].key
-                    m = ch
-                ch += 1
-        else:
-            break
-        if km >= last.key:
-            break
-        h[i] = h[m]
-        CP()
-        jset(&g.hole, m)
-        i = m
-    h[i] = last
-    CP()
-    rlx_release_fence()
-    rlx_store_relaxed_i64(&g.size, n)           # commit point
-    CP()
-    jbegin(g, OP_NONE)
-    rlx_store_relaxed_u64(&g.top, h[0].key)
+    commit(g, MK(C_HS(k), ni + 1, ds, de))
+
+cdef inline Elem buffered_pop(Core *c, Guard *g, int64_t q) noexcept nogil:
+    cdef uint64_t k = g.cnt
+    cdef int64_t hs = C_HS(k), ni = C_NI(k), ds = C_DS(k), de = C_DE(k)
+    cdef Elem out = D(c, q)[ds]
+    if ds + 1 < de:
+        commit(g, MK(hs, ni, ds + 1, de))
+    else:
+        commit(g, MK(hs, ni, 0, 0))
+        if hs > 0 or ni > 0:
+            refill(c, g, q)
+    set_top(c, g, q)
     return out
 
 # ---------------------------------------------------------------------------
@@ -366,7 +471,7 @@ cdef enum:
 cdef int64_t mq_len(const Core *c) noexcept nogil:
     cdef int64_t q, s = 0
     for q in range(c.n):
-        s += rlx_load_relaxed_i64(&G(c, q).size)
+        s += qsize(G(c, q))
     return s
 
 cdef int mq_push(Core *c, Handle *hd, Elem e) noexcept nogil:
@@ -379,9 +484,11 @@ cdef int mq_push(Core *c, Handle *hd, Elem e) noexcept nogil:
             hd.push_left = hd.stickiness
         q = hd.push_q
         g = G(c, q)
+        # fetch the insertion buffer's next slot while the lock's line comes over
+        rlx_prefetch_w(I(c, q) + C_NI(rlx_load_relaxed_u64(&g.cnt)))
         if try_lock(g, hd.pid):
-            if g.size < c.cap:
-                heap_push(c, g, H(c, q), e)
+            if C_TOTAL(g.cnt) < c.cap:
+                buffered_push(c, g, q, e)
                 log_op(hd, 1, e)
                 unlock(g)
                 hd.push_left -= 1
@@ -397,12 +504,12 @@ cdef int mq_push(Core *c, Handle *hd, Elem e) noexcept nogil:
         for k in range(n):
             q = (start + k) % n
             g = G(c, q)
-            if rlx_load_relaxed_i64(&g.size) >= c.cap:
+            if qsize(g) >= c.cap:
                 continue
             if not lock_spin(c, q, hd.pid, WAIT_YIELDS):
                 return R_BUSY
-            if g.size < c.cap:
-                heap_push(c, g, H(c, q), e)
+            if C_TOTAL(g.cnt) < c.cap:
+                buffered_push(c, g, q, e)
                 log_op(hd, 1, e)
                 unlock(g)
                 return R_OK
@@ -415,7 +522,8 @@ cdef int mq_push(Core *c, Handle *hd, Elem e) noexcept nogil:
 cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
     """R_OK = popped into out, R_EMPTY_OR_FULL = a full scan found every queue
     empty, R_BUSY = retry."""
-    cdef int64_t n = c.n, q, k, start, attempt
+    cdef int64_t n = c.n, q, t, start, attempt
+    cdef uint64_t k
     cdef uint32_t i, j
     cdef uint64_t ti, tj
     cdef Guard *g
@@ -432,18 +540,20 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
             gj = G(c, hd.pop_j)
             ti = rlx_load_relaxed_u64(&gi.top)
             tj = rlx_load_relaxed_u64(&gj.top)
-            if tj < ti or (tj == ti and rlx_load_relaxed_i64(&gi.size) == 0):
+            if tj < ti or (tj == ti and qsize(gi) == 0):
                 q = hd.pop_j
                 g = gj
             else:
                 q = hd.pop_i
                 g = gi
-            if rlx_load_relaxed_i64(&g.size) == 0:
+            k = rlx_load_relaxed_u64(&g.cnt)
+            if C_TOTAL(k) == 0:
                 hd.pop_left = 0
                 break                      # both looked empty: scan
+            rlx_prefetch_w(D(c, q) + C_DS(k))   # the item to take, while the lock comes over
             if try_lock(g, hd.pid):
-                if g.size > 0:
-                    out[0] = heap_pop(c, g, H(c, q))
+                if C_DE(g.cnt) > C_DS(g.cnt):
+                    out[0] = buffered_pop(c, g, q)
                     log_op(hd, 2, out[0])
                     unlock(g)
                     hd.pop_left -= 1
@@ -452,15 +562,15 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
             hd.pop_left = 0
     # scan: one pass over every queue; empty only if each was seen empty
     start = rlx_rand_below(&hd.rng, <uint32_t>n)
-    for k in range(n):
-        q = (start + k) % n
+    for t in range(n):
+        q = start + t if start + t < n else start + t - n
         g = G(c, q)
-        if rlx_load_relaxed_i64(&g.size) == 0:
+        if qsize(g) == 0:
             continue
         if not lock_spin(c, q, hd.pid, WAIT_YIELDS):
             return R_BUSY
-        if g.size > 0:
-            out[0] = heap_pop(c, g, H(c, q))
+        if C_DE(g.cnt) > C_DS(g.cnt):
+            out[0] = buffered_pop(c, g, q)
             log_op(hd, 2, out[0])
             unlock(g)
             return R_OK
@@ -562,7 +672,9 @@ cdef class MultiQueue(ShmStructure):
             key_dtype = kd
         seed = _make_seed(seed)
         cap_per = (capacity + n_queues - 1) // n_queues
-        guard_stride = _round_up(max(rlx_cache_line(), sizeof(Guard)), 64)
+        # the guard's line(s), then its deletion and insertion buffers
+        guard_stride = _round_up(_round_up(max(rlx_cache_line(), sizeof(Guard)), 64) + BUF_BYTES,
+                                 max(rlx_cache_line(), 64))
         heap_stride = _round_up(HEAD_OFFSET + 16 * cap_per, 64)
         guards_offset = HEADER_BYTES
         heaps_offset = _round_up(guards_offset + n_queues * guard_stride, 4096)
@@ -599,7 +711,8 @@ cdef class MultiQueue(ShmStructure):
             hd = self.hdr
             expect = hd.heaps_offset + hd.n_queues * hd.heap_stride
             if (hd.n_queues < 1 or hd.cap_per_queue < 1 or expect != seg.size
-                    or hd.key_kind not in (0, 1) or hd.guard_stride < sizeof(Guard)
+                    or hd.key_kind not in (0, 1) or hd.guard_stride < sizeof(Guard) + BUF_BYTES
+                    or hd.guard_stride % 64
                     or hd.guards_offset < HEADER_BYTES
                     or hd.heaps_offset < hd.guards_offset + hd.n_queues * hd.guard_stride
                     or hd.heap_stride < HEAD_OFFSET + 16 * hd.cap_per_queue
@@ -916,49 +1029,85 @@ cdef class MultiQueue(ShmStructure):
 
     # -- invariants, recovery, teardown ---------------------------------------
     def _check(self):
-        """Assert every invariant (quiescent use only): each heap is a valid heap,
-        each cached top equals its heap's top, sizes are within capacity, no lock is
-        held and no operation is in flight. Raises AssertionError with a dump."""
+        """Assert every invariant (quiescent use only): per queue, the counts are in
+        range and add up to at most its capacity, the heap is a valid heap, the
+        deletion buffer is ascending and holds the smallest items (no heap or
+        insertion-buffer item is smaller than its largest), an empty deletion buffer
+        means an empty queue, the cached top is its smallest item, no lock is held
+        and no operation is in flight. Raises AssertionError with a dump."""
         self._check_open()
-        cdef int64_t q, i, s
-        cdef Guard *g
-        cdef Elem *h
+        cdef int64_t q
         for q in range(self.core.n):
-            g = G(&self.core, q)
-            h = H(&self.core, q)
-            s = g.size
-            problems = []
-            if s < 0 or s > self.core.cap:
-                problems.append(f"size {s} outside [0, {self.core.cap}]")
-            else:
-                for i in range(1, s):
-                    if h[(i - 1) >> 2].key > h[i].key:
-                        problems.append(f"heap order broken at index {i}")
-                        break
-                want = h[0].key if s > 0 else EMPTY_TOP
-                if g.top != want:
-                    problems.append(f"cached top {g.top} != heap top {want}")
-            if g.lock != 0:
-                problems.append(f"lock held by pid {g.lock}")
-            if g.op != OP_NONE:
-                problems.append(f"operation {g.op} in flight")
+            problems = self._problems(q)
             if problems:
                 raise AssertionError(f"MultiQueue queue {q}: " + "; ".join(problems)
                                      + f"\nstate: {self._dump(q)}")
         return True
 
+    cdef list _problems(self, int64_t q):
+        cdef Guard *g = G(&self.core, q)
+        cdef Elem *h = H(&self.core, q)
+        cdef Elem *d = D(&self.core, q)
+        cdef Elem *ins = I(&self.core, q)
+        cdef uint64_t k = g.cnt
+        cdef int64_t hs = C_HS(k), ni = C_NI(k), ds = C_DS(k), de = C_DE(k), i
+        problems = []
+        if g.lock != 0:
+            problems.append(f"lock held by pid {g.lock}")
+        if g.op != OP_NONE:
+            problems.append(f"operation {g.op} in flight")
+        if hs > self.core.cap or ni > BUF or ds > de or de > BUF:
+            problems.append(f"counts out of range: heap {hs}, insertion {ni}, "
+                            f"deletion window [{ds}, {de})")
+            return problems
+        if C_TOTAL(k) > self.core.cap:
+            problems.append(f"{C_TOTAL(k)} items over the capacity {self.core.cap}")
+        for i in range(1, hs):
+            if h[(i - 1) // HEAP_ARITY].key > h[i].key:
+                problems.append(f"heap order broken at index {i}")
+                break
+        for i in range(ds + 1, de):
+            if d[i - 1].key > d[i].key:
+                problems.append(f"deletion buffer not ascending at slot {i}")
+                break
+        if de == ds:
+            if hs or ni:
+                problems.append("deletion buffer empty but the heap or insertion buffer is not")
+            if ds:
+                problems.append(f"empty deletion window not reset: [{ds}, {de})")
+        else:
+            if hs and h[0].key < d[de - 1].key:
+                problems.append("a heap item is smaller than the deletion buffer's largest")
+            for i in range(ni):
+                if ins[i].key < d[de - 1].key:
+                    problems.append(f"insertion buffer item {i} is smaller than the "
+                                    "deletion buffer's largest")
+                    break
+        want = d[ds].key if de > ds else EMPTY_TOP
+        if g.top != want:
+            problems.append(f"cached top {g.top} != smallest key {want}")
+        return problems
+
     def _dump(self, q):
-        """The state of queue q (lock, journal, size, first items), for diagnostics."""
+        """The state of queue q (lock, journal, counts, buffers, first heap items),
+        for diagnostics."""
         self._check_open()
         q = _check_int("q", q, 0, "use a queue index")
         if q >= self.core.n:
             raise ValueError(f"q must be < n_queues = {self.core.n}, got {q}")
         cdef Guard *g = G(&self.core, q)
         cdef Elem *h = H(&self.core, q)
-        cdef int64_t s = min(max(g.size, 0), self.core.cap)
-        return {"queue": q, "lock": g.lock, "op": g.op, "size": g.size, "top": g.top,
-                "hole": g.hole, "op_size": g.op_size,
-                "head": [(h[i].key, h[i].value) for i in range(min(s, 16))]}
+        cdef Elem *d = D(&self.core, q)
+        cdef Elem *ins = I(&self.core, q)
+        cdef uint64_t k = g.cnt
+        cdef int64_t hs = min(C_HS(k), self.core.cap)
+        return {"queue": q, "lock": g.lock, "op": g.op, "top": g.top,
+                "heap_size": C_HS(k), "insertion_count": C_NI(k),
+                "deletion_window": (C_DS(k), C_DE(k)), "hole": g.hole,
+                "op_counts": (C_HS(g.op_cnt), C_NI(g.op_cnt), C_DS(g.op_cnt), C_DE(g.op_cnt)),
+                "deletion": [(d[i].key, d[i].value) for i in range(C_DS(k), min(C_DE(k), BUF))],
+                "insertion": [(ins[i].key, ins[i].value) for i in range(min(C_NI(k), BUF))],
+                "heap_head": [(h[i].key, h[i].value) for i in range(min(hs, 16))]}
 
     def recover_dead_locks(self):
         """Take over and repair every queue whose lock holder process is dead.
@@ -979,39 +1128,57 @@ cdef class MultiQueue(ShmStructure):
         return n
 
     def _debug_partial(self, q, op, steps, key=0, value=0):
-        """Test hook: run a push (op=1) or pop (op=2) on queue q for at most ``steps``
-        sift steps and return leaving the lock held, as a holder killed mid-operation
-        would. Used by the crash-recovery tests only."""
+        """Test hook: leave queue q's lock held in the middle of a multi-store step,
+        as a holder killed there would, after at most ``steps`` moves. op=1: a push of
+        (key, value) into the deletion buffer if key is smaller than its largest item
+        (otherwise the push is a single store: the lock is taken, nothing written); op=2: a refill taking the heap's smallest item into the deletion
+        buffer (the buffer is first moved back into the heap; needs >= 2 items in
+        the heap afterwards). Used by the crash-recovery tests only."""
         self._check_open()
         cdef int64_t qq = _check_int("q", q, 0, "use a queue index")
         if qq >= self.core.n:
             raise ValueError("q out of range")
+        cdef int64_t lim = _check_int("steps", steps, 0, "use a count >= 0")
         cdef Guard *g = G(&self.core, qq)
         cdef Elem *h = H(&self.core, qq)
-        cdef int64_t lim = steps, s, i, p, m, c, e2
+        cdef Elem *d = D(&self.core, qq)
+        cdef uint64_t k
+        cdef int64_t i, n, c, m, e2, ds, de
         cdef Elem x
         lock_spin(&self.core, qq, self.h.pid, 1 << 62)
-        s = g.size
-        if op == 1:
+        k = g.cnt
+        ds = C_DS(k)
+        de = C_DE(k)
+        if op == 1 and de > ds and self._key_in(key) < d[de - 1].key:
             x.key = self._key_in(key)
             x.value = value
-            g.pending = x; g.op_size = s; g.hole = s; jbegin(g, OP_PUSH)
-            i = s
-            while i > 0 and lim > 0:
-                p = (i - 1) >> 2
-                if h[p].key <= x.key:
-                    break
-                h[i] = h[p]; g.hole = p; i = p; lim -= 1
-        elif op == 2 and s > 1:
-            x = h[s - 1]
-            g.pending = x; g.popped = h[0]; g.op_size = s; g.hole = 0; jbegin(g, OP_POP)
+            i = g.hole
+            if del_insert_begin(&self.core, g, qq, x) == OP_DINS:
+                i = g.hole
+                while i > C_DS(g.op_cnt) and d[i - 1].key > x.key and lim > 0:
+                    d[i] = d[i - 1]; g.hole = i - 1; i -= 1; lim -= 1
+            else:
+                i = g.hole
+                while i + 1 < de and d[i + 1].key < x.key and lim > 0:
+                    d[i] = d[i + 1]; g.hole = i + 1; i += 1; lim -= 1
+        elif op == 2 and C_HS(k) + de - ds >= 3:
+            flush_insertions(&self.core, g, qq)
+            while C_DE(g.cnt) > C_DS(g.cnt):
+                k = g.cnt
+                heap_add(g, h, d[C_DE(k) - 1], MK(C_HS(k) + 1, C_NI(k), C_DS(k), C_DE(k) - 1))
+            commit(g, MK(C_HS(g.cnt), 0, 0, 0))
+            n = C_HS(g.cnt)
+            d[0] = h[0]
+            journal(g, OP_SIFT_DOWN, h[n - 1], 0, MK(n - 1, 0, 0, 1))
+            commit(g, g.op_cnt)
+            x = g.pending
             i = 0
             while lim > 0:
-                c = 4 * i + 1
-                if c >= s - 1:
+                c = HEAP_ARITY * i + 1
+                if c >= n - 1:
                     break
                 m = c
-                e2 = min(c + 4, s - 1)
+                e2 = min(c + HEAP_ARITY, n - 1)
                 while c < e2:
                     if h[c].key < h[m].key:
                         m = c
@@ -1019,8 +1186,11 @@ cdef class MultiQueue(ShmStructure):
                 if h[m].key >= x.key:
                     break
                 h[i] = h[m]; g.hole = m; i = m; lim -= 1
+        elif op == 1:
+            pass        # such a push is one store: a holder dies before it or after it
         else:
-            raise ValueError("op must be 1 (push) or 2 (pop on a queue with >= 2 items)")
+            unlock(g)
+            raise ValueError("op must be 1 (push) or 2 (refill, >= 3 items)")
 
     def __repr__(self):
         if self.hdr == NULL:

@@ -1,6 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False, embedsignature=True
-"""Relaxed priority schedulers and the nogil greedy MIS / matching engine.
+"""Relaxed priority schedulers and the nogil greedy MIS / matching engines: the
+scheduler engine below, and the prefix engine (no queue; its own section at the
+end of this file) that greedy_mis and greedy_matching use by default.
 
 Alistarh, Brown, Kopinsky, Nadiradze, "Relaxed Schedulers Can Efficiently
 Parallelize Iterative Algorithms" (PODC 2018). A scheduler holds tasks (int64
@@ -891,3 +893,522 @@ cdef class _Run:
     def thread_stats(self):
         arr = np.asarray(self.stats)
         return [dict(zip(STAT_NAMES, map(int, row[:len(STAT_NAMES)]))) for row in arr]
+
+
+# ---- the prefix engine --------------------------------------------------------
+#
+# No priority queue: tasks are served in rank order, a chunk of consecutive
+# ranks at a time from one shared cursor. The idea is that of Blelloch,
+# Fineman, Shun, "Greedy Sequential Maximal Independent Set and Matching are
+# Parallel on Average" (SPAA 2012), and of the deterministic reservations of
+# PBBS (Blelloch, Fineman, Gibbons, Shun, PPoPP 2012): work on a prefix of the
+# order, decide what can be decided, keep the rest. Greedy in a random order has
+# short dependence chains, so little is kept.
+#
+# Each thread publishes a lower bound of the ranks it holds undecided (its
+# slot in PCtx.shared). While a thread holds nothing blocked and a rank lies
+# below every other thread's bound, every smaller rank is decided, and the
+# thread runs the sequential greedy step on it: on one thread always, on two
+# threads for whichever thread is behind. A thread that is ahead decides what
+# the states already settle (MIS: a neighbour in, or every higher-priority
+# neighbour out; matching: an endpoint taken, which only a higher-priority edge
+# can have done) and keeps the rest in a sorted pending list, which it tries
+# again before its next chunk once another thread's bound has moved. A thread
+# whose pending list is full takes no new chunk until it drains. Progress: the
+# undecided task of smallest rank sits in a chunk being served or in a pending
+# list that its thread retries, and whoever holds it can decide it.
+#
+# The bounds. A thread publishes the cursor before it takes a chunk (acq-rel
+# fetch_add), the chunk's start once it has it, its smallest pending rank after
+# each pass, and INT64_MAX when it holds nothing. A thread reads the others'
+# bounds (acquire) after taking its chunk and again whenever the cached minimum
+# stops it, so it sees, for each chunk taken before its own, a bound at or below
+# it; a thread holding nothing takes only later chunks, which lie above every
+# chunk already taken. Release stores of the bounds come after the states they
+# cover, so a thread that reads a bound above r also sees every decision below r.
+#
+# Intended races: as in the relaxed engine above. MIS state bytes are read and
+# written with relaxed/acquire/release atomics and no lock; two threads may both
+# mark a vertex out; a stale read of "undecided" only keeps a task for later.
+# Matching's taken flags are written only by the sequential step, which runs for
+# one rank at a time in rank order across all threads (every smaller rank is
+# decided), so no two threads ever write the same flag.
+
+cdef enum:
+    S_IN = 255               # MIS state bytes; 0..S_MAX_BUCKET mean undecided
+    S_OUT = 254
+    S_MAX_BUCKET = 253
+    PF_DIST = 32             # prefetch distance in the rank order
+    SLOT_CURSOR = 0          # slots of PCtx.shared, one cache line each
+    SLOT_THREAD = 1          # + thread id: the thread's published lower bound
+
+ctypedef struct PCtx:
+    Ctx base                 # graph; mate (matching)
+    int64_t chunk            # ranks a thread takes at once
+    const int32_t *order     # order[r] is the task of rank r
+    const int32_t *rank      # MIS: rank[v], read only to break a bucket tie
+    uint8_t *state           # MIS: S_IN, S_OUT or the rank's bucket; matching: 1 = taken
+    int shift                # MIS: bucket of rank r is r >> shift (at most S_MAX_BUCKET)
+    const int32_t *ends      # matching: endpoints, ends[2e], ends[2e + 1]
+    int64_t *shared
+    int64_t stride           # int64s per cache line
+
+
+cdef inline int64_t *pslot(PCtx *c, int64_t i) noexcept nogil:
+    return c.shared + i * c.stride
+
+
+cdef inline void count_eval(int res, int64_t *st) noexcept nogil:
+    st[ST_POPS] += 1
+    if res == EV_BLOCKED:
+        st[ST_WASTED] += 1
+    elif res == EV_SKIP:
+        st[ST_SKIPPED] += 1
+    else:
+        st[ST_DECIDED] += 1
+        st[ST_IN] += res == EV_IN
+
+
+# -- MIS on one state byte per vertex: a quarter of the int32 words' footprint,
+# so the random reads stay in cache as in the sequential loop. An undecided byte
+# holds the bucket r >> shift of the vertex's rank; only a neighbour in the same
+# bucket needs its full rank read.
+
+cdef inline int mis_take(PCtx *c, int64_t v) noexcept nogil:
+    """The sequential step (every higher-priority vertex is decided): still
+    undecided means no neighbour is in, so v goes in."""
+    cdef int64_t a
+    cdef uint8_t *st8 = c.state
+    if rlx_load_relaxed_u8(&st8[v]) >= S_OUT:
+        return EV_SKIP
+    rlx_store_release_u8(&st8[v], S_IN)
+    for a in range(c.base.indptr[v], c.base.indptr[v + 1]):
+        if rlx_load_relaxed_u8(&st8[c.base.indices[a]]) < S_OUT:
+            rlx_store_release_u8(&st8[c.base.indices[a]], S_OUT)
+    return EV_IN
+
+
+cdef inline int mis_look(PCtx *c, int64_t v, int64_t r) noexcept nogil:
+    """Ahead of the others: out if a neighbour is in, in if every
+    higher-priority neighbour is out, blocked otherwise (the rule of mis_eval)."""
+    cdef int64_t a, lo, hi, u
+    cdef uint8_t w, mine = <uint8_t>(r >> c.shift)
+    cdef bint blocked = False
+    cdef uint8_t *st8 = c.state
+    if rlx_load_relaxed_u8(&st8[v]) >= S_OUT:
+        return EV_SKIP
+    lo = c.base.indptr[v]
+    hi = c.base.indptr[v + 1]
+    for a in range(lo, hi):
+        u = c.base.indices[a]
+        w = rlx_load_acquire_u8(&st8[u])
+        if w == S_IN:
+            rlx_store_release_u8(&st8[v], S_OUT)
+            return EV_OUT
+        if w < mine or (w == mine and c.rank[u] < r):
+            blocked = True
+    if blocked:
+        return EV_BLOCKED
+    rlx_store_release_u8(&st8[v], S_IN)
+    for a in range(lo, hi):
+        u = c.base.indices[a]
+        if rlx_load_relaxed_u8(&st8[u]) < S_OUT:
+            rlx_store_release_u8(&st8[u], S_OUT)
+    return EV_IN
+
+
+# -- matching: one taken byte per vertex beside mate.
+
+cdef inline int match_step(PCtx *c, int64_t r, bint seq) noexcept nogil:
+    """Out if an endpoint is taken; otherwise in (sequential step) or blocked."""
+    cdef int64_t e = c.order[r]
+    cdef int32_t u = c.ends[2 * e], v = c.ends[2 * e + 1]
+    if rlx_load_acquire_u8(&c.state[u]) or rlx_load_acquire_u8(&c.state[v]):
+        return EV_OUT
+    if not seq:
+        return EV_BLOCKED
+    c.base.mate[u] = v
+    c.base.mate[v] = u
+    rlx_store_release_u8(&c.state[u], 1)
+    rlx_store_release_u8(&c.state[v], 1)
+    return EV_IN
+
+
+cdef inline int prefix_eval(PCtx *c, int64_t r, bint seq) noexcept nogil:
+    if c.base.algo == 0:
+        if seq:
+            return mis_take(c, c.order[r])
+        return mis_look(c, c.order[r], r)
+    return match_step(c, r, seq)
+
+
+cdef inline int64_t others_low(PCtx *c, int tid) noexcept nogil:
+    cdef int64_t t, x, low = INT64_MAX
+    for t in range(c.base.nthreads):
+        if t != tid:
+            x = rlx_load_acquire_i64(pslot(c, SLOT_THREAD + t))
+            if x < low:
+                low = x
+    return low
+
+
+cdef inline bint below(PCtx *c, int tid, int64_t r, int64_t *others) noexcept nogil:
+    """Is every other thread's bound above r? Refreshes the cached minimum."""
+    if r < others[0]:
+        return True
+    others[0] = others_low(c, tid)
+    return r < others[0]
+
+
+cdef inline void prefetch_ahead(PCtx *c, int64_t r, int64_t hi) noexcept nogil:
+    """A three-stage software pipeline over the ranks to come, so that the
+    random reads of task r + PF_DIST / 4 are in cache when it is served: its
+    state byte (MIS) or endpoints (matching) PF_DIST ahead; then, for an MIS
+    vertex still undecided, its CSR offsets, and its neighbour list a quarter
+    of the way. (Matching stops at the endpoints: the taken bytes sit in cache,
+    and reading endpoints not yet arrived would stall.)"""
+    cdef int64_t x, a
+    if r + PF_DIST < hi:
+        x = c.order[r + PF_DIST]
+        if c.base.algo == 0:
+            rlx_prefetch(&c.state[x])
+        else:
+            rlx_prefetch(&c.ends[2 * x])
+    if c.base.algo == 0 and r + PF_DIST // 2 < hi:
+        x = c.order[r + PF_DIST // 2]
+        if rlx_load_relaxed_u8(&c.state[x]) < S_OUT:
+            rlx_prefetch(&c.base.indptr[x])
+    if c.base.algo == 0 and r + PF_DIST // 4 < hi:
+        x = c.order[r + PF_DIST // 4]
+        if rlx_load_relaxed_u8(&c.state[x]) < S_OUT:
+            a = c.base.indptr[x]
+            rlx_prefetch(&c.base.indices[a])
+            rlx_prefetch(&c.base.indices[a + 16])
+
+
+cdef int64_t serve(PCtx *c, int tid, int64_t lo, int64_t hi, int32_t *pend, int64_t npend,
+                   int64_t *others, int64_t *st) noexcept nogil:
+    """Serve ranks lo..hi-1 of a new chunk; kept ones are appended to pend."""
+    cdef int64_t r
+    cdef int res
+    for r in range(lo, hi):
+        prefetch_ahead(c, r, hi)
+        res = prefix_eval(c, r, npend == 0 and below(c, tid, r, others))
+        count_eval(res, st)
+        if res == EV_BLOCKED:
+            pend[npend] = <int32_t>r
+            npend += 1
+    return npend
+
+
+cdef int64_t retry(PCtx *c, int tid, int32_t *pend, int64_t npend, int64_t *others,
+                   int64_t *st) noexcept nogil:
+    """Serve the pending ranks again, in order; returns how many stay kept.
+    Matching stops at the first rank it cannot step: a look ahead only finds
+    edges with a taken endpoint, which the sequential step skips as cheaply."""
+    cdef int64_t k, kept = 0
+    cdef int res
+    cdef bint seq
+    for k in range(npend):
+        seq = kept == 0 and below(c, tid, pend[k], others)
+        if not seq and c.base.algo == 1:
+            if kept == 0 and k == 0:
+                return npend
+            while k < npend:
+                pend[kept] = pend[k]
+                kept += 1
+                k += 1
+            return kept
+        res = prefix_eval(c, pend[k], seq)
+        count_eval(res, st)
+        if res == EV_BLOCKED:
+            pend[kept] = pend[k]
+            kept += 1
+    return kept
+
+
+cdef void prefix_worker(PCtx *c, int tid, int32_t *pend, int64_t cap, int64_t *st) noexcept nogil:
+    # The pending list is served again only after another thread's bound has
+    # moved since the last pass: until then its ranks stay blocked (a rank
+    # whose blockers were all this thread's own was settled in that pass), and
+    # a thread running ahead of a descheduled one would look at them over and
+    # over. `seen` is the minimum bound at the last pass.
+    cdef int64_t n = c.base.n_tasks, lo, npend = 0, before, others = -1, seen = -2, now
+    cdef int64_t *low = pslot(c, SLOT_THREAD + tid)
+    cdef int64_t *cursor = pslot(c, SLOT_CURSOR)
+    cdef bint exhausted = False, progress
+    cdef int64_t spins
+    while True:
+        before = npend
+        if npend:
+            now = others_low(c, tid)
+            if now != seen:
+                seen = now
+                others = now
+                npend = retry(c, tid, pend, npend, &others, st)
+        progress = npend < before
+        rlx_store_release_i64(low, pend[0] if npend else INT64_MAX)
+        if not exhausted and npend + c.chunk <= cap:
+            if npend == 0:
+                rlx_store_release_i64(low, rlx_load_relaxed_i64(cursor))
+            lo = rlx_fetch_add_acqrel_i64(cursor, c.chunk)
+            if lo >= n:
+                exhausted = True
+                rlx_store_release_i64(low, pend[0] if npend else INT64_MAX)
+            else:
+                if npend == 0:
+                    rlx_store_release_i64(low, lo)
+                others = others_low(c, tid)
+                npend = serve(c, tid, lo, min(lo + c.chunk, n), pend, npend, &others, st)
+                progress = True
+        if exhausted and npend == 0:
+            rlx_store_release_i64(low, INT64_MAX)
+            return
+        if progress:
+            continue
+        # Everything held waits on other threads: sleep until a bound moves
+        # from `seen`. A thread that waits has published its exact smallest
+        # rank, so the holder of the smallest undecided rank always sees a
+        # change (and MIS's look decides that rank at once).
+        st[ST_EMPTY] += 1
+        spins = 0
+        while others_low(c, tid) == seen:
+            spins += 1
+            if spins > 64:
+                rlx_yield()
+            else:
+                rlx_cpu_relax()
+
+
+cdef class _PrefixRun:
+    """One run of the prefix engine. ``order[r]`` is the task of rank r.
+    MIS: ``rank`` (int32) and ``state`` (uint8, each rank's bucket on entry,
+    see ``_mis_buckets``; 255 in, 254 out on exit). Matching: ``ends`` the
+    (m, 2) int32 endpoints, ``mate`` int64 filled with -1 and ``state`` uint8
+    zeros (1 = taken on exit). Threads call ``work(tid)``, which releases the
+    GIL."""
+    cdef PCtx c
+    cdef object _keep
+    cdef int64_t[:, ::1] stats
+    cdef int64_t[::1] shared
+    cdef int32_t[:, ::1] buf
+    cdef int64_t cap
+    cdef readonly int64_t chunk
+
+    def __init__(self, str algo, int nthreads, int64_t chunk, order, indptr, indices, state, *,
+                 rank=None, int shift=0, ends=None, mate=None):
+        cdef const int32_t[::1] od = order
+        cdef const int64_t[::1] ip = indptr
+        cdef const int32_t[::1] ix = indices
+        cdef uint8_t[::1] sb = state
+        cdef const int32_t[::1] rk
+        cdef const int32_t[:, ::1] en
+        cdef int64_t[::1] mt
+        cdef int i
+        if nthreads < 1 or chunk < 1:
+            raise ValueError(f"_PrefixRun: need nthreads >= 1 and chunk >= 1, got {nthreads}, {chunk}")
+        self._keep = (order, indptr, indices, state, rank, ends, mate)
+        memset(&self.c, 0, sizeof(PCtx))
+        self.c.base.algo = 0 if algo == "mis" else 1
+        self.c.base.nthreads = nthreads
+        self.c.base.n_tasks = od.shape[0]
+        self.c.base.indptr = &ip[0]
+        self.c.base.indices = &ix[0] if ix.shape[0] else NULL
+        self.c.order = &od[0] if od.shape[0] else NULL
+        self.c.state = &sb[0] if sb.shape[0] else NULL
+        self.chunk = chunk
+        self.c.chunk = chunk
+        if self.c.base.algo == 0:
+            rk = rank
+            if rk.shape[0] != od.shape[0] or sb.shape[0] != od.shape[0]:
+                raise ValueError("_PrefixRun: rank, state and order differ in length")
+            if od.shape[0] and ((od.shape[0] - 1) >> shift) > S_MAX_BUCKET:
+                raise ValueError(f"_PrefixRun: shift {shift} leaves buckets above {S_MAX_BUCKET}")
+            self.c.rank = &rk[0] if rk.shape[0] else NULL
+            self.c.shift = shift
+        else:
+            en = ends
+            mt = mate
+            if en.shape[0] != od.shape[0] or en.shape[1] != 2 or sb.shape[0] != mt.shape[0]:
+                raise ValueError("_PrefixRun: ends, order, mate and state do not fit together")
+            self.c.ends = &en[0, 0] if en.shape[0] else NULL
+            self.c.base.mate = &mt[0] if mt.shape[0] else NULL
+        self.cap = 8 * chunk                    # pending ranks per thread
+        self.buf = np.empty((nthreads, self.cap), dtype=np.int32)
+        self.stats = np.zeros((nthreads, N_STATS), dtype=np.int64)
+        self.c.stride = rlx_cache_line() // 8
+        self.shared = np.zeros((SLOT_THREAD + nthreads) * self.c.stride, dtype=np.int64)
+        self.c.shared = &self.shared[0]
+        for i in range(nthreads):               # no thread holds a rank yet
+            self.shared[(SLOT_THREAD + i) * self.c.stride] = INT64_MAX
+
+    def work(self, int tid):
+        if not 0 <= tid < self.c.base.nthreads:
+            raise ValueError(f"tid: must be in [0, {self.c.base.nthreads}), got {tid}")
+        cdef int64_t *st = &self.stats[tid, 0]
+        if self.c.base.n_tasks == 0:
+            return
+        with nogil:
+            prefix_worker(&self.c, tid, &self.buf[tid, 0], self.cap, st)
+
+    def set_busy(self, busy):
+        pass
+
+    @property
+    def failed(self):
+        return False
+
+    def thread_stats(self):
+        arr = np.asarray(self.stats)
+        return [dict(zip(STAT_NAMES, map(int, row[:len(STAT_NAMES)]))) for row in arr]
+
+    def _check(self):
+        """Assert the engine's invariants after a run: every MIS vertex decided;
+        matching's taken flags equal mate >= 0; every thread's bound released
+        and the cursor past the end. Raises AssertionError naming the offender."""
+        cdef int64_t i, n = self.c.base.n_tasks
+        if self.c.base.algo == 0:
+            for i in range(n):
+                if self.c.state[i] < S_OUT:
+                    raise AssertionError(f"prefix engine: vertex {i} left undecided "
+                                         f"(state {self.c.state[i]})")
+        else:
+            for i in range((<object>self._keep[6]).shape[0]):
+                if (self.c.state[i] != 0) != (self.c.base.mate[i] >= 0):
+                    raise AssertionError(f"prefix engine: vertex {i} has taken flag "
+                                         f"{self.c.state[i]} but mate {self.c.base.mate[i]}")
+        for i in range(self.c.base.nthreads):
+            if self.shared[(SLOT_THREAD + i) * self.c.stride] != INT64_MAX:
+                raise AssertionError(f"prefix engine: thread {i} still publishes a held rank")
+        if n and self.shared[SLOT_CURSOR * self.c.stride] < n:
+            raise AssertionError("prefix engine: the cursor stopped before the last rank")
+
+
+ctypedef fused index_t:
+    int32_t
+    int64_t
+
+
+cdef bint _scatter(const index_t *p, int32_t *order, int64_t lo, int64_t hi,
+                   int64_t n) noexcept nogil:
+    cdef int64_t v, x
+    for v in range(lo, hi):
+        x = p[v]
+        if x < 0 or x >= n:
+            return False
+        rlx_store_relaxed_i32(&order[x], <int32_t>v)     # duplicates may race: any value
+    return True
+
+
+def _perm_scatter(const index_t[::1] p, int32_t[::1] order, int64_t lo, int64_t hi):
+    """order[p[v]] = v for v in lo..hi-1 (nogil; threads take disjoint slices).
+    False as soon as a value lies outside 0..n-1. Part of _perm_order."""
+    cdef int64_t n = order.shape[0]
+    cdef bint ok
+    if p.shape[0] != n or not 0 <= lo <= hi <= n:
+        raise ValueError("_perm_scatter: p, order and the slice do not fit together")
+    with nogil:
+        ok = _scatter(&p[0] if n else NULL, &order[0] if n else NULL, lo, hi, n)
+    return bool(ok)
+
+
+def _all_set(const int32_t[::1] order):
+    """True when no entry of ``order`` is -1 (nogil). n values in 0..n-1 that
+    reach every slot are a permutation, so this finishes _perm_order."""
+    cdef int64_t i, n = order.shape[0]
+    cdef bint ok = True
+    with nogil:
+        for i in range(n):
+            if order[i] < 0:
+                ok = False
+                break
+    return bool(ok)
+
+
+def _mis_buckets(const int32_t[::1] rank):
+    """(state, shift) for the MIS prefix engine: state[v] = rank[v] >> shift,
+    uint8, with the smallest shift that keeps every bucket <= S_MAX_BUCKET."""
+    cdef int64_t n = rank.shape[0], v
+    cdef int shift = 0
+    while n and ((n - 1) >> shift) > S_MAX_BUCKET:
+        shift += 1
+    state = np.empty(n, dtype=np.uint8)
+    cdef uint8_t[::1] sb = state
+    with nogil:
+        for v in range(n):
+            sb[v] = <uint8_t>(rank[v] >> shift)
+    return state, shift
+
+
+# ---- random priorities -------------------------------------------------------------
+#
+# A uniformly random permutation by scattering into buckets: every item goes to
+# an independent uniformly random bucket (a counting pass, then a scatter pass
+# that draws the same stream again), then each bucket is shuffled in place by
+# Fisher-Yates. Concatenated uniformly shuffled buckets of i.i.d. uniform
+# bucket choices are a uniform permutation (Sanders, "Random permutations on
+# distributed, external and hierarchical memory", IPL 1998). With buckets of
+# about 4096 items the scatter writes to a few thousand streams and each
+# shuffle runs in the L1 cache, where a plain Fisher-Yates over tens of
+# megabytes waits on memory at every step. Draws are wyrand with Lemire's
+# reduction (bias below 2^-32 per draw).
+
+cdef int _bucket_shuffle(int32_t *order, int64_t n, uint64_t seed) noexcept nogil:
+    cdef int64_t i, j, k, lo, hi
+    cdef uint32_t nb = <uint32_t>max(1, n >> 12), b
+    cdef int64_t *pos = <int64_t*>malloc((nb + 1) * sizeof(int64_t))
+    cdef uint64_t st
+    cdef int32_t tmp
+    if pos == NULL:
+        return -1
+    memset(pos, 0, (nb + 1) * sizeof(int64_t))
+    st = rlx_mix64(seed)
+    for i in range(n):
+        pos[rlx_rand_below(&st, nb) + 1] += 1
+    for b in range(nb):
+        pos[b + 1] += pos[b]
+    st = rlx_mix64(seed)                          # the same stream again: scatter
+    for i in range(n):
+        b = rlx_rand_below(&st, nb)
+        order[pos[b]] = <int32_t>i
+        pos[b] += 1
+    st = rlx_mix64(seed ^ 0x5bd1e995)
+    lo = 0
+    for b in range(nb):                           # pos[b] is now the end of bucket b
+        hi = pos[b]
+        j = hi - 1
+        while j > lo:
+            k = lo + rlx_rand_below(&st, <uint32_t>(j - lo + 1))
+            tmp = order[j]
+            order[j] = order[k]
+            order[k] = tmp
+            j -= 1
+        lo = hi
+    free(pos)
+    return 0
+
+
+def _random_order(int64_t n, uint64_t seed):
+    """A uniformly random permutation of 0..n-1 as int32, from ``seed`` (nogil)."""
+    if not 0 <= n < (1 << 31):
+        raise ValueError(f"_random_order: n must be in [0, 2**31), got {n}")
+    order = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = order
+    cdef int rc = 0
+    if n:
+        with nogil:
+            rc = _bucket_shuffle(&o[0], n, seed)
+    if rc:
+        raise MemoryError("_random_order: cannot allocate the bucket counters")
+    return order
+
+
+def _inverse(const int32_t[::1] order):
+    """rank with rank[order[r]] = r, int32 (nogil); ``order`` must be a permutation."""
+    cdef int64_t r, n = order.shape[0]
+    rank = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] rk = rank
+    with nogil:
+        for r in range(n):
+            rk[order[r]] = <int32_t>r
+    return rank

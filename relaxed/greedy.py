@@ -1,4 +1,14 @@
-"""Greedy maximal independent set and maximal matching under relaxed schedulers.
+"""Greedy maximal independent set and maximal matching, in parallel, with exactly
+the sequential greedy answer.
+
+Two kinds of engine. The default, ``scheduler="prefix"``, walks the priority
+order a chunk at a time on every thread: a thread runs the sequential step on
+a rank once every smaller rank is decided, and a thread ahead of the others
+decides what the states settle and keeps the rest (after Blelloch, Fineman,
+Shun, "Greedy Sequential Maximal Independent Set and Matching are Parallel on
+Average", SPAA 2012, and PBBS's deterministic reservations; the protocol and
+its proof are in ext/_sched.pyx). The others pop tasks from a relaxed priority
+scheduler, as follows.
 
 Alistarh, Brown, Kopinsky, Nadiradze, "Relaxed Schedulers Can Efficiently
 Parallelize Iterative Algorithms" (PODC 2018): run an iterative greedy
@@ -13,7 +23,7 @@ Example::
     import relaxed
     from relaxed.graphs import erdos_renyi
     g = erdos_renyi(100_000, 1_000_000, seed=1)
-    res = relaxed.greedy_mis(g, seed=7, n_threads=2)            # MultiQueue
+    res = relaxed.greedy_mis(g, seed=7, n_threads=2)            # prefix engine
     res.mask.sum(), res.stats.wasted
     ref = relaxed.greedy_mis(g, seed=7, scheduler="exact")
     assert (res.mask == ref.mask).all()
@@ -46,15 +56,18 @@ import numpy as np
 from numba import njit
 
 from relaxed._sched import (ExactScheduler, KRelaxedScheduler, MultiQueueScheduler,
-                            Scheduler, _Run, STAT_NAMES)
+                            Scheduler, _PrefixRun, _Run, _all_set, _inverse, _mis_buckets,
+                            _perm_scatter, _random_order, STAT_NAMES)
 from relaxed.graphs import as_graph
 
 __all__ = ["greedy_mis", "greedy_matching", "sequential_greedy_mis",
            "sequential_greedy_matching", "check_mis", "check_matching", "make_scheduler",
            "MISResult", "MatchingResult", "SchedulerStats"]
 
-SCHEDULERS = ("exact", "multiqueue", "k-relaxed")
+SCHEDULERS = ("prefix", "multiqueue", "exact", "k-relaxed")
 DEFAULT_BATCH = 8
+DEFAULT_CHUNK = 256                # prefix engine: consecutive ranks a thread takes at once
+MAX_CHUNK = 1 << 16
 
 
 @dataclass
@@ -120,13 +133,32 @@ class MatchingResult:
 
 # ---- priorities ------------------------------------------------------------------
 
-def _ranks(priorities, size: int, what: str, rng):
-    """(rank, order): rank[t] in 0..size-1, order[r] = task of rank r, int32."""
+def _perm_order(p, n_threads=1):
+    """order (int32) with order[p[v]] = v when ``p`` (int32 or int64) is a
+    permutation of 0..n-1, else None. A scatter on n_threads threads and a scan
+    for holes, no sort: n values in 0..n-1 that reach every slot are distinct."""
+    order = np.full(p.shape[0], -1, np.int32)
+    n_threads = max(1, min(n_threads, p.shape[0] // 100_000))
+    cuts = np.linspace(0, p.shape[0], n_threads + 1).astype(np.int64)
+    ok = [False] * n_threads
+
+    def part(t):
+        ok[t] = _perm_scatter(p, order, int(cuts[t]), int(cuts[t + 1]))
+    threads = [threading.Thread(target=part, args=(t,)) for t in range(1, n_threads)]
+    for th in threads:
+        th.start()
+    part(0)
+    for th in threads:
+        th.join()
+    return order if all(ok) and _all_set(order) else None
+
+
+def _ranks(priorities, size: int, what: str, rng, need_rank=True, n_threads=1):
+    """(rank, order): rank[t] in 0..size-1, order[r] = task of rank r, int32.
+    With need_rank=False, rank is None when it would cost a pass to make."""
     if priorities is None:
-        order = rng.permutation(size).astype(np.int32)
-        rank = np.empty(size, np.int32)
-        rank[order] = np.arange(size, dtype=np.int32)
-        return rank, order
+        order = _random_order(size, int(rng.integers(0, 1 << 63)))
+        return (_inverse(order) if need_rank else None), order
     p = np.asarray(priorities)
     if p.dtype == bool or p.dtype.kind not in "iuf":
         raise TypeError(f"priorities: expected integers or floats, got dtype {p.dtype}")
@@ -136,11 +168,11 @@ def _ranks(priorities, size: int, what: str, rng):
     if p.dtype.kind == "f" and not np.isfinite(p).all():
         bad = int(np.flatnonzero(~np.isfinite(p))[0])
         raise ValueError(f"priorities: must be finite; {what} {bad} has {p[bad]}")
-    if p.dtype.kind in "iu" and size and p.min() == 0 and p.max() == size - 1:
-        order = np.full(size, -1, np.int64)
-        order[p] = np.arange(size)
-        if (order >= 0).all():                      # a permutation of 0..size-1
-            return p.astype(np.int32), order.astype(np.int32)
+    if p.dtype.kind in "iu" and size:
+        q = np.ascontiguousarray(p if p.dtype in (np.int32, np.int64) else p.astype(np.int64))
+        order = _perm_order(q, n_threads)
+        if order is not None:                       # a permutation of 0..size-1
+            return (np.ascontiguousarray(p, dtype=np.int32) if need_rank else None), order
     order = np.argsort(p, kind="stable")
     sp = p[order]
     dup = np.flatnonzero(sp[1:] == sp[:-1])
@@ -156,10 +188,35 @@ def _ranks(priorities, size: int, what: str, rng):
 
 # ---- schedulers -------------------------------------------------------------------
 
+class PrefixEngine:
+    """The ``"prefix"`` engine's settings: no scheduler object, the tasks are
+    served in rank order a chunk at a time (see
+    ``ext/_sched.pyx``). ``chunk``: consecutive ranks a thread takes at once
+    (None: the default, 256)."""
+    name = "prefix"
+
+    def __init__(self, chunk=None):
+        if chunk is not None:
+            if isinstance(chunk, (bool, np.bool_)) or not isinstance(chunk, (int, np.integer)):
+                raise TypeError(f"chunk: expected an int, got {type(chunk).__name__}")
+            if not 1 <= chunk <= MAX_CHUNK:
+                raise ValueError(f"chunk: must be in [1, {MAX_CHUNK}], got {chunk}; the default "
+                                 f"is {DEFAULT_CHUNK}")
+            chunk = int(chunk)
+        self.chunk = chunk
+
+    def __len__(self):
+        return 0
+
+    def __repr__(self):
+        return f"PrefixEngine(chunk={self.chunk})"
+
+
 def make_scheduler(scheduler="multiqueue", *, n_threads=1, seed=None, **options):
     """A compiled scheduler from its name and options.
 
-    ``"exact"``: no options. ``"multiqueue"``: ``n_queues`` (default
+    ``"prefix"``: ``chunk`` (a :class:`PrefixEngine`: no queue, ranks served in
+    order). ``"exact"``: no options. ``"multiqueue"``: ``n_queues`` (default
     ``max(4, 4 * n_threads)``) and ``batch`` (tasks a thread takes from one
     queue at once, default 8; 1 is the plain MultiQueue). ``"k-relaxed"``: ``k`` (required) and ``mode``
     (``"uniform"`` or ``"adversarial"``).
@@ -167,13 +224,18 @@ def make_scheduler(scheduler="multiqueue", *, n_threads=1, seed=None, **options)
     if not isinstance(scheduler, str):
         raise TypeError(f"scheduler: expected one of {SCHEDULERS} or a scheduler object, "
                         f"got {type(scheduler).__name__}")
-    allowed = {"exact": set(), "multiqueue": {"n_queues", "batch"}, "k-relaxed": {"k", "mode"}}
+    allowed = {"exact": set(), "multiqueue": {"n_queues", "batch"}, "k-relaxed": {"k", "mode"},
+               "prefix": {"chunk"}}
     if scheduler not in allowed:
         raise ValueError(f"scheduler: must be one of {SCHEDULERS}, got {scheduler!r}")
     extra = set(options) - allowed[scheduler]
     if extra:
+        owners = sorted(k for k, v in allowed.items() if v & extra)
+        hint = f"; pass scheduler={owners[0]!r} to use them" if owners else ""
         raise TypeError(f"scheduler {scheduler!r} takes options {sorted(allowed[scheduler]) or 'none'}, "
-                        f"got unexpected {sorted(extra)}")
+                        f"got unexpected {sorted(extra)}{hint}")
+    if scheduler == "prefix":
+        return PrefixEngine(options.get("chunk"))
     if scheduler == "exact":
         return ExactScheduler(seed=seed)
     if scheduler == "multiqueue":
@@ -201,6 +263,11 @@ def _prepare(scheduler, n_threads, seed, options):
     run_seed = int(run_ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
     if isinstance(scheduler, str):
         sched = make_scheduler(scheduler, n_threads=n_threads, seed=sched_seed, **options)
+    elif isinstance(scheduler, PrefixEngine):
+        if options:
+            raise TypeError(f"scheduler options {sorted(options)} only apply to a scheduler "
+                            "given by name")
+        sched = scheduler
     else:
         if options:
             raise TypeError(f"scheduler options {sorted(options)} only apply to a scheduler "
@@ -223,17 +290,22 @@ def _sched_name(sched):
 
 
 def _execute(run, sched, n_threads, n_tasks, t0):
+    """Run ``run.work(tid)`` on n_threads threads (the caller's thread is one
+    of them) and gather the counters."""
     run.set_busy(True)
     try:
         if n_threads == 1:
             run.work(0)
         else:
             threads = [threading.Thread(target=run.work, args=(t,), name=f"greedy-{t}")
-                       for t in range(n_threads)]
+                       for t in range(1, n_threads)]
             for th in threads:
                 th.start()
-            for th in threads:
-                th.join()
+            try:
+                run.work(0)
+            finally:
+                for th in threads:
+                    th.join()
     finally:
         run.set_busy(False)
     seconds = time.perf_counter() - t0
@@ -283,9 +355,10 @@ def _python_loop(sched, n_tasks, order, process, t0):
 
 # ---- MIS ---------------------------------------------------------------------------
 
-def greedy_mis(graph, priorities=None, *, scheduler="multiqueue", n_threads=1, seed=None,
+def greedy_mis(graph, priorities=None, *, scheduler="prefix", n_threads=1, seed=None,
                **scheduler_options) -> MISResult:
-    """Greedy maximal independent set, run under a relaxed scheduler.
+    """Greedy maximal independent set on ``n_threads`` threads: the prefix
+    engine or a relaxed scheduler.
 
     Parameters
     ----------
@@ -294,11 +367,14 @@ def greedy_mis(graph, priorities=None, *, scheduler="multiqueue", n_threads=1, s
     priorities : array of n distinct numbers, optional
         ``priorities[v]`` is v's rank, smaller first. Default: a random
         permutation drawn from ``seed``.
-    scheduler : "multiqueue" | "exact" | "k-relaxed" | scheduler object
-        Options go in ``scheduler_options`` (``n_queues``; ``k``, ``mode``).
-        An object with ``push(task, priority)``/``pop()`` runs in Python.
+    scheduler : "prefix" | "multiqueue" | "exact" | "k-relaxed" | scheduler object
+        ``"prefix"`` (the default, the fastest): no queue, ranks served in
+        order a chunk at a time. The others pop tasks from a relaxed priority
+        scheduler. Options go in ``scheduler_options``
+        (``chunk``; ``n_queues``, ``batch``; ``k``, ``mode``). An object with
+        ``push(task, priority)``/``pop()`` runs in Python.
     n_threads : int
-        Threads popping from the shared scheduler, in nogil C code.
+        Threads, in nogil C code.
     seed : int, optional
         Seeds the priorities (when not given) and the schedulers' choices.
         The set itself never depends on the scheduler or the threads.
@@ -309,8 +385,10 @@ def greedy_mis(graph, priorities=None, *, scheduler="multiqueue", n_threads=1, s
     """
     g = as_graph(graph)
     n_threads, sched, prng, run_seed = _prepare(scheduler, n_threads, seed, scheduler_options)
-    rank, order = _ranks(priorities, g.n, "vertex", prng)
+    rank, order = _ranks(priorities, g.n, "vertex", prng, n_threads=n_threads)
     t0 = time.perf_counter()
+    if isinstance(sched, PrefixEngine):
+        return _prefix_mis(g, rank, order, sched, n_threads, t0)[0]
     if not isinstance(sched, Scheduler):
         state = np.zeros(g.n, np.uint8)
         stats = _python_loop(sched, g.n, order, _mis_step(g, rank, state), t0)
@@ -323,6 +401,15 @@ def greedy_mis(graph, priorities=None, *, scheduler="multiqueue", n_threads=1, s
         run = _Run(sched, "mis", n_threads, g.indptr, g.indices, word, seed=run_seed)
         stats = _execute(run, sched, n_threads, g.n, t0)
     return MISResult(word == -1, stats)
+
+
+def _prefix_mis(g, rank, order, engine, n_threads, t0):
+    """(MISResult, run) of the prefix engine; the run's _check() asserts its invariants."""
+    state, shift = _mis_buckets(rank)        # rank >> shift while undecided, 254 out, 255 in
+    run = _PrefixRun("mis", n_threads, engine.chunk or DEFAULT_CHUNK, order, g.indptr, g.indices,
+                     state, rank=rank, shift=shift)
+    stats = _execute(run, engine, n_threads, g.n, t0)
+    return MISResult(state == 255, stats), run
 
 
 def _mis_step(g, rank, state):
@@ -346,9 +433,10 @@ def _mis_step(g, rank, state):
 
 # ---- matching ------------------------------------------------------------------------
 
-def greedy_matching(graph, priorities=None, *, scheduler="multiqueue", n_threads=1, seed=None,
+def greedy_matching(graph, priorities=None, *, scheduler="prefix", n_threads=1, seed=None,
                     **scheduler_options) -> MatchingResult:
-    """Greedy maximal matching, run under a relaxed scheduler.
+    """Greedy maximal matching on ``n_threads`` threads: the prefix engine or
+    a relaxed scheduler.
 
     Tasks are edges; ``priorities[e]`` ranks edge ``as_graph(graph).edges[e]``
     (u < v, lexicographic), smaller first; default a random permutation from
@@ -359,9 +447,12 @@ def greedy_matching(graph, priorities=None, *, scheduler="multiqueue", n_threads
     """
     g = as_graph(graph)
     n_threads, sched, prng, run_seed = _prepare(scheduler, n_threads, seed, scheduler_options)
-    rank, order = _ranks(priorities, g.m, "edge", prng)
+    prefix = isinstance(sched, PrefixEngine)
+    rank, order = _ranks(priorities, g.m, "edge", prng, need_rank=not prefix, n_threads=n_threads)
     mate = np.full(g.n, -1, np.int64)
     t0 = time.perf_counter()
+    if prefix:
+        return _prefix_matching(g, order, mate, sched, n_threads, t0)[0]
     edges = g.edges
     eu = np.ascontiguousarray(edges[:, 0], dtype=np.int32)
     ev = np.ascontiguousarray(edges[:, 1], dtype=np.int32)
@@ -376,6 +467,15 @@ def greedy_matching(graph, priorities=None, *, scheduler="multiqueue", n_threads
                    eu=eu, ev=ev, mate=mate, seed=run_seed)
         stats = _execute(run, sched, n_threads, g.m, t0)
     return MatchingResult(mate, stats)
+
+
+def _prefix_matching(g, order, mate, engine, n_threads, t0):
+    """(MatchingResult, run) of the prefix engine; ``mate`` is filled in."""
+    taken = np.zeros(g.n, np.uint8)
+    run = _PrefixRun("matching", n_threads, engine.chunk or DEFAULT_CHUNK, order, g.indptr,
+                     g.indices, taken, ends=np.ascontiguousarray(g.edges, dtype=np.int32), mate=mate)
+    stats = _execute(run, engine, n_threads, g.m, t0)
+    return MatchingResult(mate, stats), run
 
 
 def _matching_step(g, eu, ev, rank, estate, mate):
@@ -440,7 +540,7 @@ def sequential_greedy_mis(graph, priorities=None, *, seed=None) -> np.ndarray:
     ``seed`` (or priorities) it equals :func:`greedy_mis`'s answer."""
     g = as_graph(graph)
     prio_ss = np.random.SeedSequence(seed).spawn(3)[0]
-    _, order = _ranks(priorities, g.n, "vertex", np.random.default_rng(prio_ss))
+    _, order = _ranks(priorities, g.n, "vertex", np.random.default_rng(prio_ss), need_rank=False)
     return _seq_mis(g.indptr, g.indices, order)
 
 
@@ -449,7 +549,7 @@ def sequential_greedy_matching(graph, priorities=None, *, seed=None) -> np.ndarr
     take each whose endpoints are both free. Returns ``mate``."""
     g = as_graph(graph)
     prio_ss = np.random.SeedSequence(seed).spawn(3)[0]
-    _, order = _ranks(priorities, g.m, "edge", np.random.default_rng(prio_ss))
+    _, order = _ranks(priorities, g.m, "edge", np.random.default_rng(prio_ss), need_rank=False)
     edges = g.edges
     return _seq_matching(np.ascontiguousarray(edges[:, 0]), np.ascontiguousarray(edges[:, 1]),
                          order, g.n)

@@ -133,7 +133,7 @@ def test_main_jobs_run():
     assert r.returncode == 0, r.stderr
     assert "exactly once: True" in r.stdout
     assert "equals sequential greedy: False" not in r.stdout
-    assert r.stdout.count("equals sequential greedy: True") == 4
+    assert r.stdout.count("equals sequential greedy: True") == 6   # 3 schedulers x 1, 2 threads
     assert "saw another total: 0 of" in r.stdout
     r = subprocess.run([sys.executable, "-m", "sgd_shm", "hogwild", "--epochs", "0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
@@ -241,3 +241,27 @@ def test_delay_simulator_equals_the_naive_loop(tau, mu, squared):
     ref += 0.5e-3 * (w @ w)
     got = delayed_sgd(X, y, order.astype(np.int64), 2, 0.01, 1e-3, tau, False, mu, 0, squared)
     assert abs(got - ref) <= 1e-12 * max(1.0, abs(ref))
+
+
+def test_cxx_mq_option_runs_the_binary_interleaved(tmp_path):
+    """--cxx-mq PATH: the binary gets (threads, prefill, iters, queues per thread, seed)
+    once per repetition and worker count, and its ops_per_s is what the JSON records."""
+    fake = tmp_path / "mq_hold"
+    calls = tmp_path / "calls.txt"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                    'echo "{\\"threads\\": $1, \\"ops_per_s\\": $(( $1 * 1000 + $5 ))}"\n')
+    fake.chmod(0o755)
+    cmd = [sys.executable, "-m", "bench", "pq-threads", "--only", "mq-nogil", "--workers", "1,2",
+           "--reps", "2", "--prefill", "2000", "--iters", "3000", "--out", str(tmp_path)]
+    r = subprocess.run(cmd + ["--cxx-mq", str(fake)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "pq-threads.json").read_text())["results"]
+    assert {row["competitor"] for row in rows} == {"mq-nogil", "cxx-mq"}
+    cxx = {row["workers"]: row for row in rows if row["competitor"] == "cxx-mq"}
+    assert cxx[1]["rates"] == [1001.0, 1002.0] and cxx[2]["rates"] == [2001.0, 2002.0]
+    assert calls.read_text().split("\n")[:3] == ["1 2000 3000 2 0", "1 2000 3000 2 1",
+                                                 "1 2000 3000 2 2"]     # warm-up, 2 reps
+    bad = subprocess.run(cmd + ["--cxx-mq", str(tmp_path / "missing")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "not an executable file" in bad.stderr

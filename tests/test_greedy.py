@@ -10,10 +10,14 @@ import scipy.sparse as sp
 
 import relaxed
 from relaxed import ExactScheduler, KRelaxedScheduler, MultiQueueScheduler
+from relaxed import greedy as greedy_mod
 from relaxed.greedy import check_matching, check_mis
 from tests.naive import NaivePQ, canonical_edges, greedy_matching_naive, greedy_mis_naive
 
 SCHEDULERS = [
+    ("prefix", {}),
+    ("prefix", {"chunk": 1}),
+    ("prefix", {"chunk": 5}),
     ("exact", {}),
     ("multiqueue", {"n_queues": 1}),
     ("multiqueue", {}),
@@ -325,6 +329,14 @@ def test_greedy_validation():
         relaxed.greedy_mis(g, scheduler="k-relaxed")
     with pytest.raises(ValueError, match="n_threads"):
         relaxed.greedy_mis(g, n_threads=0)
+    with pytest.raises(TypeError, match="scheduler='multiqueue'"):
+        relaxed.greedy_mis(g, n_queues=8)                  # an option of another scheduler
+    with pytest.raises(ValueError, match="chunk: must be in"):
+        relaxed.greedy_mis(g, chunk=0)
+    with pytest.raises(TypeError, match="chunk: expected an int"):
+        relaxed.greedy_matching(g, chunk=2.0)
+    with pytest.raises(TypeError, match="unexpected"):
+        relaxed.greedy_mis(g, scheduler="multiqueue", chunk=4)
     with pytest.raises(ValueError, match="one thread"):
         relaxed.greedy_mis(g, scheduler=HeapScheduler(), n_threads=2)
     with pytest.raises(TypeError, match="push"):
@@ -370,7 +382,8 @@ def test_wasted_work_does_not_grow_with_n():
     means = {}
     for n in (10_000, 200_000):
         w = [relaxed.greedy_mis(relaxed.graphs.erdos_renyi(n, 5 * n, seed=s), seed=s,
-                                n_queues=8).stats.wasted for s in range(6)]
+                                scheduler="multiqueue", n_queues=8).stats.wasted
+             for s in range(6)]
         means[n] = np.mean(w)
     assert 5 < means[10_000] < 100
     assert 0.5 < means[200_000] / means[10_000] < 2
@@ -384,3 +397,175 @@ def test_result_objects():
     pickle.dumps(r.stats.as_dict())
     m = relaxed.greedy_matching(g, [0, 1, 2])
     assert m.pairs.tolist() == [[0, 1], [2, 3]]
+
+
+# ---- the prefix engine -------------------------------------------------------------------
+
+def _structured_graphs():
+    """Graphs whose greedy answers have long dependence chains or heavy hubs."""
+    n = 400
+    path = np.stack([np.arange(n - 1), np.arange(1, n)], axis=1)
+    star = np.stack([np.zeros(n - 1, np.int64), np.arange(1, n)], axis=1)
+    clique = np.array([(i, j) for i in range(30) for j in range(i + 1, 30)])
+    cliques = np.concatenate([clique + 30 * k for k in range(5)])
+    side = 15
+    idx = np.arange(side * side).reshape(side, side)
+    grid = np.concatenate([np.stack([idx[:, :-1].ravel(), idx[:, 1:].ravel()], axis=1),
+                           np.stack([idx[:-1, :].ravel(), idx[1:, :].ravel()], axis=1)])
+    return {"path": (n, path), "star": (n, star), "cliques": (150, cliques),
+            "grid": (side * side, grid)}
+
+
+STRUCTURED = _structured_graphs()
+
+
+@pytest.mark.parametrize("name", sorted(STRUCTURED))
+@pytest.mark.parametrize("order", ["ids", "reversed", "random"])
+def test_prefix_structured_graphs(name, order):
+    """Priorities equal to the ids make a path one dependence chain; every thread
+    count and chunk size must still give the sequential answer, and the engine's
+    invariants (every task decided, every thread's bound released) hold."""
+    n, edges = STRUCTURED[name]
+    g = relaxed.as_graph(edges, n=n)
+    canon = [tuple(e) for e in g.edges.tolist()]
+    rng = np.random.default_rng(len(name))
+    vp = {"ids": np.arange(n), "reversed": np.arange(n)[::-1].copy(),
+          "random": rng.permutation(n)}[order]
+    ep = {"ids": np.arange(g.m), "reversed": np.arange(g.m)[::-1].copy(),
+          "random": rng.permutation(g.m)}[order]
+    want_mis = greedy_mis_naive(n, canon, vp)
+    want_mate = greedy_matching_naive(n, canon, ep)
+    rank, vorder = greedy_mod._ranks(vp, n, "vertex", None)
+    _, eorder = greedy_mod._ranks(ep, g.m, "edge", None)
+    for threads in (1, 2, 3, 8):
+        for chunk in (1, 4, 64):
+            engine = greedy_mod.PrefixEngine(chunk)
+            res, run = greedy_mod._prefix_mis(g, rank, vorder, engine, threads, 0.0)
+            assert res.mask.tolist() == want_mis, (threads, chunk)
+            run._check()
+            _check_stats(res.stats, n, sum(want_mis), threads)
+            mate = np.full(n, -1, np.int64)
+            res, run = greedy_mod._prefix_matching(g, eorder, mate, engine, threads, 0.0)
+            assert res.mate.tolist() == want_mate, (threads, chunk)
+            run._check()
+            _check_stats(res.stats, g.m, sum(m >= 0 for m in want_mate) // 2, threads)
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_prefix_random_graphs_many_seeds(threads):
+    """Small chunks and several threads: the threads overtake each other all the
+    time, so tasks are looked at ahead, kept and retried."""
+    g = relaxed.graphs.erdos_renyi(3000, 15_000, seed=9)
+    e = [tuple(x) for x in g.edges.tolist()]
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        vp, ep = rng.permutation(g.n), rng.permutation(g.m)
+        for chunk in (1, 16):
+            res = relaxed.greedy_mis(g, vp, n_threads=threads, chunk=chunk)
+            assert res.mask.tolist() == greedy_mis_naive(g.n, e, vp)
+            m = relaxed.greedy_matching(g, ep, n_threads=threads, chunk=chunk)
+            assert m.mate.tolist() == greedy_matching_naive(g.n, e, ep)
+
+
+def test_prefix_priority_types():
+    """Permutations of any integer dtype take the scatter path; other numbers
+    (negative, sparse, floats, strided views) are ranked by a sort: one answer."""
+    edges = random_edges(500, 3000, 21)
+    g = relaxed.as_graph(np.array(edges), n=500)
+    canon = [tuple(e) for e in g.edges.tolist()]
+    perm = np.random.default_rng(5).permutation(500)
+    want = greedy_mis_naive(500, canon, perm)
+    for p in (perm, perm.astype(np.int32), perm.astype(np.uint16), perm.astype(np.int16),
+              perm * 3 - 7, perm.astype(np.float64) / 10, np.repeat(perm, 2)[::2]):
+        for threads in (1, 2):
+            assert relaxed.greedy_mis(g, p, n_threads=threads).mask.tolist() == want
+    ep = np.random.default_rng(6).permutation(g.m)
+    want = greedy_matching_naive(500, canon, ep)
+    assert relaxed.greedy_matching(g, -ep.astype(np.float32) * -1, n_threads=2).mate.tolist() == want
+    with pytest.raises(ValueError, match="distinct"):                  # ties
+        relaxed.greedy_mis(g, np.concatenate([[0], np.arange(499)]))
+    with pytest.raises(ValueError, match="distinct"):
+        relaxed.greedy_matching(g, np.zeros(g.m), n_threads=2)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_perm_order_against_argsort(threads):
+    """The permutation check (a scatter on several threads, then a scan for
+    holes) accepts exactly the permutations and inverts them."""
+    n = 250_000                                        # enough for 2 scatter threads
+    rng = np.random.default_rng(threads)
+    p = rng.permutation(n)
+    for q in (p, p.astype(np.int32)):
+        order = greedy_mod._perm_order(q, threads)
+        np.testing.assert_array_equal(order, np.argsort(p))
+        assert order.dtype == np.int32
+    dup = p.copy()
+    dup[7] = dup[n - 3]                                # a duplicate leaves a hole
+    assert greedy_mod._perm_order(dup, threads) is None
+    out = p.copy()
+    out[n // 2] = n                                    # out of range
+    assert greedy_mod._perm_order(out, threads) is None
+    out[n // 2] = -1
+    assert greedy_mod._perm_order(out.astype(np.int32), threads) is None
+    assert greedy_mod._perm_order(np.zeros(0, np.int64), threads).shape == (0,)
+
+
+def test_prefix_empty_and_tiny_graphs():
+    for n in (0, 1, 5):
+        g = relaxed.as_graph(np.zeros((0, 2), np.int64), n=n)
+        for threads in (1, 3):
+            r = relaxed.greedy_mis(g, n_threads=threads)
+            assert r.mask.all() and r.mask.shape == (n,)
+            assert r.stats.decided + r.stats.skipped == n
+            m = relaxed.greedy_matching(g, n_threads=threads)
+            assert (m.mate == -1).all() and m.stats.iterations == 0
+    g = relaxed.as_graph(np.array([[0, 1]]), n=2)
+    assert relaxed.greedy_mis(g, [1, 0], n_threads=2).mask.tolist() == [False, True]
+    assert relaxed.greedy_matching(g, n_threads=2).mate.tolist() == [1, 0]
+
+
+def test_prefix_run_checker_catches_broken_state():
+    """_check() is an oracle for the engine's end state: it must fail on a state
+    the engine could not have produced."""
+    g = relaxed.graphs.erdos_renyi(300, 900, seed=3)
+    rank, order = greedy_mod._ranks(None, g.n, "vertex", np.random.default_rng(0))
+    res, run = greedy_mod._prefix_mis(g, rank, order, greedy_mod.PrefixEngine(), 2, 0.0)
+    run._check()
+    run2 = greedy_mod._PrefixRun("mis", 1, 8, order, g.indptr, g.indices,
+                                 np.zeros(g.n, np.uint8), rank=rank, shift=1)
+    with pytest.raises(AssertionError, match="undecided"):
+        run2._check()                                  # never ran
+    _, eorder = greedy_mod._ranks(None, g.m, "edge", np.random.default_rng(0))
+    mate = np.full(g.n, -1, np.int64)
+    res, run = greedy_mod._prefix_matching(g, eorder, mate, greedy_mod.PrefixEngine(3), 2, 0.0)
+    run._check()
+    check_matching(g, res.mate)
+    mate[np.flatnonzero(mate >= 0)[0]] = -1            # corrupt the answer
+    with pytest.raises(AssertionError, match="taken flag"):
+        run._check()
+
+
+def test_random_priorities_are_uniform_permutations():
+    """Seeded priorities come from a bucket shuffle: always a permutation, the
+    same for one seed, and uniform: over 6000 draws of n = 4 every one of the 24
+    orders appears, each within 5 standard deviations of 250; across buckets
+    (n = 3 * 4096: three buckets) an item lands in each third equally often."""
+    for n in (0, 1, 7, 5000, 3 * 4096 + 5):
+        o = greedy_mod._random_order(n, 11)
+        assert o.dtype == np.int32 and np.array_equal(np.sort(o), np.arange(n))
+        np.testing.assert_array_equal(o, greedy_mod._random_order(n, 11))
+        np.testing.assert_array_equal(greedy_mod._inverse(o)[o], np.arange(n))
+    counts = {}
+    for s in range(6000):
+        key = tuple(greedy_mod._random_order(4, s))
+        counts[key] = counts.get(key, 0) + 1
+    sd = np.sqrt(6000 / 24 * (1 - 1 / 24))
+    assert len(counts) == 24 and all(abs(c - 250) < 5 * sd for c in counts.values()), counts
+    n, draws = 3 * 4096, 600
+    thirds = np.zeros(3)
+    for s in range(draws):
+        thirds[np.flatnonzero(greedy_mod._random_order(n, 10_000 + s) == 0)[0] * 3 // n] += 1
+    sd = np.sqrt(draws / 3 * (2 / 3))
+    assert np.all(np.abs(thirds - draws / 3) < 5 * sd), thirds
+    with pytest.raises(ValueError, match="n must be"):
+        greedy_mod._random_order(-1, 0)

@@ -415,6 +415,177 @@ def test_stampede_processes_conserve_values(no_shm_leak):
         assert sorted(mq.pop_many(2 * n)[1].tolist()) == list(range(n))
 
 
+# -- insertion and deletion buffers ---------------------------------------------------
+def counts(mq, q=0):
+    d = mq._dump(q)
+    return d["heap_size"], d["insertion_count"], len(d["deletion"])
+
+
+def test_buffers_fill_flush_and_refill_in_order():
+    """One queue (exact): the first 16 keys fill the deletion buffer, the next 16 the
+    insertion buffer, the 33rd flushes it into the heap; a pop that empties the
+    deletion buffer flushes the insertion buffer and refills from the heap."""
+    with MultiQueue(100, n_queues=1, seed=0) as mq:
+        for k in range(16):
+            mq.push(k, k)
+        assert counts(mq) == (0, 0, 16)
+        for k in range(2000, 2016):
+            mq.push(k, k)
+        assert counts(mq) == (0, 16, 16)
+        mq.push(3000, 3000)
+        assert counts(mq) == (16, 1, 16)
+        mq.push(1500, 1500)          # buffered behind the heap's 2000..2015
+        assert counts(mq) == (16, 2, 16)
+        mq._check()
+        assert [mq.pop()[0] for _ in range(16)] == list(range(16))
+        # the 16th pop emptied the deletion buffer: the refill saw the buffered 1500
+        assert counts(mq) == (2, 0, 16)
+        mq._check()
+        assert mq.pop() == (1500, 1500)
+        assert [mq.pop()[0] for _ in range(17)] == list(range(2000, 2016)) + [3000]
+        assert mq.try_pop() is None and counts(mq) == (0, 0, 0)
+        mq._check()
+
+
+def test_delete_min_sees_a_key_pushed_below_the_buffers():
+    """A key smaller than the deletion buffer's largest goes into it (a full buffer
+    hands its largest to the insertion buffer): the next pop returns it; a deletion
+    window that reached the top slot grows downwards."""
+    with MultiQueue(100, n_queues=1, seed=0) as mq:
+        mq.push_many(np.arange(10, 60), np.arange(10, 60))
+        mq.push(5, -5)
+        mq._check()
+        assert mq.pop() == (5, -5)
+        assert [mq.pop()[0] for _ in range(3)] == [10, 11, 12]
+        mq.push(14, -14)             # window [3, 16): grows down to slot 2
+        mq.push(12, -12)
+        mq._check()
+        assert [mq.pop() for _ in range(4)] == [(12, -12), (13, 13), (14, -14), (14, 14)]
+        k, v = mq.pop_many(100)
+        assert k.tolist() == list(range(15, 60))
+        mq._check()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(-50, 50)), max_size=120))
+def test_buffered_single_queue_matches_naive_pq(ops):
+    """Random pushes and pops around the buffer sizes on one queue: the pops are
+    exactly those of a sorted-list priority queue and every invariant holds."""
+    ref = NaivePQ()
+    with MultiQueue(200, n_queues=1, seed=0) as mq:
+        for i, (is_push, key) in enumerate(ops):
+            if is_push or not len(ref):
+                mq.push(key, i)
+                ref.push(key, i)
+            else:
+                assert mq.pop()[0] == ref.pop()[0]
+            mq._check()
+        assert mq.pop_many(500)[0].tolist() == [ref.pop()[0] for _ in range(len(ref))]
+
+
+def _segment_queue0(mq):
+    """(segment, guard offset, deletion buffer offset) of queue 0 of a shared queue."""
+    from relaxed.shm import Segment
+    seg = Segment.attach(mq.name)
+    stride, = np.frombuffer(seg.buf, np.int64, 1, 80)
+    goff, = np.frombuffer(seg.buf, np.int64, 1, 96)
+    return seg, int(goff), int(goff + stride - 512)
+
+
+@pytest.mark.parametrize("damage", ["unsorted", "insertion-small", "heap-small", "top"])
+def test_check_covers_the_buffers(damage, no_shm_leak):
+    with MultiQueue(100, n_queues=1, shared=True, seed=0) as mq:
+        mq.push_many(np.arange(0, 64, 2), np.arange(32))
+        mq.push(100, 0)                  # 16 in the deletion buffer, 16 in the heap, 1 buffered
+        mq._check()
+        seg, goff, doff = _segment_queue0(mq)
+        elems = np.frombuffer(seg.buf, np.uint64, 64, doff).reshape(32, 2)
+        if damage == "unsorted":
+            elems[[3, 4], 0] = elems[[4, 3], 0]
+            msg = "not ascending"
+        elif damage == "insertion-small":
+            elems[16, 0] = elems[0, 0]
+            msg = "insertion buffer item 0 is smaller"
+        elif damage == "heap-small":
+            heaps, = np.frombuffer(seg.buf, np.int64, 1, 104)
+            np.frombuffer(seg.buf, np.uint64, 1, int(heaps) + 48)[0] = elems[0, 0]
+            msg = "heap item is smaller"
+        else:
+            np.frombuffer(seg.buf, np.uint64, 1, goff + 8)[0] += 1
+            msg = "cached top"
+        del elems
+        with pytest.raises(AssertionError, match=msg):
+            mq._check()
+        seg.close()
+
+
+def _killed_in_child(fn):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fn()
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def _buffer_case(mq, case):
+    """Fill one queue (16 in the deletion buffer, 16 in the heap, 8 buffered) and set
+    up the step named by ``case``; returns (multiset held, op, pushed item)."""
+    import collections
+    mq.push_many(np.arange(0, 80, 2), np.arange(40))
+    held = collections.Counter(zip(range(0, 80, 2), range(40)))
+    assert counts(mq) == (16, 8, 16)
+    if case == "window-down":                # deletion window [3, 16) at the top slot
+        held -= collections.Counter([mq.pop() for _ in range(3)])
+        return held, "push", (11, 999)
+    if case == "refill":                     # the next pop empties the deletion buffer
+        held -= collections.Counter([mq.pop() for _ in range(15)])
+        mq.push(41, 998)
+        return held + collections.Counter([(41, 998)]), "pop", None
+    mq.push_many(np.arange(90, 98), np.zeros(8, np.int64))      # insertion buffer full
+    assert counts(mq) == (16, 16, 16)
+    return held + collections.Counter((k, 0) for k in range(90, 98)), "push", (-1, 999)
+
+
+@pytest.mark.parametrize("case", ["window-down", "refill", "evict-and-flush"])
+def test_kill_at_every_store_of_a_buffer_step(case, no_shm_leak):
+    """Buffer steps a fresh queue does not reach: a push into a deletion window at
+    the top slot, a pop whose refill flushes the insertion buffer, a push that evicts
+    into a full insertion buffer. Killed after every store, then repaired: the push
+    is done or not, the pop lost at most the smallest item."""
+    import collections
+    from relaxed import _multiqueue
+    from relaxed.shm import Segment
+    with MultiQueue(64, n_queues=1, shared=True, seed=0) as mq:
+        held, op, item = _buffer_case(mq, case)
+        seg = Segment.attach(mq.name)
+        snap = bytes(seg.buf)
+        k1 = 0
+        while True:
+            seg.buf[:] = snap
+
+            def operation():
+                _multiqueue._crash_after(k1)
+                mq.push(*item) if op == "push" else mq.pop()
+            if not _killed_in_child(operation):
+                break
+            assert mq.recover_dead_locks() == 1
+            mq._check()
+            got = collections.Counter(zip(*[a.tolist() for a in mq.pop_many(100)]))
+            if op == "push":
+                assert got in (held, held + collections.Counter([item])), f"store {k1}"
+            else:
+                missing = held - got
+                assert not (got - held) and sum(missing.values()) <= 1, f"store {k1}"
+                assert all(k == min(held)[0] for k, _ in missing), f"store {k1}: {missing}"
+            k1 += 1
+        assert k1 > 3, "the step made fewer stores than expected"
+        seg.buf[:] = snap
+        seg.close()
+
+
 # -- regressions from review ---------------------------------------------------------
 class ClosesOnIndex(int):
     """An int whose conversion closes the queue: the bulk call must not use freed memory."""
