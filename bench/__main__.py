@@ -30,6 +30,10 @@ Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
   unreliable     training over lossy links: RPS (Yu et al., ICML 2019) final loss against
                  the drop rate p and 1..16 servers (4 workers, and as many workers as
                  servers), beside ASP with the same losses; loss against epochs
+  nonconvex      an MLP on digits and a generated non-linear problem: Hogwild, block-
+                 partitioned Hogwild (arXiv:1905.11845) and synchronous SGD, momentum 0 and
+                 0.9, 1 and 2 workers, the parameter server, beside MLPClassifier: accuracy
+                 against epochs and time
   stm            TL2 bank transfers: commits/s and abort rate vs workers, global vs
                  MultiCounter clock, each conflict policy, threads and processes
   all            every scenario above, then plot
@@ -416,6 +420,13 @@ def cmd_unreliable(args):
         quick=args.quick))
 
 
+def cmd_nonconvex(args):
+    # --quick: 3 epochs of digits, 2 of a small non-linear problem, one repetition
+    reps = 1 if args.quick else args.reps
+    _with_reps(args, reps, "nonconvex", lambda nonconvex: nonconvex.run(
+        reps, args.seed, quick=args.quick))
+
+
 def cmd_plot(args):
     from bench import plot, report
     for p in plot.plot_all():
@@ -428,7 +439,8 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
                                          "hogwild", "mis", "conflict", "stm", "delay", "mf", "ps",
-                                         "eager", "compress", "unreliable", "all", "plot"])
+                                         "eager", "compress", "unreliable", "nonconvex", "all",
+                                         "plot"])
     ap.add_argument("--workers", default=None,
                     help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
@@ -514,7 +526,8 @@ def main(argv=None):
                     help="conflict: fewer samples; ps: 1 repetition of runs of at most 1 s; "
                          "eager: 1 repetition, a 1 MB buffer, runs of 1 s; compress: 1 "
                          "repetition on the small problem, 2 epochs; unreliable: p in {0, 0.1, "
-                         "0.3}, S in {1, 4}, one seed, 1 epoch")
+                         "0.3}, S in {1, 4}, one seed, 1 epoch; nonconvex: 3 epochs of "
+                         "digits, 2 of a small non-linear problem, 1 repetition")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
@@ -583,6 +596,8 @@ def main(argv=None):
         cmd_compress(args)
     if args.scenario in ("unreliable", "all"):
         cmd_unreliable(args)
+    if args.scenario in ("nonconvex", "all"):
+        cmd_nonconvex(args)
     if args.scenario in ("plot", "all"):
         cmd_plot(args)
     print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)

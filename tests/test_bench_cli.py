@@ -26,7 +26,8 @@ def test_bench_all_tiny(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stderr
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
-                 "conflict", "stm", "delay", "mf", "ps", "eager", "compress", "unreliable"):
+                 "conflict", "stm", "delay", "mf", "ps", "eager", "compress", "unreliable",
+                 "nonconvex"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
@@ -74,11 +75,15 @@ def test_bench_all_tiny(tmp_path):
     un = json.loads((tmp_path / "unreliable.json").read_text())
     assert {r["series"] for r in un["results"]} == {"shards", "coupled", "asp"}
     assert all(r["gap"] == [0.0] for r in un["results"] if r["drop"] == 0.0)
-    assert page.count("\n## ") == 15                      # machines + every scenario
+    nc = json.loads((tmp_path / "nonconvex.json").read_text())
+    assert {(r["competitor"], r["workers"]) for r in nc["results"]} >= {
+        ("sklearn", 1), ("hogwild", 2), ("blocks", 2), ("sync", 2), ("ps-asp", 2)}
+    assert all(0 < r["final_accuracy"] <= 1 for r in nc["results"])
+    assert page.count("\n## ") == 16                      # machines + every scenario
     assert page.count("](") >= 11                          # a plot per scenario, linked
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
                 "hogwild.png", "mis.png", "conflict.png", "stm.png", "mf.png", "ps.png",
-                "delay.png", "compress.png", "unreliable.png"):
+                "delay.png", "compress.png", "unreliable.png", "nonconvex.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 

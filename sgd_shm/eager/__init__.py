@@ -1,7 +1,8 @@
 """eager-SGD: data-parallel SGD over partial collectives (solo and majority allreduce),
 beside synchronous allreduce, on shared memory or MPI.
 
-    train        train a linear model; returns an EagerResult (model + record)
+    train        train a linear model, or any sgd_shm.models.Model (model=); returns
+                 an EagerResult (model + record)
     EagerResult  coef_, predict, score; history, final_loss, time_to_target,
                  participation per rank
     sleepers     the ranks the shared-seed imbalance draw puts to sleep in a round

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from sgd_shm._linear import LinearModel, binary_data
+from sgd_shm._linear import binary_data
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE, check_timeout
-from sgd_shm.ps._grad import batch_grad, matrix_parts, mean_loss
+from sgd_shm.ps._grad import ModelResult, batch_grad, matrix_parts, mean_loss, model_data
 from sgd_shm.ps.config import LOSSES, _int_at_least, _positive
 
 __all__ = ["train", "EagerResult", "sleepers", "BACKENDS"]
@@ -42,7 +42,7 @@ EVAL_ROWS = 4096
 
 
 @dataclass
-class EagerResult(LinearModel):
+class EagerResult(ModelResult):
     """What :func:`train` returns: the trained linear model and the run's record.
 
     Model: ``coef_``, ``classes_``, ``decision_function``, ``predict``, ``score``.
@@ -56,7 +56,9 @@ class EagerResult(LinearModel):
     over the ranks: ``bytes_sent`` (the gradients, or compressed messages, that made
     their round), ``bytes_dense`` (8 bytes per weight per gradient computed: what
     dense gradients would be), ``bytes_moved`` (the buffers the collectives combined,
-    per rank and round).
+    per rank and round). With ``model=``: ``model``, ``coef_`` its flat weights,
+    ``classes_`` every class, and the predictions (``predict_proba`` too) go through
+    the model.
     """
     collective: str
     history: list
@@ -79,6 +81,8 @@ class EagerResult(LinearModel):
     bytes_sent: int = 0
     bytes_dense: int = 0
     bytes_moved: int = 0
+    model: object = field(default=None, repr=False)
+    momentum: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class _Config:
     backend: str
     progress: bool
     compress: object = None
+    momentum: float = 0.0
+    model: object = None        # a sgd_shm.models.Model; None: the linear model
 
 
 def sleepers(seed, round_id, size, k):
@@ -116,11 +122,11 @@ def sleepers(seed, round_id, size, k):
 
 def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
           imbalance=None, delay=None, max_seconds=5.0, target_loss=None, epochs=None,
-          loss="log_loss", lr=2.0, alpha=1e-4, batch_size=64, sample_every=0.05,
+          loss=None, lr=2.0, alpha=None, batch_size=64, sample_every=0.05,
           depth=8, timeout=None, seed=0, backend="shm", comm=None,
-          compress=None, progress=None) -> EagerResult:
-    """Train a linear model (L2-regularised ``loss``) by data-parallel SGD whose
-    gradients are combined by ``collective``.
+          compress=None, progress=None, model=None, momentum=0.0) -> EagerResult:
+    """Train a linear model (L2-regularised ``loss``), or a ``model``, by
+    data-parallel SGD whose gradients are combined by ``collective``.
 
     Parameters (all keyword; defaults in brackets)
     ----------------------------------------------
@@ -141,7 +147,8 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         after this many passes over the data (rounds = epochs * rows / (P * batch)).
     loss ["log_loss"], lr [2.0], alpha [1e-4], batch_size [64] : the model, a
         constant step (applied to the mean of the round's gradients, so it can be
-        larger than a single worker's), L2, rows per rank per step.
+        larger than a single worker's), L2, rows per rank per step. ``loss`` and
+        ``alpha`` default (None) to "log_loss" and 1e-4; a ``model`` brings its own.
     sample_every [0.05] : seconds between rank 0's loss samples.
     depth [8] : rounds a rank may fall behind before the others wait for it.
     timeout [None] : seconds a collective may wait (None: no limit; a dead rank is
@@ -153,20 +160,43 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         error feedback; the messages travel as a sparse allgather. ``late="carry"``
         puts a message that missed its round back into the rank's memory.
     progress [stderr is a terminal] : a progress bar (rank 0).
+    model [None] : a :class:`sgd_shm.models.Model` (e.g. ``MLP(n_features, (64,),
+        n_classes)``) instead of the linear model: every replica starts at
+        ``model.init(np.random.default_rng(seed))``, a rank's gradient is
+        ``model.loss_grad`` of its minibatch, the loss and L2 are the model's (leave
+        ``loss`` and ``alpha`` out), y may hold any ``model.n_outputs`` classes and
+        the result predicts through the model (multiclass).
+    momentum [0.0] : heavy-ball momentum in [0, 1) on the combined gradient: every
+        replica keeps v = momentum * v - lr * mean and moves by v (0: w -= lr * mean).
     """
+    if model is not None and (loss is not None or alpha is not None):
+        name = "loss" if loss is not None else "alpha"
+        raise ValueError(f"{name}: a model= run takes its loss and L2 from the model "
+                         "(e.g. MLP(..., alpha=...)); leave loss and alpha out")
     cfg, max_epochs = _config(n_workers, collective, late, average, imbalance, delay,
-                              max_seconds, target_loss, epochs, loss, lr, alpha, batch_size,
+                              max_seconds, target_loss, epochs,
+                              "log_loss" if loss is None else loss, lr,
+                              1e-4 if alpha is None else alpha, batch_size,
                               sample_every, depth, timeout, seed, backend, comm, progress,
                               compress)
-    X, ys, classes = binary_data(X, y, cfg.n_workers)
+    cfg = replace(cfg, momentum=_momentum(momentum), model=_model(model))
+    if cfg.model is None:
+        X, ys, classes = binary_data(X, y, cfg.n_workers)
+    else:
+        X, ys, classes = model_data(X, y, cfg.model, cfg.n_workers)
     if max_epochs is not None:
         per_round = cfg.n_workers * cfg.batch_size
         cfg = replace(cfg, max_rounds=max(1, math.ceil(max_epochs * X.shape[0] / per_round)))
     rng = np.random.default_rng(cfg.seed)
     eval_rows = np.sort(rng.choice(X.shape[0], min(EVAL_ROWS, X.shape[0]), replace=False))
-    k = 0 if cfg.compress is None else message_capacity(cfg.compress, X.shape[1])
-    job = _Job(cfg, matrix_parts(X), ys, X.shape[1],
-               (matrix_parts(X[eval_rows]), ys[eval_rows]), k)
+    d = X.shape[1] if cfg.model is None else cfg.model.n_params
+    k = 0 if cfg.compress is None else message_capacity(cfg.compress, d)
+    if cfg.model is None:
+        job = _Job(cfg, matrix_parts(X), ys, d, (matrix_parts(X[eval_rows]), ys[eval_rows]), k)
+    else:
+        job = _Job(cfg, (), ys, d, (cfg.model.prepare(X[eval_rows], ys[eval_rows]),
+                                    np.arange(eval_rows.shape[0], dtype=np.int64)), k,
+                   cfg.model.prepare(X, ys))
     _warm_up(job)
     if cfg.backend == "mpi":
         outs = _run_mpi(job, comm)
@@ -214,6 +244,23 @@ def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
                   progress=sys.stderr.isatty() if progress is None else bool(progress),
                   compress=_compressor(compress))
     return cfg, epochs
+
+
+def _momentum(momentum):
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not (
+            0 <= momentum < 1):
+        raise ValueError(f"momentum: must be a number in [0, 1) (0: plain SGD; 0.9 is "
+                         f"usual), got {momentum!r}")
+    return float(momentum)
+
+
+def _model(model):
+    from sgd_shm.models import Model
+    if model is not None and not isinstance(model, Model):
+        raise TypeError(f"model: expected a sgd_shm.models.Model (e.g. MLP(n_features, "
+                        f"(64,), n_outputs)), got {type(model).__name__}; leave model=None "
+                        "for the linear model")
+    return model
 
 
 def _compressor(compress):
@@ -278,8 +325,32 @@ class _Job:
     X: tuple                   # matrix_parts of the training rows
     ys: np.ndarray
     d: int
-    evaluation: tuple          # (matrix_parts, labels) of the loss sample
+    evaluation: tuple          # (matrix_parts, labels) of the loss sample; a model's:
+                               # (its prepared sample, the sample's rows)
     k: int = 0                 # entries of a compressed message (0: dense)
+    data: object = None        # a model's prepared training data
+
+    def init(self):
+        """The replicas' first weights: zeros, or ``model.init`` from the seed."""
+        model = self.cfg.model
+        if model is None:
+            return np.zeros(self.d)
+        return model.init(np.random.default_rng(self.cfg.seed))
+
+    def gradient(self, rows, w, g):
+        """The minibatch gradient at ``w`` into ``g`` (the linear loss's or the model's)."""
+        cfg = self.cfg
+        if cfg.model is None:
+            batch_grad(LOSSES[cfg.loss], *self.X, self.ys, rows, w, cfg.alpha, g)
+        else:
+            cfg.model.loss_grad(w, self.data, rows, g)
+
+    def loss(self, w):
+        """The training loss on the fixed sample."""
+        cfg, (parts, ys) = self.cfg, self.evaluation
+        if cfg.model is None:
+            return float(mean_loss(LOSSES[cfg.loss], *parts, ys, w, cfg.alpha))
+        return cfg.model.loss_grad(w, parts, ys, np.empty(self.d))
 
     @property
     def comm_args(self):
@@ -296,9 +367,8 @@ def _warm_up(job):
     """Compile (or load from Numba's cache) the kernels before the ranks start, so
     that no rank compiles on its first step."""
     w = np.zeros(job.d)
-    rows = np.arange(min(2, job.ys.size), dtype=np.int64)
-    batch_grad(LOSSES[job.cfg.loss], *job.X, job.ys, rows, w, job.cfg.alpha, np.empty(job.d))
-    mean_loss(LOSSES[job.cfg.loss], *job.evaluation[0], job.evaluation[1], w, job.cfg.alpha)
+    job.gradient(np.arange(min(2, job.ys.size), dtype=np.int64), w, np.empty(job.d))
+    job.loss(w)
 
 
 class _Rank:
@@ -308,8 +378,8 @@ class _Rank:
         cfg = self.cfg = job.cfg
         self.comm, self.job = comm, job
         self.k, self.P = comm.rank, comm.size
-        self.code = LOSSES[cfg.loss]
-        self.w = np.zeros(job.d)
+        self.w = job.init()
+        self.v = np.zeros(job.d) if cfg.momentum > 0 else None
         self.exchange = make_exchange(comm, job)
         self.rows = np.arange(self.k, job.ys.size, self.P, dtype=np.int64)
         self.rng = np.random.default_rng([cfg.seed, self.k, 0x5EED])
@@ -339,8 +409,7 @@ class _Rank:
             time.sleep(s)
 
     def loss(self):
-        (parts, ys) = self.job.evaluation
-        return float(mean_loss(self.code, *parts, ys, self.w, self.cfg.alpha))
+        return self.job.loss(self.w)
 
     def step(self, r, vote):
         """Round r: a gradient (or nothing when behind), the collective, the update."""
@@ -351,12 +420,16 @@ class _Rank:
         else:
             self.pause(r)
             g = ex.gradient_buffer()
-            batch_grad(self.code, *self.job.X, self.job.ys, self.minibatch(), self.w,
-                       cfg.alpha, g)
+            self.job.gradient(self.minibatch(), self.w, g)
         buf = ex.pack(g, vote)
         res = self.comm.start(buf, cfg.collective, ex.op).wait()
         self.contributors += res.n_contributors
-        self.w -= cfg.lr * ex.unpack(res)
+        if self.v is None:
+            self.w -= cfg.lr * ex.unpack(res)
+        else:                                    # heavy ball, the same on every replica
+            self.v *= cfg.momentum
+            self.v -= cfg.lr * ex.unpack(res)
+            self.w += self.v
         if not math.isfinite(self.w[0]):
             raise FloatingPointError(f"training diverged at round {r}; lower lr (got {cfg.lr})")
         return buf[-1] > 0
@@ -475,7 +548,16 @@ class _SparseExchange:
 
 
 def rank_main(comm, job):
-    """One rank's whole run; returns its record (rank 0: with the history)."""
+    """One rank's whole run; returns its record (rank 0: with the history). A model's
+    matrix products run on one BLAS thread per rank (the ranks share the cores)."""
+    if job.cfg.model is None:
+        return _rank_run(comm, job)
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _rank_run(comm, job)
+
+
+def _rank_run(comm, job):
     me = _Rank(comm, job)
     cfg = job.cfg
     comm.allreduce(np.zeros(comm.n))             # start together
@@ -560,5 +642,6 @@ def _result(cfg, outs, job, classes):
         compress=None if cfg.compress is None else repr(cfg.compress),
         bytes_sent=sum(o["bytes_sent"] for o in outs),
         bytes_dense=sum(o["bytes_dense"] for o in outs),
-        bytes_moved=sum(o["bytes_moved"] for o in outs))
+        bytes_moved=sum(o["bytes_moved"] for o in outs), model=cfg.model,
+        momentum=cfg.momentum)
 

@@ -1,6 +1,7 @@
 """sgd_shm.ps: a parameter server with straggler-aware policies, on shared memory or Ray.
 
-    train            train a linear model with worker processes (shm) or Ray actors
+    train            train a linear model, or any sgd_shm.models.Model (model=, with
+                     partition="blocks"), with worker processes (shm) or Ray actors
     TrainResult      the trained model (coef_, predict, score) and the run's record
     ParameterServerClassifier   the same as a scikit-learn classifier
     Policy           the asynchronous policy and the base class of every policy;

@@ -22,6 +22,9 @@ LOSSES = {"log_loss": K.LOG, "hinge": K.HINGE, "modified_huber": K.MODIFIED_HUBE
           "squared_error": K.SQUARED}
 PROFILES = ("none", "straggler", "hetero")
 BACKENDS = ("shm", "ray")
+PARTITIONS = (None, "blocks")
+#: arguments of the linear model that a ``model=`` run takes from the model instead
+LINEAR_ONLY = ("loss", "alpha")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class TrainConfig:
     epochs: int | None = None           # work budget: epochs * (total minibatches)
     drop: float | None = None           # message loss probability; None: reliable links
     start_method: str = "fork"          # how the shm backend starts its worker processes
+    model: object = None                # a sgd_shm.models.Model; None: the linear model
+    partition: str | None = None        # "blocks": each worker pushes only its own blocks
 
     @property
     def lossy(self) -> bool:
@@ -183,9 +188,10 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
                 detect_factor=2.0, transient=None, faults=None, checkpoint=None,
                 checkpoint_every=5.0, resume=None, wait=None, seed=None, progress=None,
                 backend="shm", address=None, compress=None, epochs=None,
-                drop=None, start_method="fork") -> TrainConfig:
+                drop=None, start_method="fork", model=None, partition=None) -> TrainConfig:
     """A :class:`TrainConfig` from :func:`sgd_shm.ps.train`'s keyword arguments."""
     pol = make_policy(policy, staleness=staleness, window=window, detect_factor=detect_factor)
+    _model(model, partition, pol, compress, drop)
     if loss not in LOSSES:
         raise ValueError(f"loss: must be one of {tuple(LOSSES)}, got {loss!r}")
     if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
@@ -215,7 +221,34 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
         progress=_progress(progress), backend=backend, address=address,
         compress=_compress(compress),
         epochs=None if epochs is None else _int_at_least("epochs", epochs),
-        drop=_drop(drop, pol, compress), start_method=start_method)
+        drop=_drop(drop, pol, compress), start_method=start_method, model=model,
+        partition=partition)
+
+
+def _model(model, partition, pol, compress, drop):
+    """Check ``model`` (None or a :class:`sgd_shm.models.Model`) and ``partition``
+    (None or "blocks": a model's blocks, one set per worker, pushed alone)."""
+    from sgd_shm.models import Model
+    if model is not None and not isinstance(model, Model):
+        raise TypeError(f"model: expected a sgd_shm.models.Model (e.g. MLP(n_features, "
+                        f"(64,), n_outputs)), got {type(model).__name__}; leave model=None "
+                        "for the linear model")
+    if not any(partition is p or (isinstance(partition, str) and partition == p)
+               for p in PARTITIONS):
+        raise ValueError(f"partition: must be one of {PARTITIONS}, got {partition!r}")
+    if partition is None:
+        return
+    if model is None:
+        raise ValueError("partition: 'blocks' partitions a model's coordinate blocks among "
+                         "the workers; pass model= (e.g. sgd_shm.models.MLP) or leave "
+                         "partition=None")
+    for name, bad, why in (("compress", compress is not None, "a block is pushed whole"),
+                           ("drop", drop is not None, "a block's push is not split by server"),
+                           ("policy", pol.replicated, f"policy {pol.name!r} averages whole "
+                            "replicas")):
+        if bad:
+            raise ValueError(f"{name}: not available with partition='blocks' ({why}); "
+                             f"leave partition=None or drop the {name} option")
 
 
 def _start_method(start_method, backend):

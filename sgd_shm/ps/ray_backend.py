@@ -40,11 +40,11 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from sgd_shm.ps._grad import batch_grad
 from sgd_shm.ps.partitions import tally, written_off_lag
 from sgd_shm.ps.policies import server_average
 from sgd_shm.ps.store import DEAD, HIST_BINS, SLOT_FIELDS, SLOT_INDEX as _SLOT, staleness_bin
-from sgd_shm.ps.worker import MESSAGE_FIELDS, Diverged, run_worker
+from sgd_shm.ps.worker import MESSAGE_FIELDS, Diverged, run_worker, warm
+
 
 def _gather(shards):
     """(weights, shard versions) from the shard actors, read in parallel."""
@@ -346,9 +346,10 @@ class _Worker:
     def warm(self, job):
         """Import and compile (or load from Numba's cache) the gradient kernel (and the
         compressor's) before the clock starts; returns this actor's node id."""
-        rows = job.batches.rows_of(0, 0)
-        w = np.zeros(job.n_features)
-        batch_grad(job.loss, *job.X, job.ys, rows, w, job.alpha, np.empty_like(w))
+        if job.model is not None:                # one BLAS thread per worker actor
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(limits=1, user_api="blas")
+        warm(job)
         if job.compressor is not None:
             job.compressor.memory(job.n_features, np.float64).step(
                 np.random.default_rng(0).standard_normal(job.n_features))
@@ -405,11 +406,12 @@ class RayBackend:
     name = "ray"
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, address=None,
-                 budget=None, replicas=False, lossy=False):
+                 budget=None, replicas=False, lossy=False, init=None):
         ensure_ray(address)
         self.n_workers = n_workers
         self.bounds = np.linspace(0, n_params, n_shards + 1).astype(np.int64)
-        w = np.zeros(n_params) if ckpt is None else ckpt["weights"]
+        w = (np.zeros(n_params) if init is None else np.asarray(init, np.float64)) \
+            if ckpt is None else ckpt["weights"]
         vers = np.zeros(n_shards, np.int64) if ckpt is None else ckpt["shard_versions"]
         self.shards = _POOL.take(_Shard, n_shards)
         self.hub = _POOL.take(_Hub, 1)[0]

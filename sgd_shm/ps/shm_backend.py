@@ -42,11 +42,18 @@ import multiprocess as mp
 import numpy as np
 
 from sgd_shm._procs import Shipment, check_start_method, exit_now, shared_arrays
-from sgd_shm.ps._grad import batch_grad
 from sgd_shm.ps.partitions import Partitions
 from sgd_shm.ps.policies import server_average
 from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy, _cas_py, store_release_py
-from sgd_shm.ps.worker import EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, run_worker
+from sgd_shm.ps.worker import EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, run_worker, warm
+
+
+def one_blas_thread():
+    """Limit this worker process's BLAS to one thread for its life: a model's matrix
+    products run in every worker at once, and a threaded BLAS in each would
+    oversubscribe the cores."""
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(limits=1, user_api="blas")
 
 
 def warm_up(compressor=None, n_features=4):
@@ -201,11 +208,11 @@ def _process_main(payload, k, seed, start_method, lifeline=None):
     link, job, ready = payload
     if lifeline is not None:
         link.lifeline = lifeline
+    if job.model is not None:                # its matrix products: one BLAS thread each
+        one_blas_thread()
     if start_method != "fork":               # load the kernels now, not in the first step
         warm_up(job.compressor, job.n_features)
-        w = np.zeros(job.n_features)
-        batch_grad(job.loss, *job.X, job.ys, job.batches.rows_of(0, 0), w, job.alpha,
-                   np.empty_like(w))
+        warm(job)
     ready[k * LINE] = 1
     while not ready[len(ready) - LINE]:
         if not link.coordinator_alive():
@@ -225,7 +232,7 @@ class ShmBackend:
     name = "shm"
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False, start_method="fork"):
+                 replicas=False, lossy=False, start_method="fork", init=None):
         self.n_workers = n_workers
         self.start_method = check_start_method(start_method)
         self.store = self.parts = self.mail = self._shipment = self._ready_seg = None
@@ -236,7 +243,8 @@ class ShmBackend:
             self._ready_seg, v = shared_arrays({"ready": ((LINE * (n_workers + 1),),
                                                           np.int64)})
             self.ready = v["ready"]
-            self.store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers)
+            self.store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers,
+                                        init=init)
             self.parts = Partitions(batches, rng, budget)
             if replicas or lossy:
                 self.mail = Mailbox(n_params, n_shards, n_workers, replicas)

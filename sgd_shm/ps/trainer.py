@@ -1,4 +1,5 @@
-"""``train``: a linear model trained by worker processes on a parameter server.
+"""``train``: a linear model, or any :class:`sgd_shm.models.Model` (``model=``),
+trained by worker processes on a parameter server.
 
 The parts, each a module with one job: :mod:`~sgd_shm.ps.config` (validated
 arguments), :mod:`~sgd_shm.ps.partitions` (rows, minibatches and their queues),
@@ -11,25 +12,26 @@ and :mod:`~sgd_shm.ps.plots`. This module wires them together and returns a
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sgd_shm._linear import LinearModel, binary_data
-from sgd_shm.ps._grad import batch_grad, matrix_parts, mean_loss
+from sgd_shm._linear import binary_data
+from sgd_shm.ps._grad import ModelResult, matrix_parts, mean_loss, model_data
 from sgd_shm.ps.checkpoint import load_checkpoint
-from sgd_shm.ps.config import make_config
+from sgd_shm.ps.config import LINEAR_ONLY, make_config
 from sgd_shm.ps.coordinator import Coordinator
 from sgd_shm.ps.partitions import Batches
-from sgd_shm.ps.worker import MESSAGE_FIELDS, Job
+from sgd_shm.ps.worker import MESSAGE_FIELDS, Job, warm
 
 __all__ = ["train", "TrainResult"]
 
 
 @dataclass
-class TrainResult(LinearModel):
+class TrainResult(ModelResult):
     """What :func:`train` returns: the trained linear model and the run's record.
 
     Model: ``coef_`` (the final weights), ``classes_`` (the two labels; the second is
@@ -47,6 +49,11 @@ class TrainResult(LinearModel):
     compressor (its repr) or None; epochs: the work budget or None; bytes_sent and
     bytes_dense: what the pushes sent, and what they would have sent dense (equal
     without a compressor).
+
+    A run of a ``model=`` (:class:`sgd_shm.models.Model`): ``model``; ``coef_`` holds
+    its flat weights, ``classes_`` every class (class index i is ``classes_[i]``), and
+    ``decision_function`` / ``predict_proba`` / ``predict`` / ``score`` go through
+    the model (multiclass); ``partition`` is "blocks" or None.
 
     Message loss (``drop=``, and every RPS run): drop: the probability p, or None
     for reliable links; messages: {"drop", "seed" (the loss coins' seed, see
@@ -76,6 +83,8 @@ class TrainResult(LinearModel):
     epochs: int | None = None
     drop: float | None = None
     messages: dict | None = None
+    model: object = field(default=None, repr=False)
+    partition: str | None = None
 
     @property
     def observed_drop(self) -> float | None:
@@ -140,10 +149,10 @@ def _n_shards(cfg, d, ckpt):
     return min(cfg.n_shards, d)
 
 
-def _backend(cfg, d, batches, rng, ckpt, budget):
+def _backend(cfg, d, batches, rng, ckpt, budget, init=None):
     shards = _n_shards(cfg, d, ckpt)
     kw = {"budget": None if cfg.policy.replicated else budget,
-          "replicas": cfg.policy.replicated, "lossy": cfg.lossy}
+          "replicas": cfg.policy.replicated, "lossy": cfg.lossy, "init": init}
     if cfg.backend == "ray":
         from sgd_shm.ps.ray_backend import RayBackend     # Ray is an optional extra
         return RayBackend(d, shards, cfg.n_workers, batches, rng, ckpt, cfg.address, **kw)
@@ -263,33 +272,88 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
         stops first (``max_seconds``, ``target_loss``, which still apply) or a
         worker is killed holding a ticket (then the run ends once every ticket is
         claimed and at most one per killed worker is missing).
+    model [None] : a :class:`sgd_shm.models.Model` (e.g. ``MLP(n_features,
+        (64,), n_classes)``) to train instead of the linear model: the store holds
+        its flat weights, drawn by ``model.init`` from the run's seed; each worker's
+        gradient is ``model.loss_grad`` of its minibatch (y: any labels, as many
+        classes as ``model.n_outputs``); the loss and L2 are the model's, so
+        ``loss`` and ``alpha`` must be left out. Every policy, ``compress``,
+        ``drop``, the budget and both backends apply.
+    partition [None] : with a model, "blocks": block variable partitioning
+        (Kungurtsev et al., arXiv:1905.11845): ``model.blocks(n_workers)`` gives
+        each worker its own coordinate blocks; each step it pulls all the weights,
+        draws one of its blocks uniformly, computes that block's gradient only and
+        pushes just that block (the shards it does not reach see nothing). Not with
+        ``compress``, ``drop`` or RPS.
     _fixed_gradient : tests: every worker pushes this vector instead of a gradient.
     """
     unknown = sorted(set(kwargs) - set(inspect.signature(make_config).parameters))
     if unknown:
         raise TypeError(f"train() got unexpected keyword arguments {unknown}; see "
                         "help(sgd_shm.ps.train)")
+    given = [a for a in LINEAR_ONLY if a in kwargs]
+    if kwargs.get("model") is not None and given:
+        raise ValueError(f"{given[0]}: a model= run takes its loss and L2 from the model "
+                         f"(e.g. MLP(..., alpha=...)); leave {' and '.join(given)} out")
     cfg = make_config(**kwargs)
-    X, ys, classes = binary_data(X, y, cfg.n_workers)
-    d = X.shape[1]
+    rng = np.random.default_rng(cfg.seed)
+    if cfg.model is None:
+        prob = _linear_problem(cfg, X, y, rng)
+    else:
+        prob = _model_problem(cfg, X, y, rng)
+    d = prob["d"]
     fixed = _fixed(_fixed_gradient, d)
     ckpt = _resume_point(cfg, d)
-    rng = np.random.default_rng(cfg.seed)
+    batches = Batches.draw(prob["n"], cfg.n_workers, cfg.batch_size, rng)
+    budget = _budget(cfg, batches)
+    blocks = None if cfg.partition is None else cfg.model.blocks(cfg.n_workers)
+    init = None if cfg.model is None or ckpt is not None else cfg.model.init(rng)
+    backend = _backend(cfg, d, batches, rng, ckpt, budget, init)
+    try:
+        job = Job(prob["parts"], prob["ys"], d, batches, cfg.policy, cfg.lr, prob["alpha"],
+                  cfg.loss_code, cfg.factors, cfg.transient, fixed, cfg.compress, budget,
+                  cfg.drop, model=cfg.model, data=prob["data"], blocks=blocks)
+        with _blas_limited(cfg.model):
+            return _run(cfg, job, backend, prob["evaluate"], rng, ckpt, prob["classes"], d)
+    finally:
+        backend.close()
+
+
+def _linear_problem(cfg, X, y, rng):
+    """The data, the kernel parts and the loss sample of a linear run."""
+    X, ys, classes = binary_data(X, y, cfg.n_workers)
     eval_rows = np.sort(rng.choice(X.shape[0], min(4096, X.shape[0]), replace=False))
     Xe, ye = matrix_parts(X[eval_rows]), ys[eval_rows]
 
     def evaluate(w):
         return float(mean_loss(cfg.loss_code, *Xe, ye, w, cfg.alpha))
+    return {"d": X.shape[1], "n": X.shape[0], "parts": matrix_parts(X), "ys": ys,
+            "classes": classes, "alpha": cfg.alpha, "data": None, "evaluate": evaluate}
 
-    batches = Batches.draw(X.shape[0], cfg.n_workers, cfg.batch_size, rng)
-    budget = _budget(cfg, batches)
-    backend = _backend(cfg, d, batches, rng, ckpt, budget)
-    try:
-        job = Job(matrix_parts(X), ys, d, batches, cfg.policy, cfg.lr, cfg.alpha, cfg.loss_code,
-                  cfg.factors, cfg.transient, fixed, cfg.compress, budget, cfg.drop)
-        return _run(cfg, job, backend, evaluate, rng, ckpt, classes, d)
-    finally:
-        backend.close()
+
+def _model_problem(cfg, X, y, rng):
+    """The data (``model.prepare``) and the loss sample of a ``model=`` run: the
+    model's loss (with its L2) on up to 4096 rows, drawn as for a linear run."""
+    model = cfg.model
+    X, yi, classes = model_data(X, y, model, cfg.n_workers)
+    eval_rows = np.sort(rng.choice(X.shape[0], min(4096, X.shape[0]), replace=False))
+    sample = model.prepare(X[eval_rows], yi[eval_rows])
+    every = np.arange(eval_rows.shape[0], dtype=np.int64)
+    buf = np.empty(model.n_params)
+
+    def evaluate(w):
+        return model.loss_grad(w, sample, every, buf)
+    return {"d": model.n_params, "n": X.shape[0], "parts": (), "ys": yi, "classes": classes,
+            "alpha": model.alpha, "data": model.prepare(X, yi), "evaluate": evaluate}
+
+
+def _blas_limited(model):
+    """BLAS on one thread while a model's workers run (the coordinator's loss samples
+    call it beside them); nothing for the linear model."""
+    if model is None:
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _loss_seed(cfg, rng):
@@ -315,12 +379,11 @@ def _messages(cfg, job, counts):
 
 def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
     # compile the kernels once, before the workers start and before the clock
-    w0 = np.zeros(d)
-    evaluate(w0)
-    batch_grad(cfg.loss_code, *job.X, job.ys, job.batches.rows_of(0, 0), w0, cfg.alpha,
-               np.empty(d))
+    evaluate(np.zeros(d))
+    warm(job)
     meta = {"policy": cfg.policy.name, "n_workers": cfg.n_workers,
-            "n_samples": int(job.ys.shape[0]), "n_features": int(d), "loss": cfg.loss}
+            "n_samples": int(job.ys.shape[0]), "n_features": int(d),
+            "loss": cfg.loss if cfg.model is None else type(cfg.model).__name__}
     kind = (Coordinator if job.budget is None else
             _RoundsCoordinator if cfg.policy.replicated else _BudgetCoordinator)
     coord = kind(backend, cfg.policy, evaluate, cfg.n_workers,
@@ -357,4 +420,4 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
                        coord.events, hist, batches, coord.written, resumed, w.copy(),
                        classes, backend.name, list(backend.nodes),
                        None if cfg.compress is None else repr(cfg.compress), cfg.epochs,
-                       cfg.drop, messages)
+                       cfg.drop, messages, cfg.model, cfg.partition)

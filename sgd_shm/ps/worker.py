@@ -21,6 +21,14 @@ kept whole): the same as ``memory.step(g)`` followed by ``memory.keep(msg)`` and
 taking ``g`` back out, so error feedback conserves the mass of every applied
 minibatch and counts no minibatch twice.
 
+With a model (``train(..., model=...)``, a :class:`sgd_shm.models.Model`), the
+gradient is ``model.loss_grad`` of the minibatch at the pulled weights; with
+``partition="blocks"`` (block variable partitioning, Kungurtsev et al.,
+arXiv:1905.11845) worker k draws one of its own blocks (``job.blocks``, from
+``model.blocks``) uniformly each step, computes that block's gradient only and pushes
+just that range (``push_sparse`` of its indices: only the shards it reaches are locked
+and bumped), so no two workers ever write the same weight.
+
 With a work budget (``train(..., epochs=E)``), a worker claims a ticket after its
 gate opens and before taking a minibatch, keeps it across a dropped push, and spends
 it on the push; with no ticket left it idles until the run stops (see
@@ -95,8 +103,8 @@ class Diverged(Exception):
 @dataclass
 class Job:
     """What every worker of a run needs besides its link: the data (kernel parts of X,
-    labels in {-1, +1}), the minibatches, the step, the policy (bound to the run) and
-    the straggler emulation."""
+    labels in {-1, +1}; with a model, its prepared data and class indices), the
+    minibatches, the step, the policy (bound to the run) and the straggler emulation."""
     X: tuple
     ys: np.ndarray
     n_features: int
@@ -112,6 +120,20 @@ class Job:
     budget: int | None = None     # minibatch applications of the run (epochs=); RPS: rounds
     drop: float | None = None     # message loss probability; None: reliable links
     loss_seed: int = 0            # the run's seed of the loss coins (see Losses)
+    model: object = None          # a sgd_shm.models.Model; None: the linear loss above
+    data: object = None           # model.prepare(X, y): what model.loss_grad reads
+    blocks: tuple | None = None   # partition="blocks": (bounds, owners) of model.blocks
+
+
+def warm(job):
+    """Compile (or load from Numba's cache) the gradient kernel of ``job`` in this
+    process, on its first minibatch (at zero weights, into a scratch buffer)."""
+    rows = job.batches.rows_of(0, 0)
+    w = np.zeros(job.n_features)
+    if job.model is not None:
+        job.model.loss_grad(w, job.data, rows, np.empty_like(w))
+    else:
+        batch_grad(job.loss, *job.X, job.ys, rows, w, job.alpha, np.empty_like(w))
 
 
 #: the stream of worker k's loss coins: ``np.random.default_rng([loss_seed, k, LOSS_STREAM])``
@@ -199,11 +221,27 @@ def _wait_gate(link, job, k, my_pushes):
             return not link.stopped()
 
 
-def _gradient(job, p, j, w, g):
+def _gradient(job, p, j, w, g, block=None):
+    """The minibatch gradient at ``w`` into ``g``: the model's (of ``block`` only, a
+    (lo, hi) range, when given) or the linear loss's."""
     if job.fixed_grad is not None:
         return job.fixed_grad
-    batch_grad(job.loss, *job.X, job.ys, job.batches.rows_of(p, j), w, job.alpha, g)
+    rows = job.batches.rows_of(p, j)
+    if job.model is not None:
+        job.model.loss_grad(w, job.data, rows, g, block)
+    else:
+        batch_grad(job.loss, *job.X, job.ys, rows, w, job.alpha, g)
     return g
+
+
+def _block(job, k, rng):
+    """Under block partitioning (``job.blocks``), the (lo, hi) range of one of
+    worker k's blocks drawn uniformly; else None (the whole vector)."""
+    if job.blocks is None:
+        return None
+    bounds, owners = job.blocks
+    b = owners[k][rng.integers(owners[k].shape[0])]
+    return int(bounds[b]), int(bounds[b + 1])
 
 
 _SPARSE = []
@@ -268,10 +306,14 @@ def _receive(link, w, view, down):
     return view
 
 
-def _send(link, job, k, grad, v, scale, memory, shards):
+def _send(link, job, k, grad, v, scale, memory, shards, block=None):
     """One push of ``grad`` (through the compressor's memory when there is one) to
-    ``shards`` (``None``: all)."""
-    if memory is None:
+    ``shards`` (``None``: all); with a ``block`` (lo, hi), of that range only, sent as
+    its values (the shards it does not reach see nothing)."""
+    if block is not None:
+        lo, hi = block
+        link.push_sparse(k, np.arange(lo, hi), grad[lo:hi], v, scale, 8 * (hi - lo) + 16)
+    elif memory is None:
         link.push(k, grad, v, scale, None, shards)
     else:
         push_message(link, k, memory.step(grad), v, scale, shards)
@@ -315,9 +357,10 @@ def run_worker(link, job, k, seed):
             up, down = losses.draw()
             w = _receive(link, w, view, down)
         if g is None:
-            g = np.empty(w.shape[0])
+            g = np.zeros(w.shape[0])
+        block = _block(job, k, rng)
         t0 = time.perf_counter()
-        grad = _gradient(job, p, j, w, g)
+        grad = _gradient(job, p, j, w, g, block)
         _stretch(link, job, k, spells, t_step, t0)
         scale = 1.0
         if policy.uses_staleness:
@@ -328,14 +371,14 @@ def run_worker(link, job, k, seed):
                 link.add(k, "dropped", 1)
                 link.requeue(p, key, j)
                 continue
-        if not np.isfinite(grad).all():
+        if not np.isfinite(grad if block is None else grad[block[0]:block[1]]).all():
             raise Diverged(f"worker {k}'s gradient is NaN or inf")
         shards = None
         if losses is not None:
             link.messages(k, losses.counts(up, down))
             shards = None if up.all() else np.flatnonzero(up).tolist()
         if shards != []:                             # [] : lost on the way to every shard
-            _send(link, job, k, grad, v, scale, memory, shards)
+            _send(link, job, k, grad, v, scale, memory, shards, block)
             my_pushes += 1
         link.applied(k, p, j)
         ticket = False
