@@ -274,9 +274,11 @@ def cmd_hogwild(args):
         print(f"{r['competitor']:20s} {r['workers']:7d} {r['epoch_s_median']:8.3f} "
               f"{sk['epoch_s_median'] / r['epoch_s_median']:9.2f}x {sp1:>13s} "
               f"{r['final_train_loss']:10.4f} {ttt:>16s}")
+    hogwild.print_fits(extra["fits"], extra["free_cores_before_after_fits"])
     hl = extra["hot_layout_s"]
     print("\none-time copy of the data per fit, not in the epoch times: " +
-          (f"hot-first rows ({hl['hot_features']} hot features) {hl['hot_s']:.3f} s, "
+          (f"hot-first rows ({hl['hot_features']} hot features) {hl['hot_s']:.3f} s "
+           f"(kept from the last fit: {hl['hot_reused_s']:.3f} s), "
            if hl["hot_features"] else "(no hot features at this size) ") +
           f"plain rows {hl['plain_s']:.3f} s")
     print("\nstaleness (updates by other workers between a read and its write):")

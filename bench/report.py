@@ -88,13 +88,34 @@ def _hogwild_speed(d):
     return lines
 
 
+def _hogwild_fits(d):
+    """The whole fits' table (bench/hogwild.py: run_fits)."""
+    lines = ["\nWhole fits as a user waits for them (`fit(X, y)`, `tol=None`; `fresh`: the "
+             "first fit on the matrix, which builds the hot-first rows; `reused`: a refit on "
+             "the same matrix, whose kept layout is checked and reused):\n",
+             "| competitor | workers | max_iter | fit s | vs 1 worker, paired (range) | "
+             "vs sklearn | train accuracy | train loss |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d["fits"]:
+        v1 = (f"{r['speedup_vs_1']:.2f}× ({r['speedup_vs_1_range'][0]:.2f}–"
+              f"{r['speedup_vs_1_range'][1]:.2f})" if r["workers"] > 1 else "–")
+        vs = f"{r['speedup_vs_sklearn']:.2f}×" if "speedup_vs_sklearn" in r else "–"
+        lines.append(f"| {r['competitor']} | {r['workers']} | {r['max_iter']} | "
+                     f"{r['fit_s_median']:.3f} | {v1} | {vs} | {r['train_accuracy']:.4f} | "
+                     f"{r['train_loss']:.4f} |")
+    return lines
+
+
 def _hogwild_table(d):
     lines = _hogwild_speed(d)
+    if d.get("fits"):
+        lines += _hogwild_fits(d)
     hl = d.get("hot_layout_s")
     if hl and hl["hot_features"]:
         lines.append(f"\nOne-time cost per fit, not in the epoch times: the hot-first copy "
                      f"of the rows ({hl['hot_features']} hot features, used with several "
-                     f"workers) {hl['hot_s']:.3f} s; the plain rows {hl['plain_s']:.3f} s.")
+                     f"workers) {hl['hot_s']:.3f} s (a refit, which reuses the kept layout "
+                     f"after checking its fingerprint: {hl.get('hot_reused_s', float('nan')):.3f}"
+                     f" s); the plain rows {hl['plain_s']:.3f} s.")
     st = d.get("staleness", {})
     if st:
         lines += ["\nStaleness (updates applied by other workers between a worker's read "

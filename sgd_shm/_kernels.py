@@ -214,7 +214,9 @@ def run_worker(data: Data, model: Model, sched: Schedule, params: Params, report
         raise ValueError(f"the schedule is for {sched.lo.shape[0]} workers with "
                          f"{sched.progress.shape[0]} progress words, not {nw} workers with "
                          f"{LINE_WORDS} each (see fresh_progress)")
-    _run(data, model, sched, params, report, wid)
+    lean = (not params.locked and not params.instrument and params.momentum == 0.0
+            and params.alpha1 == 0.0 and params.avg_from < 0 and data.cw.shape[0] == 0)
+    (_run_lean if lean else _run_full)(data, model, sched, params, report, wid)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -344,26 +346,88 @@ def _fold(Wh, hw, snap, wid):
 
 
 @nb.njit(cache=True, nogil=True)
-def feature_counts(indices, d):
-    """Nonzeros per feature (np.bincount without its int64 copy of the indices)."""
+def feature_counts(indices, d, p0=0, p1=-1):
+    """Nonzeros per feature among entries p0..p1-1 of ``indices`` (all by default;
+    blocks of entries run on threads): np.bincount without its int64 copy."""
     counts = np.zeros(d, dtype=np.int64)
-    for m in range(indices.shape[0]):
+    if p1 < 0:
+        p1 = indices.shape[0]
+    for m in range(p0, p1):
         counts[indices[m]] += 1
     return counts
 
 
+#: an odd 64-bit constant (the golden ratio's): entry m's key is m * _KEY
+_KEY = np.uint64(0x9E3779B97F4A7C15)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _mix(z):
+    """SplitMix64's finalizer (Steele, Lea, Flood, OOPSLA 2014): a bijection of the
+    64-bit words that spreads every input bit over the output."""
+    z = (z ^ (z >> nb.uint64(30))) * nb.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> nb.uint64(27))) * nb.uint64(0x94D049BB133111EB)
+    return z ^ (z >> nb.uint64(31))
+
+
 @nb.njit(cache=True, nogil=True)
-def hot_layout(indptr, indices, data, slot, ind_out, dat_out, hot_end, r0, r1):
+def _fingerprint_row(i, p0, p1, idx_bits, val_bits, acc):
+    """Add row i's entries p0..p1-1 to the fingerprints ``acc`` (see scan_rows);
+    acc[2] counts the entries whose index is not above the one before it."""
+    acc[3] += _mix(nb.uint64(p1) ^ (nb.uint64(i) * _KEY))
+    prev = -1
+    hi = nb.uint64(0)
+    hv = nb.uint64(0)
+    bad = 0
+    for m in range(p0, p1):
+        j = np.int64(idx_bits[m])
+        key = nb.uint64(m) * _KEY
+        hi += _mix(nb.uint64(j) ^ key)
+        hv += _mix(nb.uint64(val_bits[m]) ^ key)
+        bad += j <= prev
+        prev = j
+    acc[0] += hi
+    acc[1] += hv
+    acc[2] += nb.uint64(bad)
+
+
+@nb.njit(cache=True, nogil=True)
+def scan_rows(indptr, idx_bits, val_bits, r0, r1, out):
+    """One pass over CSR rows r0..r1-1 (a row block: the blocks run on threads)
+    that adds to ``out``: out[0], out[1] the fingerprints of the column indices and
+    of the values (``idx_bits``, ``val_bits``: their raw bits as unsigned ints),
+    out[2] the number of entries whose index is not above the one before it in the
+    row (0: the rows are in canonical form, sorted without duplicates), out[3] the
+    fingerprint of the row ends. A fingerprint is the sum over the entries m of
+    mix(x_m xor m·K), modulo 2^64 (uint64 arithmetic wraps), with mix a bijection
+    (:func:`_mix`) and K an odd constant: a change of any single entry changes its
+    term and so the sum, and, the terms being scrambled, changes of many entries
+    (a rescaled ``X.data``, swapped values) cancel only by a 2^-64 chance, where a
+    linear sum would let structured changes cancel exactly; the blocks' sums add up. It tells a matrix changed in place from the one a layout
+    was built from (see ``hogwild.hot_rows``) at the cost of one read of the data."""
+    acc = np.zeros(4, dtype=np.uint64)
+    for i in range(r0, r1):
+        _fingerprint_row(i, indptr[i], indptr[i + 1], idx_bits, val_bits, acc)
+    for k in range(4):
+        out[k] += acc[k]
+
+
+@nb.njit(cache=True, nogil=True)
+def hot_layout(indptr, indices, data, slot, ind_out, dat_out, hot_end, r0, r1, bits, out):
     """Rewrite CSR rows r0..r1-1 hot-first: entries whose feature has slot[j] >= 0
     come first, carrying the slot instead of the feature id; hot_end[i] ends row
     i's hot part. Each part keeps the row's order. One slot lookup per entry and
     no branch on it: every entry is written to both the hot front and a cold row
-    buffer, and only the matching cursor moves."""
+    buffer, and only the matching cursor moves. In the same pass, with the row in
+    cache, adds the rows' fingerprints and canonical-form count to ``out`` (as
+    scan_rows does; ``bits``: (indices, data) as raw unsigned ints)."""
     longest = 0
     for i in range(r0, r1):
         longest = max(longest, indptr[i + 1] - indptr[i])
     cold_i = np.empty(longest + 1, dtype=ind_out.dtype)
     cold_v = np.empty(longest + 1, dtype=dat_out.dtype)
+    idx_bits, val_bits = bits
+    acc = np.zeros(4, dtype=np.uint64)
     for i in range(r0, r1):
         w = indptr[i]
         nc = 0
@@ -382,10 +446,27 @@ def hot_layout(indptr, indices, data, slot, ind_out, dat_out, hot_end, r0, r1):
         for c in range(nc):
             ind_out[w + c] = cold_i[c]
             dat_out[w + c] = cold_v[c]
+        _fingerprint_row(i, indptr[i], indptr[i + 1], idx_bits, val_bits, acc)
+    for k in range(4):
+        out[k] += acc[k]
 
 
-@nb.njit(cache=True, nogil=True)
-def _run(data, model, sched, params, report, wid):
+def _make_run(full):
+    """The kernel ``_run`` compiled for one of two cases, told apart at compile time
+    (``full`` is a constant of the closure, so the compiler removes the branches it
+    decides): full=False, the lean variant, for the default fits: no lock, no
+    staleness clock, no momentum, no L1, no averaging and no class weights, so that
+    the sample loop carries no test or argument of those features; full=True, every
+    feature, each tested at run time. ``run_worker`` picks the variant."""
+
+    @nb.njit(cache=True, nogil=True)
+    def _run(data, model, sched, params, report, wid):
+        return _run_body(data, model, sched, params, report, wid, full)
+    return _run
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _run_body(data, model, sched, params, report, wid, full):
     """Worker wid's share of an epoch (segment): its own part, positions
     [lo[wid], hi[wid]) of ``sched.order``, and whatever it takes over of the other
     parts. Sparse rows (``data.X`` has 0 rows) and dense rows (``data.indptr`` is
@@ -451,9 +532,14 @@ def _run(data, model, sched, params, report, wid):
     out, stale_hist, clock = report
     X, cols_all, indptr, indices, vals, hot_end, hot_feat, Y, sw, cw = data
     K, d_feat = W.shape
-    loss, mom, a1 = params.loss, params.momentum, params.alpha1   # (L2: all in scale_tab)
-    fit_icpt, icpt_decay, u0 = params.fit_intercept, params.intercept_decay, params.u0
-    locked, instrument, nw = params.locked, params.instrument, params.n_workers
+    loss, fit_icpt, icpt_decay = params.loss, params.fit_intercept, params.intercept_decay
+    nw, u0 = params.n_workers, params.u0
+    # the features the lean variant leaves out (see _make_run): constants there
+    mom = params.momentum if full else 0.0
+    a1 = params.alpha1 if full else 0.0           # (L2: all in scale_tab)
+    locked = params.locked if full else False
+    instrument = params.instrument if full else False
+    weighted = full and cw.shape[0] > 0           # class weights
     n_tab = scale_tab.shape[0] - 1          # global steps in this segment
     stride = progress.shape[0] // nw        # words per progress slot
     dense = indptr.shape[0] == 0
@@ -474,9 +560,10 @@ def _run(data, model, sched, params, report, wid):
     db = np.zeros(K)
     # averaging (params.avg_from >= 0): this worker's intercept compensation (see
     # average_table), written to its own row Ab[wid] at the end
-    avg_from = params.avg_from
+    avg_from = params.avg_from if full else -1
     dab = np.zeros(K)
     cb = 0.0
+    c_read = 0                               # (instrument: the clock at the read)
     since = 0                                # own samples since the last publication
     done_own = 0
     s = 1.0
@@ -548,7 +635,7 @@ def _run(data, model, sched, params, report, wid):
             out[O_DIVERGED] = 2.0
             break
         loss_sum, any_step, bad = _gradient(loss_sum, g, dots, s, b, db, Y, i, wi, eta, loss,
-                                            out, cw)
+                                            out, cw, weighted)
         if bad:
             if locked:
                 store_release(lock, 0)
@@ -571,7 +658,7 @@ def _run(data, model, sched, params, report, wid):
         elif any_step:
             _step(W, hw, db, g, 1.0 / s_after, idx, val, r0, v0, nh, nnz, hot_feat, hot,
                   fit_icpt, icpt_decay)
-            if cb != 0.0:
+            if avg_from >= 0 and cb != 0.0:
                 _average_step(A, g, cb / s_after, idx, val, r0, v0, nh, nnz, hot_feat)
         if a1 > 0.0:
             _l1_clip(W, q, u0 + a1 * cum_eta[tg + 1], s_after, idx, r0, nh, nnz, hot_feat,
@@ -601,6 +688,10 @@ def _run(data, model, sched, params, report, wid):
     out[O_LOSS] = loss_sum
     out[O_STEPS] = done_own
     out[O_SCALE] = s
+
+
+_run_lean = _make_run(False)
+_run_full = _make_run(True)
 
 
 # The helpers below are inlined into the sample loop of _run. Numba counts references
@@ -675,14 +766,13 @@ def _global_step(progress, stride, wid, nw, done_own, n_tab):
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
-def _gradient(loss_sum, g, dots, s, b, db, Y, i, wi, eta, loss, out, cw):
+def _gradient(loss_sum, g, dots, s, b, db, Y, i, wi, eta, loss, out, cw, weighted):
     """The step g[c] = −η·dloss·wi·cwc of every output for sample i (cwc: the class
-    weight of output c for the sample's target, 1 without ``cw``; as scikit-learn, it
+    weight of output c for the sample's target when ``weighted``, else 1; as scikit-learn, it
     scales the step, not the reported loss). Returns (loss_sum plus the sample's
     weighted losses, whether any step is nonzero, whether a prediction is not finite:
     g is then incomplete)."""
     any_step = False
-    weighted = cw.shape[0] > 0
     for c in range(g.shape[0]):
         p = dots[c] * s + b[c] + db[c]
         if not math.isfinite(p):

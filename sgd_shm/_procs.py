@@ -425,11 +425,18 @@ class SharedWorkers:
 
 
 _HOGWILD = ("W", "b", "q", "V", "order", "progress", "scale", "eta", "cum", "clock", "hists",
-            "Wh", "A", "Ab", "avg")
+            "Wh", "A", "Ab", "avg", "iargs", "fargs")
 
 
-def _hogwild_step(wid, v, static, lo, hi, parts, seeds, fp, g0, L):
+def _hogwild_step(wid, v, static, g0, L):
+    """Worker wid's share of the segment [g0, g0 + L): its other arguments lie in the
+    shared views "iargs" (lo, hi, parts, seeds: see ProcessPool.run_epoch) and
+    "fargs" (the driver's fp), so that the message that starts a segment is two
+    ints (pickling arrays into every message costs milliseconds per epoch)."""
     data, ip = static
+    nw = v["progress"].shape[0] // LINE_WORDS
+    lo, hi, parts, seeds = _split_iargs(v["iargs"], nw)
+    fp = v["fargs"]
     out = np.zeros(K.N_OUT)
     hists = v["hists"]
     worker_epoch(data, K.Model(v["W"], v["b"], v["q"], v["V"], v["Wh"], _NO_LOCK, v["A"],
@@ -439,6 +446,11 @@ def _hogwild_step(wid, v, static, lo, hi, parts, seeds, fp, g0, L):
                  K.Params.from_driver(fp, ip),
                  K.Report(out, hists[wid, :hists.shape[1] - LINE_WORDS], v["clock"]), wid)
     return out
+
+
+def _split_iargs(iargs, nw):
+    """(lo, hi, parts, seeds) of a segment from the shared "iargs" view."""
+    return iargs[:nw], iargs[nw:2 * nw], iargs[2 * nw:3 * nw + 1], iargs[3 * nw + 1:]
 
 
 class ProcessPool:
@@ -459,7 +471,8 @@ class ProcessPool:
                   ((n_workers, sgd.staleness.shape[0] + LINE_WORDS), np.int64),
                   ((n_workers + 1, k, prob.hot_feat.shape[0]), np.float64),
                   (sgd.A.shape, np.float64), (sgd.Ab.shape, np.float64),
-                  (sgd._avg.shape, np.float64)]     # averaging (empty without)
+                  (sgd._avg.shape, np.float64),     # averaging (empty without)
+                  ((4 * n_workers + 1,), np.int64), ((K.N_FPARAMS,), np.float64)]
         self.pool = SharedWorkers(dict(zip(_HOGWILD, shapes)), _hogwild_step,
                                   (prob.kernel_data(), sgd.ip), start_method)
         try:
@@ -481,9 +494,10 @@ class ProcessPool:
         v["Wh"][...] = Wh
         K.fresh_progress(len(lo), v["progress"])
         v["hists"][...] = 0
+        v["iargs"][...] = np.concatenate([lo, hi, parts, seeds])
+        v["fargs"][...] = fp
         try:
-            for w, out in enumerate(self.pool.run(
-                    lambda w: (lo, hi, parts, seeds, fp, int(g0), int(L)))):
+            for w, out in enumerate(self.pool.run(lambda w: (int(g0), int(L)))):
                 outs[w] = out
         finally:
             hists += v["hists"][:, :hists.shape[1]]

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +41,8 @@ from sgd_shm._intrinsics import LINE_WORDS
 from sgd_shm._mf import shuffle_part
 
 __all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "staleness_summary",
-           "AUTO_HOT_FEATURES", "AUTO_HOT_MIN_NNZ", "AUTO_HOT_MIN_EPOCHS", "auto_hot_features"]
+           "AUTO_HOT_FEATURES", "AUTO_HOT_MIN_NNZ", "AUTO_HOT_MIN_EPOCHS", "auto_hot_features",
+           "hot_rows", "layout_kept", "clear_layout_cache"]
 
 #: the estimators' hot_features="auto" for a fit with several workers on large sparse
 #: data. On Zipf-like text features a few thousand features carry most of the
@@ -52,20 +54,24 @@ AUTO_HOT_FEATURES = 4096
 #: view of the hot weights costs accuracy in the first, large steps when most of the
 #: features are hot
 AUTO_HOT_MIN_NNZ = 1_000_000
-#: ... and for runs of at least this many epochs (max_iter in a fit): the hot-first copy
-#: costs a pass over the data per fit, which the buffers' faster epochs earn back over
-#: longer fits only
+#: ... and for runs of at least this many epochs (max_iter in a fit), or shorter ones
+#: when the layout of X is kept from an earlier fit (see hot_rows): the hot-first copy
+#: costs a pass over the data and the first touch of as much new memory, which the
+#: buffers' faster epochs earn back over longer fits only
 AUTO_HOT_MIN_EPOCHS = 10
 
 
 def auto_hot_features(X, epochs) -> int:
     """hot_features="auto" for a run of at most ``epochs`` on X with several workers:
     AUTO_HOT_FEATURES on sparse X with at least AUTO_HOT_MIN_NNZ nonzeros and
-    4 * AUTO_HOT_FEATURES features when ``epochs`` >= AUTO_HOT_MIN_EPOCHS, else 0
-    (shorter runs, partial_fit's single epoch among them, would not earn back the
-    copy of the data)."""
+    4 * AUTO_HOT_FEATURES features when ``epochs`` >= AUTO_HOT_MIN_EPOCHS or the
+    hot-first rows of X are kept from an earlier fit (``hot_rows``: no copy to earn
+    back), else 0 (shorter runs would not earn back the copy of the data)."""
     big = sp.issparse(X) and X.nnz >= AUTO_HOT_MIN_NNZ and X.shape[1] >= 4 * AUTO_HOT_FEATURES
-    return AUTO_HOT_FEATURES if big and epochs >= AUTO_HOT_MIN_EPOCHS else 0
+    if not big:
+        return 0
+    kept = epochs >= 2 and layout_kept(X, AUTO_HOT_FEATURES)
+    return AUTO_HOT_FEATURES if epochs >= AUTO_HOT_MIN_EPOCHS or kept else 0
 
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
@@ -93,8 +99,9 @@ def staleness_summary(hist):
 
 
 def run_workers(work, n_workers):
-    """Run ``work(w)`` for w = 0..n_workers-1 on threads (inline for one worker; the
-    kernels release the GIL) and re-raise the first worker's exception in the caller."""
+    """Run ``work(w)`` for w = 0..n_workers-1, worker 0 in the calling thread and the
+    others on new threads (the kernels release the GIL; the caller would only wait),
+    and re-raise the first worker's exception in the caller once all have ended."""
     if n_workers == 1:
         work(0)
         return
@@ -105,11 +112,15 @@ def run_workers(work, n_workers):
             work(w)
         except BaseException as e:        # re-raised in the caller's thread below
             errors[w] = e
-    threads = [threading.Thread(target=guarded, args=(w,)) for w in range(n_workers)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    threads = [threading.Thread(target=guarded, args=(w,)) for w in range(1, n_workers)]
+    try:
+        for th in threads:
+            th.start()
+        guarded(0)
+    finally:
+        for th in threads:
+            if th.ident is not None:      # (started)
+                th.join()
     for e in errors:
         if e is not None:
             raise e
@@ -186,13 +197,13 @@ class Problem:
         cw = _class_weight_table(class_weight, Y.shape[1])
         if sp.issparse(X):
             X = sp.csr_matrix(X, dtype=_value_dtype(X.dtype))
-            if not X.has_canonical_format:
-                X = X.copy()                 # never modify the caller's matrix
-                X.sum_duplicates()
-            # int32 column indices: rows are read in shuffled order, so bytes per
-            # nonzero matter more than anything else in the epoch
-            indptr = X.indptr.astype(np.int64)
             if hot_features == 0:            # plain rows: no hot part
+                if not X.has_canonical_format:
+                    X = X.copy()                 # never modify the caller's matrix
+                    X.sum_duplicates()
+                # int32 column indices: rows are read in shuffled order, so bytes per
+                # nonzero matter more than anything else in the epoch
+                indptr = X.indptr.astype(np.int64)
                 data = np.ascontiguousarray(X.data)
                 if not data.flags.writeable:      # the kernels take writeable arrays only
                     data = data.copy()
@@ -201,22 +212,7 @@ class Problem:
                     indices = indices.copy()
                 return cls(n, d, Y, sw, np.empty((0, d), dtype=data.dtype), indptr, indices,
                            data, _EMPTY_I32, _EMPTY_I, _EMPTY_I, cw)
-            counts = K.feature_counts(X.indices, d)
-            n_hot = min(int(hot_features), int(np.count_nonzero(counts)))
-            hot_feat = np.argsort(-counts, kind="stable")[:n_hot].astype(np.int64)
-            slot = np.full(d, -1, dtype=np.int32)
-            slot[hot_feat] = np.arange(n_hot)
-            # fresh arrays (numpy's, so large ones get huge pages: the rows are read
-            # at random) that hold the hot-first rows; X itself is never modified
-            indices = np.empty(X.nnz, dtype=np.int32)
-            data = np.empty(X.nnz, dtype=X.dtype)
-            hot_end = np.empty(n, dtype=np.int64)
-            # row blocks on threads (the kernel releases the GIL; the pages of the new
-            # arrays are first touched there too)
-            nt = max(1, min(os.cpu_count() or 1, 8, n // 10_000))
-            cuts = np.linspace(0, n, nt + 1).astype(np.int64)
-            run_workers(lambda w: K.hot_layout(indptr, X.indices, X.data, slot, indices, data,
-                                               hot_end, cuts[w], cuts[w + 1]), nt)
+            indptr, indices, data, hot_end, hot_feat = hot_rows(X, int(hot_features))
             return cls(n, d, Y, sw, np.empty((0, d), dtype=data.dtype), indptr, indices, data,
                        _EMPTY_I32, hot_end, hot_feat, cw)
         X = np.ascontiguousarray(X, dtype=_value_dtype(X.dtype))
@@ -224,6 +220,170 @@ class Problem:
             X = X.copy()
         return cls(n, d, Y, sw, X, _EMPTY_I, _EMPTY_I32, np.empty(0, dtype=X.dtype),
                    np.arange(d, dtype=np.int32), _EMPTY_I, _EMPTY_I, cw)
+
+
+#: the hot-first rows of the last matrix laid out (see hot_rows), kept for the next
+#: fit on the same, unchanged matrix: a dict with the matrix's arrays (weak
+#: references), its fingerprint, the hot feature count and the layout; None: empty
+_layout_cache = None
+_layout_lock = threading.RLock()     # (re-entrant: a release callback may run in a holder)
+
+
+def clear_layout_cache():
+    """Drop the hot-first rows kept for the next fit on the same matrix (see
+    :func:`hot_rows`), freeing their memory now rather than when the matrix goes."""
+    global _layout_cache
+    with _layout_lock:
+        _layout_cache = None
+
+
+def _row_blocks(n, per_block=10_000):
+    """Cuts of n rows into blocks for threads: up to min(CPUs, 8), of at least
+    ``per_block`` rows each."""
+    nt = max(1, min(os.cpu_count() or 1, 8, n // per_block))
+    return np.linspace(0, n, nt + 1).astype(np.int64)
+
+
+def _bits(a):
+    """The raw bits of a numeric array, as unsigned ints of its width (a view)."""
+    return a.view(np.dtype(f"u{a.dtype.itemsize}"))
+
+
+def _scan(X):
+    """X's fingerprint (see ``_kernels.scan_rows``), from one parallel read of CSR X."""
+    cuts = _row_blocks(X.shape[0])
+    outs = np.zeros((len(cuts) - 1, 4), dtype=np.uint64)
+    ib, vb = _bits(X.indices), _bits(X.data)
+    run_workers(lambda w: K.scan_rows(X.indptr, ib, vb, cuts[w], cuts[w + 1], outs[w]),
+                len(cuts) - 1)
+    return _fingerprint(X, outs)
+
+
+def _fingerprint(X, outs):
+    """The fingerprint of X from the row blocks' sums ``outs`` (see
+    ``_kernels.scan_rows``; their column 2 is left out: it counts entries out of
+    canonical order)."""
+    tot = outs.sum(axis=0, dtype=np.uint64)           # wraps modulo 2^64, as the kernel
+    return int(tot[0]), int(tot[1]), int(tot[3]), X.shape, X.data.dtype.str
+
+
+def _counts(X):
+    """Nonzeros per feature of CSR X, counted in parallel blocks of entries."""
+    d = X.shape[1]
+    cuts = _row_blocks(X.nnz, per_block=max(1_000_000, d))   # per-block arrays of d stay cheap
+    parts = [None] * (len(cuts) - 1)
+
+    def count(w):
+        parts[w] = K.feature_counts(X.indices, d, cuts[w], cuts[w + 1])
+    run_workers(count, len(parts))
+    return np.sum(parts, axis=0) if len(parts) > 1 else parts[0]
+
+
+def layout_kept(X, H) -> bool:
+    """Whether the hot-first rows kept by ``hot_rows`` were built from the arrays of
+    the sparse matrix X (the same memory, alive) with H hot features; whether X has
+    changed since, ``hot_rows`` checks (one read of the data)."""
+    return _matches(_layout_cache, sp.csr_matrix(X, dtype=_value_dtype(X.dtype)), H)
+
+
+def _matches(entry, X, H):
+    """Whether the cache entry was built from CSR X's arrays with H hot features."""
+    return (entry is not None and entry["H"] == H and entry["arrays"] == _identities(X)
+            and all(ref() is not None for ref in entry["owners"]))
+
+
+def _cached_layout(X, H):
+    """The kept layout if it was built from the arrays of X (the same memory) with
+    H hot features and X still has that fingerprint, else None."""
+    entry = _layout_cache
+    if not _matches(entry, X, H):
+        return None
+    return entry["layout"] if _scan(X) == entry["fingerprint"] else None
+
+
+def _keep_layout(X, H, fingerprint, layout):
+    """Keep ``layout`` as the one cached (see _layout_cache), until the next layout,
+    clear_layout_cache(), or the death of one of X's arrays."""
+    global _layout_cache
+    entry = {"H": H, "fingerprint": fingerprint, "layout": layout}
+
+    def drop(_ref):
+        global _layout_cache
+        with _layout_lock:
+            if _layout_cache is entry:
+                _layout_cache = None
+    entry["arrays"] = _identities(X)
+    entry["owners"] = tuple(weakref.ref(_owner(a), drop) for a in (X.indptr, X.indices, X.data))
+    _layout_cache = entry
+
+
+def _owner(a):
+    """The array that owns a's memory (a itself, or the end of its chain of bases)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _identities(X):
+    """X's arrays as (owner's id, address, shape, strides, dtype) each: two matrices
+    (scipy makes new views of the same arrays when it converts one) with equal
+    identities read the same memory while the owners live."""
+    return tuple((id(_owner(a)), a.__array_interface__["data"][0], a.shape, a.strides,
+                  a.dtype.str) for a in (X.indptr, X.indices, X.data))
+
+
+def hot_rows(X, H):
+    """The rows of CSR matrix X stored hot-first with its H most frequent features
+    (see ``Problem``): (indptr int64, indices int32, data, hot_end, hot_feat).
+
+    Built in parallel blocks: one pass over the column indices counts the features,
+    one writes the new rows (and fingerprints X, see ``_kernels.scan_rows``). The
+    layout of the last matrix is kept (one entry, released with the matrix or by
+    :func:`clear_layout_cache`), and a later call with the same arrays, unchanged (the
+    fingerprint, one read of the data, tells), and the same H returns it without the
+    copy: refits on the same data (another alpha, another seed) skip the copy. The
+    kernels only read these arrays (they stay writeable: numba types read-only arrays
+    apart), so one layout serves every fit that gets it."""
+    with _layout_lock:
+        hit = _cached_layout(X, H)
+        if hit is not None:
+            return hit
+        layout, fingerprint, canonical = _build_hot_rows(X, H)
+        if not canonical:                # (rare) duplicates or unsorted rows: sum them
+            X = X.copy()                 # in a copy, never in the caller's matrix
+            X.sum_duplicates()
+            layout, _, _ = _build_hot_rows(X, H)
+        else:                            # (a canonical copy has no caller to match)
+            _keep_layout(X, H, fingerprint, layout)
+        return layout
+
+
+def _build_hot_rows(X, H):
+    """(the hot-first rows of CSR X, as hot_rows returns them, X's fingerprint,
+    whether X's rows are in canonical form: else the layout is void)."""
+    n, d = X.shape
+    counts = _counts(X)
+    n_hot = min(H, int(np.count_nonzero(counts)))
+    hot_feat = np.argsort(-counts, kind="stable")[:n_hot].astype(np.int64)
+    slot = np.full(d, -1, dtype=np.int32)
+    slot[hot_feat] = np.arange(n_hot)
+    # int32 column indices: rows are read in shuffled order, so bytes per nonzero
+    # matter more than anything else in the epoch. Fresh arrays (numpy's, so large
+    # ones get huge pages: the rows are read at random); X itself is never modified
+    indptr = X.indptr.astype(np.int64)
+    indices = np.empty(X.nnz, dtype=np.int32)
+    data = np.empty(X.nnz, dtype=X.dtype)
+    hot_end = np.empty(n, dtype=np.int64)
+    # row blocks on threads (the kernel releases the GIL; the pages of the new
+    # arrays are first touched there too); the same pass fingerprints X
+    cuts = _row_blocks(n)
+    outs = np.zeros((len(cuts) - 1, 4), dtype=np.uint64)
+    bits = (_bits(X.indices), _bits(X.data))
+    run_workers(lambda w: K.hot_layout(X.indptr, X.indices, X.data, slot, indices, data,
+                                       hot_end, cuts[w], cuts[w + 1], bits, outs[w]),
+                len(cuts) - 1)
+    return ((indptr, indices, data, hot_end, hot_feat), _fingerprint(X, outs),
+            int(outs[:, 2].sum()) == 0)
 
 
 def _class_weight_table(class_weight, k):

@@ -77,6 +77,185 @@ def test_hot_layout_keeps_every_entry_of_every_row():
     assert (X != before).nnz == 0
 
 
+def _assert_hot_first_rows(X, layout):
+    """The hot-first rows ``layout`` (hogwild.hot_rows) hold X's rows: the same
+    (feature, value) pairs per row, the hot ones (mapped back through hot_feat) first,
+    each part in the row's order (the naive check of the test above, on whole arrays)."""
+    indptr, indices, data, hot_end, hot_feat = layout
+    np.testing.assert_array_equal(indptr, X.indptr)
+    hot_set = np.zeros(X.shape[1], dtype=bool)
+    hot_set[hot_feat] = True
+    for i in range(X.shape[0]):
+        a, e, he = indptr[i], indptr[i + 1], hot_end[i]
+        orig = X.indices[a:e]
+        vals = X.data[a:e]
+        feats = np.concatenate([hot_feat[indices[a:he]], indices[he:e]])
+        want = np.concatenate([orig[hot_set[orig]], orig[~hot_set[orig]]])
+        np.testing.assert_array_equal(feats, want)
+        np.testing.assert_array_equal(data[a:e], np.concatenate([vals[hot_set[orig]],
+                                                                 vals[~hot_set[orig]]]))
+
+
+def test_a_kept_layout_is_reused_and_trains_as_a_fresh_one():
+    """hot_rows keeps the last layout: a second call on the same, unchanged matrix
+    returns it without a copy; it equals a fresh build array for array, and one-worker
+    epochs on it follow the serial oracle exactly as on the fresh one."""
+    from sgd_shm import hogwild
+    rng = np.random.default_rng(5)
+    n, d = 80, 9
+    Xd = rng.normal(size=(n, d)) * (rng.random((n, d)) < 0.5)
+    X = sp.csr_matrix(Xd)
+    Y = np.sign(rng.normal(size=(n, 1)))
+    hogwild.clear_layout_cache()
+    fresh = hogwild.hot_rows(X, 3)
+    kept = hogwild.hot_rows(X, 3)
+    assert all(a is b for a, b in zip(kept, fresh)), "the kept layout was not reused"
+    assert hogwild.layout_kept(X, 3) and not hogwild.layout_kept(X, 4)
+    hogwild.clear_layout_cache()
+    rebuilt = hogwild.hot_rows(X, 3)
+    assert rebuilt[1] is not fresh[1]
+    for a, b in zip(rebuilt, fresh):
+        np.testing.assert_array_equal(a, b)
+    _assert_hot_first_rows(X, kept)
+    weights = []
+    for _ in range(2):                       # the second Problem gets the kept layout
+        prob = Problem.from_xy(X, Y, hot_features=3)
+        assert prob.indices is rebuilt[1]
+        sgd = HogwildSGD(d, 1, loss="log_loss", alpha=0.01, learning_rate="invscaling",
+                         eta0=0.05, n_workers=1, seed=3)
+        sgd.fp[K.F_ICPT_DECAY] = 1.0        # the oracle has no intercept decay
+        orders = record_orders(sgd)
+        W, b = np.zeros((1, d)), np.zeros(1)
+        for epoch in range(2):
+            sgd.epoch(prob)
+            W, b, _ = serial_sgd_epoch(Xd, Y, orders[-1], W, b, loss="log_loss",
+                                       eta=lambda t: 0.05 / math.sqrt(t), alpha2=0.01,
+                                       t_start=epoch * n)
+            np.testing.assert_allclose(sgd.W, W, rtol=1e-9, atol=1e-12)
+        weights.append(sgd.W.copy())
+    np.testing.assert_array_equal(weights[0], weights[1])
+
+
+def test_a_kept_layout_is_rebuilt_when_the_matrix_changes_in_place():
+    """The fingerprint tells a matrix changed in place (a value, a column index, a
+    row boundary) from the one the kept layout was built from: the next call builds
+    the rows of the changed matrix (in canonical form: moving a row boundary may leave
+    a row out of order, which is summed in a copy)."""
+    from sgd_shm import hogwild
+    X = sp.random(200, 30, density=0.2, random_state=8, format="csr")
+    X.data[:] = np.arange(1, X.nnz + 1)
+    hogwild.clear_layout_cache()
+
+    def changes():
+        yield X.data.__setitem__, (17, -5.0)
+        row = X.indices[X.indptr[3]:X.indptr[4]]      # a column index, kept sorted
+        free = sorted(set(range(30)) - set(row.tolist()) - set(range(row[-1] + 1)))
+        if free:
+            yield X.indices.__setitem__, (X.indptr[4] - 1, free[0])
+        yield X.indptr.__setitem__, (5, X.indptr[5] - 1)   # an entry moves to row 5
+    last = hogwild.hot_rows(X, 4)
+    for change, args in changes():
+        assert hogwild.hot_rows(X, 4) is last
+        change(*args)
+        now = hogwild.hot_rows(X, 4)
+        assert now is not last, f"a change by {change.__qualname__} went unseen"
+        canonical = sp.csr_matrix((X.data.copy(), X.indices.copy(), X.indptr.copy()),
+                                  shape=X.shape)
+        canonical.has_canonical_format = False      # (a row may be out of order now)
+        canonical.sum_duplicates()
+        _assert_hot_first_rows(canonical, now)
+        last = hogwild.hot_rows(X, 4)
+
+
+def test_a_kept_layout_goes_with_its_matrix_and_never_changes_it():
+    """The kept layout is released when the matrix goes; a matrix with duplicates is
+    summed in a copy (the caller's unchanged) and that copy's layout is not kept."""
+    import gc
+
+    from sgd_shm import hogwild
+    X = sp.random(100, 20, density=0.3, random_state=2, format="csr")
+    hogwild.hot_rows(X, 5)
+    assert hogwild._layout_cache is not None
+    del X
+    gc.collect()
+    assert hogwild._layout_cache is None
+    dup = sp.csr_matrix((np.array([1.0, 2.0, 3.0]), np.array([4, 4, 1]), np.array([0, 2, 3])),
+                        shape=(2, 6))
+    before = (dup.data.copy(), dup.indices.copy())
+    indptr, indices, data, hot_end, hot_feat = hogwild.hot_rows(dup, 1)
+    assert hogwild._layout_cache is None
+    np.testing.assert_array_equal(indptr, [0, 1, 2])
+    assert hot_feat.tolist() == [1] and data.tolist() == [3.0, 3.0]   # 1 + 2 summed
+    np.testing.assert_array_equal(dup.data, before[0])
+    np.testing.assert_array_equal(dup.indices, before[1])
+
+
+def test_the_fingerprint_sees_every_single_change_and_blocks_add_up():
+    """scan_rows: a change of any one entry (its index, its value's bits, a row end)
+    changes the fingerprint; row blocks add up to the whole; a row out of order
+    counts as not canonical."""
+    X = sp.random(50, 40, density=0.2, random_state=1, format="csr")
+    ib, vb = X.indices.view(np.uint32), X.data.view(np.uint64)
+
+    def fp(indptr=X.indptr, cuts=(0, 50)):
+        out = np.zeros(4, dtype=np.uint64)
+        for r0, r1 in zip(cuts[:-1], cuts[1:]):
+            K.scan_rows(indptr, ib, vb, r0, r1, out)
+        return out
+    base = fp()
+    assert base[2] == 0
+    np.testing.assert_array_equal(fp(cuts=(0, 7, 8, 31, 50)), base)
+    rng = np.random.default_rng(0)
+    for m in rng.choice(X.nnz, 40, replace=False):
+        for bits, delta in ((ib, 1), (vb, 1), (vb, 1 << 63)):
+            old = bits[m]
+            bits[m] = old ^ np.array(delta, dtype=bits.dtype)
+            assert (fp()[:2] != base[:2]).any(), f"entry {m} changed unseen"
+            bits[m] = old
+    indptr = X.indptr.copy()
+    indptr[10] += 1
+    assert fp(indptr)[3] != base[3]
+    # structured changes of many entries, which a linear (position-weighted) sum of
+    # the bits misses: every value doubled (each exponent + 1) over 64 x 64 entries,
+    # and two values swapped 2^11 entries apart
+    Y = sp.csr_matrix(np.ones((64, 64)))
+    yb = Y.data.view(np.uint64)
+    out0, out1 = np.zeros(4, np.uint64), np.zeros(4, np.uint64)
+    K.scan_rows(Y.indptr, Y.indices.view(np.uint32), yb, 0, 64, out0)
+    Y.data *= 2.0
+    K.scan_rows(Y.indptr, Y.indices.view(np.uint32), yb, 0, 64, out1)
+    assert out1[1] != out0[1], "X.data *= 2 went unseen"
+    Y.data[0], Y.data[2048] = 1.0, 4.0
+    out2 = np.zeros(4, np.uint64)
+    K.scan_rows(Y.indptr, Y.indices.view(np.uint32), yb, 0, 64, out2)
+    Y.data[0], Y.data[2048] = 4.0, 1.0
+    out3 = np.zeros(4, np.uint64)
+    K.scan_rows(Y.indptr, Y.indices.view(np.uint32), yb, 0, 64, out3)
+    assert out3[1] != out2[1], "two swapped values went unseen"
+    ib[[X.indptr[2], X.indptr[2] + 1]] = ib[[X.indptr[2] + 1, X.indptr[2]]]
+    if X.indptr[3] - X.indptr[2] >= 2:
+        assert fp()[2] > 0                   # row 2 out of order: not canonical
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_lean_kernel_equals_the_full_one_on_the_default_path(sparse, monkeypatch):
+    """The lean variant of the kernel (no lock, clock, momentum, L1, averaging or class
+    weights, decided at compile time) steps exactly as the full one, bit for bit."""
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(300, 12)) * (rng.random((300, 12)) < 0.4)
+    Y = np.sign(rng.normal(size=(300, 1)))
+    prob = Problem.from_xy(sp.csr_matrix(X) if sparse else X, Y)
+    runs = []
+    for kernel in (K._run_lean, K._run_full):
+        monkeypatch.setattr(K, "_run_lean", kernel)
+        sgd = HogwildSGD(12, 1, loss="log_loss", alpha=1e-3, n_workers=1, seed=4)
+        losses = [sgd.epoch(prob) for _ in range(3)]
+        runs.append((sgd.W.copy(), sgd.b.copy(), losses))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    assert runs[0][2] == runs[1][2]
+
+
 @pytest.mark.parametrize("backend", ["threads", "processes"])
 @pytest.mark.parametrize("hot", [0, 16, 1024])
 def test_every_step_reaches_the_weights_with_two_workers(backend, hot, no_shm_leak):
@@ -107,10 +286,12 @@ def test_every_step_reaches_the_weights_with_two_workers(backend, hot, no_shm_le
 def test_hot_features_auto_buffers_in_fit_only():
     """hot_features="auto": the most frequent AUTO_HOT_FEATURES features are buffered in
     a fit with several workers on large sparse data with L2 and max_iter of at least
-    AUTO_HOT_MIN_EPOCHS; not in shorter fits or partial_fit (one epoch), with one
-    worker, on dense or small data, with L1 or momentum, or with hot_features=0."""
+    AUTO_HOT_MIN_EPOCHS, or in shorter fits of the matrix whose layout is kept; not in
+    other shorter fits or partial_fit (one epoch), with one worker, on dense or small
+    data, with L1 or momentum, or with hot_features=0."""
     from sgd_shm.data import make_rcv1_like
-    from sgd_shm.hogwild import AUTO_HOT_FEATURES, AUTO_HOT_MIN_EPOCHS, AUTO_HOT_MIN_NNZ
+    from sgd_shm.hogwild import (AUTO_HOT_FEATURES, AUTO_HOT_MIN_EPOCHS, AUTO_HOT_MIN_NNZ,
+                                 clear_layout_cache)
     X, y = make_rcv1_like(12_000, 4 * AUTO_HOT_FEATURES, density=0.006, random_state=0)
     assert X.nnz >= AUTO_HOT_MIN_NNZ
     kw = dict(max_iter=AUTO_HOT_MIN_EPOCHS, tol=None, random_state=0)
@@ -119,6 +300,7 @@ def test_hot_features_auto_buffers_in_fit_only():
         assert HogwildClassifier(n_workers=2, **kw).fit(X, y).hot_features_ == AUTO_HOT_FEATURES
         assert HogwildClassifier(n_workers=2, hot_features=100, **kw).fit(X, y).hot_features_ == 100
         short = dict(kw, max_iter=AUTO_HOT_MIN_EPOCHS - 1)
+        clear_layout_cache()                 # (a kept layout makes shorter fits buffer)
         for est in (HogwildClassifier(n_workers=1, **kw),
                     HogwildClassifier(n_workers=2, hot_features=0, **kw),
                     HogwildClassifier(n_workers=2, penalty="l1", **kw),
@@ -133,6 +315,11 @@ def test_hot_features_auto_buffers_in_fit_only():
         assert clf.hot_features_ == 0
         reg = HogwildRegressor(n_workers=2, **kw).fit(X, y)
         assert reg.hot_features_ == AUTO_HOT_FEATURES
+        # the layout of X is kept now: a shorter fit on X gets it without a copy
+        assert HogwildClassifier(n_workers=2, **short).fit(X, y).hot_features_ \
+            == AUTO_HOT_FEATURES
+        clear_layout_cache()
+        assert HogwildClassifier(n_workers=2, **short).fit(X, y).hot_features_ == 0
 
 
 @pytest.mark.parametrize("backend", ["threads", "processes"])
