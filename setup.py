@@ -21,5 +21,7 @@ ext = [
     for name in ("base", "conflict", "multiqueue", "multicounter", "sched", "stm")
 ]
 
-setup(ext_modules=cythonize(ext, include_path=["ext"], language_level=3,
-                            compiler_directives={"embedsignature": True}))
+jobs = os.cpu_count() or 1        # translate and compile the modules side by side
+setup(ext_modules=cythonize(ext, include_path=["ext"], language_level=3, nthreads=jobs,
+                            compiler_directives={"embedsignature": True}),
+      options={"build_ext": {"parallel": jobs}})
