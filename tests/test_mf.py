@@ -7,15 +7,16 @@ from sgd_shm import MatrixFactorization, _mf
 from sgd_shm.data import make_ratings
 
 
-@pytest.mark.parametrize("backend", ["threads", "processes"])
-def test_one_worker_epoch_equals_serial_oracle(backend, no_shm_leak):
+def replay_second_epoch_against_serial_oracle(**kw):
+    """One worker (``kw``: backend, start_method): fit one epoch to initialise, then
+    check that partial_fit's epoch equals the serial oracle replayed by hand on the
+    same order (its session's split, then the worker's shuffle)."""
     X, y = make_ratings(50, 40, 800, rank=3, random_state=1)
     mf = MatrixFactorization(n_factors=4, n_workers=1, max_iter=1, decay=1.0, random_state=2,
-                             backend=backend)
-    mf.fit(X, y)                                   # initialises; we replay epoch 2 by hand
+                             **kw)
+    mf.fit(X, y)
     P, Q = mf.user_factors_.copy(), mf.item_factors_.copy()
     bu, bi = mf.user_bias_.copy(), mf.item_bias_.copy()
-    # the order partial_fit will use: its session's split, then the worker's shuffle
     rng = np.random.default_rng()
     rng.bit_generator.state = mf._rng.bit_generator.state
     order = rng.permutation(len(y))
@@ -23,9 +24,14 @@ def test_one_worker_epoch_equals_serial_oracle(backend, no_shm_leak):
     mf.partial_fit(X, y)
     serial_mf_epoch(X[:, 0], X[:, 1], y, order, P, Q, bu, bi, lr=0.01, reg=0.02, reg_bias=0.02,
                     mu=mf.global_mean_)
-    np.testing.assert_allclose(mf.user_factors_, P, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(mf.item_factors_, Q, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(mf.user_bias_, bu, rtol=1e-10, atol=1e-12)
+    for got, want in ((mf.user_factors_, P), (mf.item_factors_, Q), (mf.user_bias_, bu),
+                      (mf.item_bias_, bi)):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["threads", "processes"])
+def test_one_worker_epoch_equals_serial_oracle(backend, no_shm_leak):
+    replay_second_epoch_against_serial_oracle(backend=backend)
 
 
 def test_shuffle_part_permutes_its_part_only_and_uniformly():

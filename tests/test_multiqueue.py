@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 import workers
 from conftest import scaled
 from naive import NaivePQ, rank_errors
+from test_crash import killed_in_child
 from relaxed import MultiQueue, QueueFull
 
 
@@ -519,17 +520,6 @@ def test_check_covers_the_buffers(damage, no_shm_leak):
         seg.close()
 
 
-def _killed_in_child(fn):
-    pid = os.fork()
-    if pid == 0:
-        try:
-            fn()
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-
-
 def _buffer_case(mq, case):
     """Fill one queue (16 in the deletion buffer, 16 in the heap, 8 buffered) and set
     up the step named by ``case``; returns (multiset held, op, pushed item)."""
@@ -569,7 +559,7 @@ def test_kill_at_every_store_of_a_buffer_step(case, no_shm_leak):
             def operation():
                 _multiqueue._crash_after(k1)
                 mq.push(*item) if op == "push" else mq.pop()
-            if not _killed_in_child(operation):
+            if not killed_in_child(operation):
                 break
             assert mq.recover_dead_locks() == 1
             mq._check()

@@ -19,8 +19,9 @@ import pytest
 from sklearn.datasets import load_breast_cancer
 from sklearn.preprocessing import StandardScaler
 
-from naive import serial_mf_epoch
-from sgd_shm import HogwildClassifier, MatrixFactorization, _mf
+from test_mf import replay_second_epoch_against_serial_oracle
+from test_ps_train import _running
+from sgd_shm import HogwildClassifier, MatrixFactorization
 from sgd_shm._procs import INLINE_BYTES, START_METHODS, Shipment, WorkerError, _land
 from sgd_shm._procs import shared_arrays
 from sgd_shm.data import make_ratings, make_rcv1_like
@@ -54,15 +55,6 @@ def _descendants(pid):
             except (OSError, ValueError, IndexError):
                 pass
     return kids + [g for k in kids for g in _descendants(k)]
-
-
-def _running(pid):
-    """Whether ``pid`` exists and is neither a zombie nor dead."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _is_worker(pid):
@@ -159,20 +151,7 @@ def test_hogwild_worker_sigkilled_under_spawn(cancer, no_shm_leak):
 def test_mf_processes(method, no_shm_leak):
     """One worker process replays the serial oracle exactly (as
     test_mf.test_one_worker_epoch_equals_serial_oracle); two train as well as threads."""
-    X, y = make_ratings(50, 40, 800, rank=3, random_state=1)
-    mf = MatrixFactorization(n_factors=4, n_workers=1, max_iter=1, decay=1.0, random_state=2,
-                             backend="processes", start_method=method).fit(X, y)
-    P, Q = mf.user_factors_.copy(), mf.item_factors_.copy()
-    bu, bi = mf.user_bias_.copy(), mf.item_bias_.copy()
-    rng = np.random.default_rng()
-    rng.bit_generator.state = mf._rng.bit_generator.state
-    order = rng.permutation(len(y))
-    _mf.shuffle_part(order, 0, len(y), rng.integers(0, 2**63 - 1, size=1)[0])
-    mf.partial_fit(X, y)
-    serial_mf_epoch(X[:, 0], X[:, 1], y, order, P, Q, bu, bi, lr=0.01, reg=0.02, reg_bias=0.02,
-                    mu=mf.global_mean_)
-    np.testing.assert_allclose(mf.user_factors_, P, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(mf.item_bias_, bi, rtol=1e-10, atol=1e-12)
+    replay_second_epoch_against_serial_oracle(backend="processes", start_method=method)
     Xr, yr = make_ratings(300, 100, 20_000, random_state=0)
     kw = dict(n_factors=8, max_iter=5, random_state=0)
     two = MatrixFactorization(n_workers=2, backend="processes", start_method=method, **kw)
