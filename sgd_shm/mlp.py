@@ -47,7 +47,7 @@ from sgd_shm._intrinsics import LINE_WORDS
 from sgd_shm._procs import check_start_method
 from sgd_shm.estimators import _check_param, resolve_workers
 from sgd_shm.hogwild import DivergenceError, run_workers
-from sgd_shm.models import MLP, scratch
+from sgd_shm.models import MLP, one_blas_thread, scratch
 
 __all__ = ["HogwildMLPClassifier", "HogwildTrainer"]
 
@@ -58,16 +58,6 @@ _NO_TRACE = np.empty(0, np.int64)
 _NO_BLOCKS = np.empty(0, np.int64)
 
 
-@contextlib.contextmanager
-def _one_blas_thread():
-    """BLAS on one thread for the duration: every Hogwild worker calls dgemm from its
-    own thread, and a threaded BLAS under two workers would oversubscribe the cores
-    (OpenBLAS also serialises concurrent callers of its thread pool)."""
-    from threadpoolctl import threadpool_limits
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
 _CHILD = {"limited": False, "scratch": {}}
 
 
@@ -75,8 +65,7 @@ def _mlp_step(wid, v, static, lo, hi, lr, mu, nesterov):
     """A worker process's share of an epoch (``_procs.SharedWorkers`` step)."""
     net, data, batch, blocks, owned = static
     if not _CHILD["limited"]:               # a spawned child: its own BLAS, limited once
-        from threadpoolctl import threadpool_limits
-        threadpool_limits(limits=1, user_api="blas")
+        one_blas_thread()
         _CHILD["limited"] = True
     key = (wid, batch, tuple(net.sizes))
     scr = _CHILD["scratch"].get(key)
@@ -129,7 +118,7 @@ class HogwildTrainer:
         """BLAS on one thread; with the processes backend, worker processes on ``w``,
         ``V``, the order and the block streams in one shared segment, released on
         exit (the arrays are copied back)."""
-        with _one_blas_thread():
+        with one_blas_thread():
             if self.backend != "processes":
                 self._scratch = [scratch(self.model.net, self.batch)
                                  for _ in range(self.n_workers)]

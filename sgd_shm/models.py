@@ -88,6 +88,16 @@ class Model(abc.ABC):
         return np.argmax(self.decision_function(w, X), axis=1)
 
 
+def one_blas_thread():
+    """BLAS on one thread: from now on in this process, or, used as ``with
+    one_blas_thread():``, for the block (the limiter restores the pools on exit).
+    A model's workers all run matrix products at once, and a threaded BLAS in each
+    would oversubscribe the cores (OpenBLAS also serialises concurrent callers of
+    its pool)."""
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def scratch(net, batch):
     """A fresh ``_mlp.Scratch`` for minibatches of up to ``batch`` rows of the network
     ``net`` (an ``_mlp.Net``); each concurrent caller needs its own."""

@@ -552,8 +552,8 @@ def rank_main(comm, job):
     matrix products run on one BLAS thread per rank (the ranks share the cores)."""
     if job.cfg.model is None:
         return _rank_run(comm, job)
-    from threadpoolctl import threadpool_limits
-    with threadpool_limits(limits=1, user_api="blas"):
+    from sgd_shm.models import one_blas_thread
+    with one_blas_thread():
         return _rank_run(comm, job)
 
 

@@ -347,8 +347,8 @@ class _Worker:
         """Import and compile (or load from Numba's cache) the gradient kernel (and the
         compressor's) before the clock starts; returns this actor's node id."""
         if job.model is not None:                # one BLAS thread per worker actor
-            from threadpoolctl import threadpool_limits
-            threadpool_limits(limits=1, user_api="blas")
+            from sgd_shm.models import one_blas_thread
+            one_blas_thread()
         warm(job)
         if job.compressor is not None:
             job.compressor.memory(job.n_features, np.float64).step(

@@ -48,14 +48,6 @@ from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy, _cas_py, store_re
 from sgd_shm.ps.worker import EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, run_worker, warm
 
 
-def one_blas_thread():
-    """Limit this worker process's BLAS to one thread for its life: a model's matrix
-    products run in every worker at once, and a threaded BLAS in each would
-    oversubscribe the cores."""
-    from threadpoolctl import threadpool_limits
-    threadpool_limits(limits=1, user_api="blas")
-
-
 def warm_up(compressor=None, n_features=4):
     """Compile (or load from Numba's cache) every kernel the workers call, in this
     process, before the workers start: otherwise each worker compiles them itself
@@ -209,6 +201,7 @@ def _process_main(payload, k, seed, start_method, lifeline=None):
     if lifeline is not None:
         link.lifeline = lifeline
     if job.model is not None:                # its matrix products: one BLAS thread each
+        from sgd_shm.models import one_blas_thread
         one_blas_thread()
     if start_method != "fork":               # load the kernels now, not in the first step
         warm_up(job.compressor, job.n_features)

@@ -352,8 +352,8 @@ def _blas_limited(model):
     call it beside them); nothing for the linear model."""
     if model is None:
         return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-    return threadpool_limits(limits=1, user_api="blas")
+    from sgd_shm.models import one_blas_thread
+    return one_blas_thread()
 
 
 def _loss_seed(cfg, rng):
