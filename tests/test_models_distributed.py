@@ -25,7 +25,7 @@ from sgd_shm.ps import worker as ps_worker
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the accuracy band of the multi-worker runs: mean test accuracy over SEEDS within
 #: BAND of MLPClassifier(solver="sgd")'s with the same architecture, step and epochs
-BAND, SEEDS, EPOCHS = 0.015, (0, 1, 2), 15
+BAND, SEEDS, EPOCHS = 0.015, (0, 1, 2, 3, 4), 15     # the issue's mean of 5 seeds
 
 
 @pytest.fixture(scope="module")
