@@ -55,10 +55,64 @@ def header(args) -> dict:
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "loadavg_at_start": load,
+        # see handoff_ns: which cores the run's threads shared, as far as one can tell
+        "handoff_ns_at_start": handoff_ns() if (os.cpu_count() or 1) > 1 else None,
         "seed": args.seed,
         "reps": args.reps,
         "settings": {k: v for k, v in vars(args).items() if k not in ("func",)},
     }
+
+
+#: a handoff slower than this: the two threads' cores share no cache level (e.g. two
+#: vCPUs on different core complexes of an AMD EPYC), see handoff_ns
+FAR_HANDOFF_NS = 100.0
+
+
+def handoff_ns(n=50_000, reps=3):
+    """Nanoseconds to pass one cache line from a thread to another and back, halved
+    (a ping-pong on a flag; median of ``reps``). Whatever shares weights between
+    workers pays it on every contended line: about 40-60 ns between cores under one
+    shared L3, three or four times that between core complexes or sockets. A VM's
+    two vCPUs may move between such placements while it runs, which changes
+    the 2-worker speed-ups measured beside it (see FAR_HANDOFF_NS). None when the
+    two threads did not run at once (a wait of millions of spins: a busy machine)."""
+    import threading
+
+    import numba as nb
+    import numpy as np
+
+    from sgd_shm._intrinsics import load_relaxed, store_release
+
+    @nb.njit(nogil=True)
+    def player(flag, me, other, k):
+        for _ in range(k):
+            spins = 0
+            while True:
+                f = load_relaxed(flag, 0)
+                if f == me:
+                    break
+                spins += 1
+                if f < 0 or spins > 50_000_000:      # the other gave up, or never ran
+                    store_release(flag, -1)
+                    return
+            store_release(flag, other)
+
+    flag = np.zeros(16, np.int64)
+    player(flag, 0, 0, 1)
+
+    def once():
+        flag[0] = 0
+        ths = [threading.Thread(target=player, args=(flag, a, 1 - a, n)) for a in (0, 1)]
+        t0 = time.perf_counter()
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        if flag[0] < 0:
+            return None
+        return (time.perf_counter() - t0) / (2 * n) * 1e9
+    times = [once() for _ in range(reps)]
+    return None if None in times else float(np.median(times))
 
 
 def print_header(h: dict) -> None:
@@ -67,6 +121,9 @@ def print_header(h: dict) -> None:
           f"relaxed {h['relaxed']}")
     print(f"# {h['cpu']}  ({h['cpu_count']} CPUs)  load {h['loadavg_at_start']}  seed {h['seed']}  "
           f"reps {h['reps']}")
+    if h.get("handoff_ns_at_start") is not None:
+        print(f"# cache-line handoff between two threads {h['handoff_ns_at_start']:.0f} ns "
+              f"(over {FAR_HANDOFF_NS:.0f}: cores sharing no cache)")
 
 
 @dataclass

@@ -153,20 +153,28 @@ def free_cores(threads=2, reps=3, n=30_000_000):
 
 def run_fits(X, y, workers_list, reps, seed, iters=FIT_ITERS):
     """Whole fits (see the module notes), interleaved over ``reps`` repetitions after
-    a warm-up; returns one row per (competitor, workers, max_iter)."""
+    a warm-up, with the cache-line handoff between two threads measured around each
+    repetition (``bench.common.handoff_ns``); returns (one row per (competitor,
+    workers, max_iter), the handoffs before and after each repetition)."""
+    from bench.common import handoff_ns
     comps = [("sklearn", 0, None, False), ("hogwild", 1, "threads", False)]
     for T in workers_list:
         if T > 1:
             comps += [(f"hogwild-{b}-{f}", T, b, f == "fresh")
                       for b in ("threads", "processes") for f in ("fresh", "reused")]
     runs = {(c, it): [] for c in comps for it in iters}
+    handoffs = []
     for rep in range(reps + 1):                      # rep 0: warm-up
+        before = handoff_ns()
         for it in iters:
             for c in comps:
                 name, T, backend, fresh = c
                 r = _fit_once(X, y, it, T, backend, seed + rep, fresh)
                 if rep:
                     runs[(c, it)].append(r)
+        if rep:
+            handoffs.append([before, handoff_ns()])
+    places = [_placement(*h) for h in handoffs]
     rows = []
     for (c, it), rs in runs.items():
         name, T, backend, fresh = c
@@ -183,8 +191,23 @@ def run_fits(X, y, workers_list, reps, seed, iters=FIT_ITERS):
             row["speedup_vs_1"] = float(np.median(ratios))
             row["speedup_vs_1_range"] = [float(ratios.min()), float(ratios.max())]
             row["speedup_vs_sklearn"] = float(np.median(sk / secs))
+            for place in ("near", "far"):            # the repetitions of one placement
+                pick = [i for i, p in enumerate(places) if p == place]
+                if pick:
+                    row[f"speedup_vs_1_{place}"] = float(np.median(ratios[pick]))
+                    row[f"reps_{place}"] = len(pick)
         rows.append(row)
-    return rows
+    return rows, handoffs
+
+
+def _placement(before, after):
+    """"near" when both handoffs around a repetition were under FAR_HANDOFF_NS (the
+    threads' cores shared a cache), "far" when both were over, else "mixed"."""
+    from bench.common import FAR_HANDOFF_NS
+    if before is None or after is None:
+        return "mixed"
+    far = [h >= FAR_HANDOFF_NS for h in (before, after)]
+    return "far" if all(far) else ("near" if not any(far) else "mixed")
 
 
 def print_fits(fits, free=None):
@@ -193,12 +216,16 @@ def print_fits(fits, free=None):
           (f"; a private busy loop on 2 threads got {free[0]:.2f} and {free[1]:.2f} cores "
            "before and after" if free else "") + ":")
     print(f"{'competitor':28s} {'workers':>7s} {'max_iter':>8s} {'fit s':>7s} "
-          f"{'vs 1 worker':>11s} {'vs sklearn':>10s} {'accuracy':>8s} {'loss':>7s}")
+          f"{'vs 1 worker (cores near, far)':>31s} {'vs sklearn':>10s} {'accuracy':>8s} "
+          f"{'loss':>7s}")
     for r in fits:
         v1 = f"{r['speedup_vs_1']:.2f}x" if r.get("workers", 1) > 1 else "-"
+        for p in ("near", "far"):
+            if f"speedup_vs_1_{p}" in r:
+                v1 += f" {p} {r[f'speedup_vs_1_{p}']:.2f}x"
         vs = f"{r['speedup_vs_sklearn']:.2f}x" if "speedup_vs_sklearn" in r else "-"
         print(f"{r['competitor']:28s} {r['workers']:7d} {r['max_iter']:8d} "
-              f"{r['fit_s_median']:7.3f} {v1:>11s} {vs:>10s} {r['train_accuracy']:8.4f} "
+              f"{r['fit_s_median']:7.3f} {v1:>31s} {vs:>10s} {r['train_accuracy']:8.4f} "
               f"{r['train_loss']:7.4f}")
 
 
@@ -315,9 +342,10 @@ def run(args, workers_list):
                 "mean_tau": mean_tau, "frac_tau0": frac_tau0,
                 "max_tau_bin": int(np.flatnonzero(h).max()) if h.any() else 0}
     free = [free_cores()]
-    fits = run_fits(X, y, workers_list, args.reps, args.seed)
+    fits, handoffs = run_fits(X, y, workers_list, args.reps, args.seed)
     free.append(free_cores())
     extra = {"fits": fits, "free_cores_before_after_fits": free, "staleness": stale,
+             "handoff_ns_fits": handoffs,
              "problem": {"n_samples": X.shape[0], "n_features": X.shape[1], "nnz": int(X.nnz),
                          "generate_s": gen_s, "loss": "log_loss", "alpha": 1e-4,
                          "learning_rate": "optimal"},

@@ -55,6 +55,14 @@ WORKERS = (1, 2)
 BUDGET_RUNS = ("sync", "ps-asp", "ps-blocks")
 TARGET_GAP = 0.015
 CLAIM_SPEEDUP = 1.2
+#: the scaling problem: (rows, features, hidden layers, minibatch, lr, momentum), whole
+#: fits of max_iter epochs in SCALING_ITERS, and the 2-worker target of issue 18
+SCALING = (50_000, 200, (256, 128), 200, 0.01, 0.9)
+SCALING_ITERS = (3, 10)
+SCALING_TARGET = 1.6
+#: at least this many scaling repetitions: a VM's vCPUs may move between placements
+#: (see bench.common.handoff_ns), and each placement needs repetitions of its own
+SCALING_MIN_REPS = 6
 
 
 def make_nonlinear(n, d, classes=10, hidden=32, seed=0):
@@ -119,6 +127,108 @@ def _hogwild(data, hidden, batch, epochs, lr, mu, seed, workers, partition):
             t += time.perf_counter() - t0
             curve.append((e, t, float(np.mean(classes[model.predict(tr.w, Xte)] == yte))))
     return curve
+
+
+# ---- scaling: 1 worker against 2 threads and 2 processes, per epoch and per whole fit -------
+
+def _scaling_fit(X, y, spec, it, workers, backend, seed):
+    """(seconds, training accuracy) of one whole ``HogwildMLPClassifier.fit``."""
+    from sgd_shm.mlp import HogwildMLPClassifier
+    _, _, hidden, batch, lr, mu = spec
+    clf = HogwildMLPClassifier(hidden, batch_size=batch, learning_rate_init=lr, momentum=mu,
+                               max_iter=it, n_iter_no_change=it + 1, n_workers=workers,
+                               backend=backend, random_state=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        clf.fit(X, y)
+        sec = time.perf_counter() - t0
+    return sec, float(clf.score(X, y))
+
+
+def _scaling_epochs(X, y, spec, workers, backend, seed, epochs=4):
+    """The median seconds of ``epochs`` HogwildTrainer epochs after an untimed one (the
+    session, and with it the processes, started before)."""
+    from sgd_shm.mlp import HogwildTrainer
+    from sgd_shm.models import MLP
+    _, _, hidden, batch, lr, mu = spec
+    model = MLP(X.shape[1], hidden, int(y.max()) + 1, alpha=1e-4)
+    rng = np.random.default_rng(seed)
+    tr = HogwildTrainer(model, model.init(rng), n_workers=workers, batch=batch, momentum=mu,
+                        backend=backend, seed=seed)
+    prep = model.prepare(X, y)
+    times = []
+    with tr.session(prep):
+        for _ in range(epochs + 1):
+            order = rng.permutation(X.shape[0]).astype(np.int64)
+            t0 = time.perf_counter()
+            tr.epoch(prep, order, lr)
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times[1:]))
+
+
+def scaling(reps, seed, *, spec=SCALING, iters=SCALING_ITERS, progress=True):
+    """Whole fits of ``HogwildMLPClassifier`` (max_iter in ``iters``) and epochs of its
+    trainer on the scaling problem: 1 worker, 2 threads, 2 processes, interleaved over
+    ``reps`` repetitions after a warm-up, speed-ups paired by repetition; with a
+    private busy loop's cores before and after (``bench.hogwild.free_cores``) and the
+    cache-line handoff between two threads around every repetition
+    (``bench.common.handoff_ns``): rows for all repetitions, and for those whose
+    cores shared a cache ("near") or did not ("far") throughout."""
+    from bench.common import handoff_ns
+    from bench.hogwild import _placement, free_cores
+    n, d = spec[0], spec[1]
+    X, y = make_nonlinear(n, d, seed=seed)
+    comps = [(1, "threads"), (2, "threads"), (2, "processes")]
+    kinds = [("epoch", None)] + [("fit", it) for it in iters]
+    runs = {(c, k): [] for c in comps for k in kinds}
+    free, handoffs = [free_cores()], []
+    bar = tqdm(total=(reps + 1) * len(comps) * len(kinds), desc="nonconvex scaling",
+               leave=False, disable=not progress)
+    for rep in range(reps + 1):                      # rep 0: warm-up
+        before = handoff_ns()
+        for kind, it in kinds:
+            for P, backend in comps:
+                if kind == "epoch":
+                    r = (_scaling_epochs(X, y, spec, P, backend, seed + rep), None)
+                else:
+                    r = _scaling_fit(X, y, spec, it, P, backend, seed + rep)
+                if rep:
+                    runs[((P, backend), (kind, it))].append(r)
+                bar.update()
+        if rep:
+            handoffs.append([before, handoff_ns()])
+    bar.close()
+    free.append(free_cores())
+    places = [_placement(*h) for h in handoffs]
+    rows = []
+    for place in ("all", "near", "far"):
+        pick = [i for i, p in enumerate(places) if place in ("all", p)]
+        if pick:
+            rows += _scaling_rows(runs, comps, pick, place)
+    return {"problem": {"rows": n, "features": d, "classes": int(np.unique(y).shape[0]),
+                        "hidden": list(spec[2]), "batch": spec[3], "lr": spec[4],
+                        "momentum": spec[5]},
+            "rows": rows, "free_cores_before_after": free, "handoff_ns": handoffs,
+            "placements": places, "reps": reps}
+
+
+def _scaling_rows(runs, comps, pick, place):
+    """Median seconds and paired speed-ups over the repetitions ``pick``."""
+    rows = []
+    for (c, k), rs in runs.items():
+        rs = [rs[i] for i in pick]
+        secs = np.array([r[0] for r in rs])
+        one = np.array([runs[(comps[0], k)][i][0] for i in pick])
+        ratios = one / secs
+        rows.append({"placement": place, "reps": len(pick), "workers": c[0],
+                     "backend": c[1], "kind": k[0], "max_iter": k[1],
+                     "seconds": secs.tolist(), "seconds_median": float(np.median(secs)),
+                     "speedup_vs_1": float(np.median(ratios)),
+                     "speedup_vs_1_range": [float(ratios.min()), float(ratios.max())],
+                     "train_accuracy": (None if k[0] == "epoch" else
+                                        float(np.median([r[1] for r in rs])))})
+    return rows
 
 
 def _points(epochs):
@@ -192,8 +302,9 @@ def _warm_up(data, spec, grid):
 def run(reps, seed, *, problems=tuple(PROBLEMS), workers=WORKERS, quick=False, progress=True):
     """Every competitor on every problem, ``reps`` repetitions (seeds seed, seed + 1,
     ...) interleaved; rows per (problem, competitor, momentum, workers) and, in the
-    extra dict, the problems and the findings. ``quick``: 3 epochs (digits) and 2
-    (a small non-linear problem), one repetition."""
+    extra dict, the problems, the scaling runs (:func:`scaling`) and the findings.
+    ``quick``: 3 epochs (digits) and 2 (a small non-linear problem), one repetition,
+    and a small scaling problem."""
     specs = {p: PROBLEMS[p] for p in problems}
     if quick:
         specs = {p: (h, b, 3 if p == "digits" else 2, lr) for p, (h, b, _, lr) in specs.items()}
@@ -221,6 +332,10 @@ def run(reps, seed, *, problems=tuple(PROBLEMS), workers=WORKERS, quick=False, p
     _targets(rows)
     extra = {"problems": problem_info, "reps": reps, "seeds": [seed + i for i in range(reps)],
              "momenta": list(MOMENTA), "workers": list(workers)}
+    if max(workers) >= 2:
+        extra["scaling"] = (scaling(1, seed, spec=(4_000, 40, (32,), 100, 0.01, 0.9),
+                                    iters=(2,), progress=progress) if quick else
+                            scaling(max(reps, SCALING_MIN_REPS), seed, progress=progress))
     extra["findings"] = findings({"results": rows, **extra})
     return rows, extra
 
@@ -290,7 +405,58 @@ def findings(d):
                            f"{h2['seconds_per_epoch']:.4f} "
                            f"({h1['seconds_per_epoch'] / h2['seconds_per_epoch']:.2f}x); "
                            f"MLPClassifier {sk['seconds_per_epoch']:.4f}.")
+    if d.get("scaling"):
+        out += scaling_findings(d["scaling"])
     return out
+
+
+def _scaling_what(r):
+    return "per epoch" if r["kind"] == "epoch" else f"per whole fit of {r['max_iter']} epochs"
+
+
+def scaling_findings(sc):
+    """One sentence per 2-worker backend: its speed-ups over one worker against the
+    SCALING_TARGET, and the cores a private busy loop got."""
+    pr, out = sc["problem"], []
+    hs = [h for pair in sc.get("handoff_ns", []) for h in pair if h is not None]
+    where = {"all": "all repetitions", "near": "cores sharing a cache",
+             "far": "cores sharing no cache"}
+    for place in ("all", "near", "far"):
+        for backend in ("threads", "processes"):
+            rs = [r for r in sc["rows"] if r["workers"] == 2 and r["backend"] == backend
+                  and r.get("placement", "all") == place]
+            if not rs:
+                continue
+            parts = [f"{_scaling_what(r)} {r['speedup_vs_1']:.2f}x" for r in rs]
+            met = all(r["speedup_vs_1"] >= SCALING_TARGET for r in rs)
+            out.append(f"- scaling ({pr['rows']:,} x {pr['features']}, hidden "
+                       f"{tuple(pr['hidden'])}), {where[place]} ({rs[0].get('reps', '?')} "
+                       f"repetitions): 2 {backend} against 1 worker: " + ", ".join(parts) +
+                       f" ({'all' if met else 'not all'} >= {SCALING_TARGET}x).")
+    if hs:
+        out.append(f"- scaling controls: a private busy loop got "
+                   f"{sc['free_cores_before_after'][0]:.2f} and "
+                   f"{sc['free_cores_before_after'][1]:.2f} cores before and after; a cache "
+                   f"line's handoff between the two threads took {min(hs):.0f}-{max(hs):.0f} "
+                   f"ns around the repetitions (placements: {', '.join(sc['placements'])}).")
+    return out
+
+
+def scaling_markdown(sc):
+    pr = sc["problem"]
+    lines = [f"Scaling: `HogwildMLPClassifier` on {pr['rows']:,} x {pr['features']} "
+             f"({pr['classes']} classes), hidden {tuple(pr['hidden'])}, minibatch "
+             f"{pr['batch']}, lr {pr['lr']:g}, momentum {pr['momentum']:g}; epochs of its "
+             f"trainer and whole `fit` calls, medians of {sc['reps']}, speed-ups paired by "
+             "repetition:", "",
+             "| cores | reps | workers | backend | what | seconds | vs 1 worker | "
+             "training accuracy |", "|---|---:|---:|---|---|---:|---:|---:|"]
+    for r in sc["rows"]:
+        acc = "-" if r["train_accuracy"] is None else f"{r['train_accuracy']:.4f}"
+        lines.append(f"| {r.get('placement', 'all')} | {r.get('reps', sc['reps'])} | "
+                     f"{r['workers']} | {r['backend']} | {_scaling_what(r)} | "
+                     f"{r['seconds_median']:.3f} | {r['speedup_vs_1']:.2f}x | {acc} |")
+    return lines + [""]
 
 
 def summary_markdown(d):
@@ -311,6 +477,8 @@ def summary_markdown(d):
                          f"{r['epochs'][-1]} | {r['final_accuracy']:.4f} | "
                          f"{r['seconds_per_epoch']:.4f} | {r['target']:.4f} | {ttt} |")
         lines.append("")
+    if d.get("scaling"):
+        lines += scaling_markdown(d["scaling"])
     lines += ["Findings:", "", *d.get("findings", findings(d))]
     return "\n".join(lines)
 

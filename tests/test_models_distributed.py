@@ -139,6 +139,22 @@ def test_ps_two_workers_reach_mlpclassifier_band(digits, sklearn_accuracy, parti
     _band(accs, sklearn_accuracy, f"ps partition={partition}")
 
 
+def test_partitioned_ps_workers_learn_from_every_partition(digits, no_shm_leak):
+    """Under blocks a worker alone steps its blocks, so it must take minibatches from
+    every data partition (else its blocks see 1/n of the rows): about half of each
+    worker's minibatches come from the other's partition, each applied exactly once."""
+    Xtr, _, ytr, _ = digits
+    r = ps.train(Xtr, ytr, model=MLP(64, (32,), 10), n_workers=2, policy="asp",
+                 partition="blocks", lr=0.1, batch_size=32, epochs=8, max_seconds=120,
+                 seed=0, progress=False)
+    done = [w["pushes"] for w in r.workers]
+    other = r.batches["stolen_by_worker"]
+    for k in range(2):
+        # a Binomial(done, 1/2) count: 6 standard deviations either side
+        assert abs(other[k] - done[k] / 2) <= 6 * np.sqrt(done[k] / 4) + 1, (k, other, done)
+    assert sum(done) == 8 * sum(-(-np.diff(np.linspace(0, len(ytr), 3).astype(int)) // 32))
+
+
 def test_eager_two_ranks_reach_mlpclassifier_band(digits, sklearn_accuracy, no_shm_leak):
     """Two ranks of 16 rows under a synchronous allreduce: minibatches of 32 in all."""
     Xtr, Xte, ytr, yte = digits

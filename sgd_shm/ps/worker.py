@@ -27,7 +27,9 @@ gradient is ``model.loss_grad`` of the minibatch at the pulled weights; with
 arXiv:1905.11845) worker k draws one of its own blocks (``job.blocks``, from
 ``model.blocks``) uniformly each step, computes that block's gradient only and pushes
 just that range (``push_sparse`` of its indices: only the shards it reaches are locked
-and bumped), so no two workers ever write the same weight.
+and bumped), so no two workers ever write the same weight; its minibatches come from
+a data partition drawn uniformly each step (any worker may pop any partition's queue,
+exactly once as ever), so each block is trained on all the rows.
 
 With a work budget (``train(..., epochs=E)``), a worker claims a ticket after its
 gate opens and before taking a minibatch, keeps it across a dropped push, and spends
@@ -178,13 +180,19 @@ class Losses:
 
 
 def _take(link, job, k, rng):
-    """(partition, key, batch): from the policy's sources first, then k's own."""
+    """(partition, key, batch): from the policy's sources first, then k's own; under
+    block partitioning from a partition drawn uniformly instead of k's own, so that
+    every block learns from all the data (worker k alone steps its blocks, and the
+    data partitions are fixed: from its own partition only, block k would see only
+    1/n of the rows)."""
     for q, limit in job.policy.sources(k, link):
         it = link.take(q, rng, limit)
         if it is not None:
             return q, it[0], it[1]
-    key, j = link.take(k, rng, None)
-    return k, key, j
+    n = job.batches.part_lo.shape[0]
+    q = int(rng.integers(n)) if job.blocks is not None and n > 1 else k
+    key, j = link.take(q, rng, None)
+    return q, key, j
 
 
 class _Spells:
