@@ -306,10 +306,11 @@ def _keep_layout(X, H, fingerprint, layout):
     clear_layout_cache(), or the death of one of X's arrays."""
     global _layout_cache
     entry = {"H": H, "fingerprint": fingerprint, "layout": layout}
+    lock = _layout_lock      # (held here: at interpreter exit the module's globals are gone)
 
     def drop(_ref):
         global _layout_cache
-        with _layout_lock:
+        with lock:
             if _layout_cache is entry:
                 _layout_cache = None
     entry["arrays"] = _identities(X)
