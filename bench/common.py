@@ -75,7 +75,8 @@ def handoff_ns(n=50_000, reps=3):
     shared L3, three or four times that between core complexes or sockets. A VM's
     two vCPUs may move between such placements while it runs, which changes
     the 2-worker speed-ups measured beside it (see FAR_HANDOFF_NS). None when the
-    two threads did not run at once (a wait of millions of spins: a busy machine)."""
+    two threads did not run at once (millions of spins of waiting: a busy machine),
+    which bounds the time it takes there."""
     import threading
 
     import numba as nb
@@ -85,15 +86,15 @@ def handoff_ns(n=50_000, reps=3):
 
     @nb.njit(nogil=True)
     def player(flag, me, other, k):
+        spins = 0                # a handoff takes tens of spins when both threads run
         for _ in range(k):
-            spins = 0
             while True:
                 f = load_relaxed(flag, 0)
                 if f == me:
                     break
                 spins += 1
-                if f < 0 or spins > 50_000_000:      # the other gave up, or never ran
-                    store_release(flag, -1)
+                if f < 0 or spins > 1000 * k + 10_000_000:  # the other gave up, or the
+                    store_release(flag, -1)                 # two rarely ran at once
                     return
             store_release(flag, other)
 
