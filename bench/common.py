@@ -116,6 +116,15 @@ def handoff_ns(n=50_000, reps=3):
     return None if None in times else float(np.median(times))
 
 
+def placement(before, after):
+    """"near" when both handoffs (handoff_ns) around a run were under FAR_HANDOFF_NS
+    (the threads' cores shared a cache), "far" when both were over, else "mixed"."""
+    if before is None or after is None:
+        return "mixed"
+    far = [h >= FAR_HANDOFF_NS for h in (before, after)]
+    return "far" if all(far) else ("near" if not any(far) else "mixed")
+
+
 def print_header(h: dict) -> None:
     print(f"# {h['command']}")
     print(f"# {h['date']}  python {h['python']}  numpy {h['numpy']}  numba {h['numba']}  "

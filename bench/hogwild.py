@@ -156,7 +156,7 @@ def run_fits(X, y, workers_list, reps, seed, iters=FIT_ITERS):
     a warm-up, with the cache-line handoff between two threads measured around each
     repetition (``bench.common.handoff_ns``); returns (one row per (competitor,
     workers, max_iter), the handoffs before and after each repetition)."""
-    from bench.common import handoff_ns
+    from bench.common import handoff_ns, placement
     comps = [("sklearn", 0, None, False), ("hogwild", 1, "threads", False)]
     for T in workers_list:
         if T > 1:
@@ -174,7 +174,7 @@ def run_fits(X, y, workers_list, reps, seed, iters=FIT_ITERS):
                     runs[(c, it)].append(r)
         if rep:
             handoffs.append([before, handoff_ns()])
-    places = [_placement(*h) for h in handoffs]
+    places = [placement(*h) for h in handoffs]
     rows = []
     for (c, it), rs in runs.items():
         name, T, backend, fresh = c
@@ -198,16 +198,6 @@ def run_fits(X, y, workers_list, reps, seed, iters=FIT_ITERS):
                     row[f"reps_{place}"] = len(pick)
         rows.append(row)
     return rows, handoffs
-
-
-def _placement(before, after):
-    """"near" when both handoffs around a repetition were under FAR_HANDOFF_NS (the
-    threads' cores shared a cache), "far" when both were over, else "mixed"."""
-    from bench.common import FAR_HANDOFF_NS
-    if before is None or after is None:
-        return "mixed"
-    far = [h >= FAR_HANDOFF_NS for h in (before, after)]
-    return "far" if all(far) else ("near" if not any(far) else "mixed")
 
 
 def print_fits(fits, free=None):

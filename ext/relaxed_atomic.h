@@ -159,8 +159,14 @@ static inline void rlx_crash_point(void) {
 }
 
 /* ---- timestamps for the operation log ---------------------------------- */
+/* The log stamps an event while the queue's lock is held, so that sorting by stamp
+   is a linearization. RDTSC alone may execute before the lock's compare-and-swap
+   completes (it waits for nothing before it), and a stamp taken while another core
+   still held the lock would order the two events the wrong way; LFENCE first makes
+   every earlier instruction, the lock's CAS included, complete before the read. */
 static inline uint64_t rlx_ticks(void) {
 #if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_lfence();
     return __builtin_ia32_rdtsc();
 #else
     struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -84,3 +84,31 @@ def test_logged_hold_two_threads_replays_cleanly():
     rank, delay = replay(ticks, ops, keys, vals, init, np.arange(n))
     assert len(rank) == 2 * n and rank.min() >= 0 and delay.min() >= 0
     mq._check()
+
+
+def test_one_queue_under_two_threads_replays_exact():
+    """One queue is an exact priority queue, so its log, stamped under the lock,
+    must replay with rank error 0 and delay 0 for every pop, whichever core stamps
+    (a stamp read before the lock's CAS completed would misorder events)."""
+    n, it = 50_000, 100_000
+    for seed in range(3):
+        mq = MultiQueue(n + 2, n_queues=1, seed=seed)
+        init = np.random.default_rng(seed).integers(0, 1 << 32, n)
+        mq.push_many(init, np.arange(n))
+        logs = [np.zeros((2 * it, 4), dtype=np.int64) for _ in range(2)]
+        lens = [0, 0]
+        barrier = threading.Barrier(2)
+
+        def run(i):
+            barrier.wait()
+            lens[i] = mq._hold(it, (1 << 32) - 1, log=logs[i])[1]
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        mq._check()
+        mq.close()
+        rank, delay = replay(*merge_logs(logs, lens), init, np.arange(n))
+        assert len(rank) == 2 * it
+        assert rank.max() == 0 and delay.max() == 0, (seed, int((rank > 0).sum()))
