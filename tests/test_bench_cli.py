@@ -83,6 +83,12 @@ def test_bench_all_tiny(tmp_path):
         ("sklearn", 1), ("hogwild", 2), ("blocks", 2), ("sync", 2), ("ps-asp", 2)}
     assert all(0 < r["final_accuracy"] <= 1 for r in nc["results"]), \
         [(r["competitor"], r["final_accuracy"]) for r in nc["results"]]
+    sc = nc["scaling"]                                   # 1 worker vs 2 threads / processes
+    assert {(r["workers"], r["backend"]) for r in sc["rows"]} == {
+        (1, "threads"), (2, "threads"), (2, "processes")}
+    assert all(r["speedup_vs_1"] == 1.0 for r in sc["rows"] if r["workers"] == 1)
+    assert len(sc["handoff_ns"]) == sc["reps"] == len(sc["placements"])
+    assert "handoff_ns_at_start" in nc["header"]
     assert page.count("\n## ") == 16                      # machines + every scenario
     assert page.count("](") >= 11                          # a plot per scenario, linked
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
