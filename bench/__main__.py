@@ -52,7 +52,6 @@ import importlib
 import importlib.util
 import os
 import sys
-import threading
 import time
 
 import numpy as np
@@ -137,25 +136,13 @@ def cmd_pq(args, kind):
 def _quality_run(T, q, stick, args, seed):
     """One logged hold run with T threads; returns (rank errors, delays)."""
     from relaxed import MultiQueue
-    from relaxed.quality import merge_logs, replay
+    from relaxed.quality import logged_hold, merge_logs, replay
     rng = np.random.default_rng(seed)
     n = args.prefill
     init = rng.integers(0, 1 << 32, n)
     mq = MultiQueue(n + T, n_queues=q, seed=seed, stickiness=stick)
     mq.push_many(init, np.arange(n))
-    it = args.quality_iters
-    logs = [np.zeros((2 * it, 4), dtype=np.int64) for _ in range(T)]
-    lens = [0] * T
-    barrier = threading.Barrier(T)
-
-    def body(i):
-        barrier.wait()
-        lens[i] = mq._hold(it, (1 << 32) - 1, log=logs[i])[1]
-    ts = [threading.Thread(target=body, args=(i,)) for i in range(T)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    logs, lens = logged_hold(mq, T, args.quality_iters, (1 << 32) - 1)
     mq._check()
     mq.close()
     ticks, ops, keys, vals = merge_logs(logs, lens)

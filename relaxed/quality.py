@@ -21,10 +21,13 @@ Example::
 """
 from __future__ import annotations
 
+import threading
+
 import numba as nb
 import numpy as np
 
-__all__ = ["replay", "rank_errors_sequential", "merge_logs", "theory_rank_error"]
+__all__ = ["replay", "rank_errors_sequential", "merge_logs", "logged_hold",
+           "theory_rank_error"]
 
 
 def theory_rank_error(n_queues: int) -> float:
@@ -174,6 +177,25 @@ def rank_errors_sequential(initial_keys, popped, pushed):
     vals = np.zeros(2 * n, dtype=np.int64)
     rank, _ = replay(ticks, ops, keys, vals, initial_keys, np.zeros(len(initial_keys), np.int64))
     return rank
+
+
+def logged_hold(mq, threads, iters, max_increment):
+    """The hold model on ``threads`` threads started together: each repeats ``iters``
+    times "pop, then push the key plus a uniform in [0, max_increment)" through
+    ``mq._hold``, logging every event. Returns (logs, lengths) for :func:`merge_logs`."""
+    logs = [np.zeros((2 * iters, 4), dtype=np.int64) for _ in range(threads)]
+    lens = [0] * threads
+    barrier = threading.Barrier(threads)
+
+    def body(i):
+        barrier.wait()
+        lens[i] = mq._hold(iters, max_increment, log=logs[i])[1]
+    ts = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return logs, lens
 
 
 def merge_logs(logs, lengths):

@@ -1,12 +1,10 @@
 """The log replay (rank error, delay) against the naive oracles."""
-import threading
-
 import numpy as np
 import pytest
 
 from naive import delays, rank_errors
 from relaxed import MultiQueue
-from relaxed.quality import merge_logs, rank_errors_sequential, replay
+from relaxed.quality import logged_hold, merge_logs, rank_errors_sequential, replay
 
 
 def random_history(rng, n_init, n_ops):
@@ -69,16 +67,7 @@ def test_logged_hold_two_threads_replays_cleanly():
     mq = MultiQueue(3 * n, n_queues=4, seed=4)
     init = np.random.default_rng(4).integers(0, 1 << 30, n)
     mq.push_many(init, np.arange(n))
-    logs = [np.zeros((2 * n, 4), dtype=np.int64) for _ in range(2)]
-    lens = [0, 0]
-
-    def run(i):
-        lens[i] = mq._hold(n, 1 << 30, log=logs[i])[1]
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    logs, lens = logged_hold(mq, 2, n, 1 << 30)
     assert lens == [2 * n, 2 * n]
     ticks, ops, keys, vals = merge_logs(logs, lens)
     rank, delay = replay(ticks, ops, keys, vals, init, np.arange(n))
@@ -95,18 +84,7 @@ def test_one_queue_under_two_threads_replays_exact():
         mq = MultiQueue(n + 2, n_queues=1, seed=seed)
         init = np.random.default_rng(seed).integers(0, 1 << 32, n)
         mq.push_many(init, np.arange(n))
-        logs = [np.zeros((2 * it, 4), dtype=np.int64) for _ in range(2)]
-        lens = [0, 0]
-        barrier = threading.Barrier(2)
-
-        def run(i):
-            barrier.wait()
-            lens[i] = mq._hold(it, (1 << 32) - 1, log=logs[i])[1]
-        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        logs, lens = logged_hold(mq, 2, it, (1 << 32) - 1)
         mq._check()
         mq.close()
         rank, delay = replay(*merge_logs(logs, lens), init, np.arange(n))
