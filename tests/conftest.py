@@ -48,3 +48,22 @@ def no_shm_leak():
     gc.collect()
     leaked = {n for n in shm_names() - before if _ours_or_orphaned(n)}
     assert not leaked, f"shared-memory segments leaked: {sorted(leaked)}"
+
+
+def _local_ray():
+    """A fresh local Ray instance of 2 CPUs (any running one shut down first), shut
+    down after; the test is skipped where Ray is not installed."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+             log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+#: Ray for one test, and for a whole module of Ray tests
+local_ray = pytest.fixture(_local_ray, name="local_ray")
+local_ray_module = pytest.fixture(_local_ray, scope="module", name="local_ray_module")

@@ -188,27 +188,19 @@ def test_ps_policies_and_compression_train_the_mlp(digits, kw, no_shm_leak):
         assert r.bytes_sent < r.bytes_dense
 
 
-def test_ps_mlp_on_ray(digits):
+def test_ps_mlp_on_ray(digits, local_ray):
     """The MLP through Ray actors (a short run: a push is an actor round trip)."""
-    ray = pytest.importorskip("ray")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
-    try:
-        Xtr, Xte, ytr, yte = digits
-        r = ps.train(Xtr, ytr, model=MLP(64, (32,), 10), n_workers=2, policy="asp",
-                     backend="ray", lr=0.1, batch_size=32, epochs=4, max_seconds=120, seed=0,
-                     progress=False)
-        assert r.backend == "ray" and r.updates == 4 * 40
-        assert r.score(Xte, yte) > 0.85
-        # blocks: the workers take minibatches from each other's partitions through Ray too
-        b = ps.train(Xtr, ytr, model=MLP(64, (32,), 10), n_workers=2, policy="asp",
-                     partition="blocks", backend="ray", lr=0.1, batch_size=32, epochs=4,
-                     max_seconds=120, seed=0, progress=False)
-        assert b.updates == 4 * 40 and min(b.batches["stolen_by_worker"]) > 0
-    finally:
-        ray.shutdown()
+    Xtr, Xte, ytr, yte = digits
+    r = ps.train(Xtr, ytr, model=MLP(64, (32,), 10), n_workers=2, policy="asp",
+                 backend="ray", lr=0.1, batch_size=32, epochs=4, max_seconds=120, seed=0,
+                 progress=False)
+    assert r.backend == "ray" and r.updates == 4 * 40
+    assert r.score(Xte, yte) > 0.85
+    # blocks: the workers take minibatches from each other's partitions through Ray too
+    b = ps.train(Xtr, ytr, model=MLP(64, (32,), 10), n_workers=2, policy="asp",
+                 partition="blocks", backend="ray", lr=0.1, batch_size=32, epochs=4,
+                 max_seconds=120, seed=0, progress=False)
+    assert b.updates == 4 * 40 and min(b.batches["stolen_by_worker"]) > 0
 
 
 # ---- the eager trainer against the serial oracle --------------------------------------

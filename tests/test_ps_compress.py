@@ -169,37 +169,29 @@ def test_bad_input(data):
             train(X, y, epochs=bad, max_seconds=0.1)
 
 
-def test_sparse_push_on_ray(data):
+def test_sparse_push_on_ray(data, local_ray):
     """The Ray link sends only the hit shards their runs; the result equals the
     dense push of the scattered vector."""
-    ray = pytest.importorskip("ray")
     from sgd_shm.ps.partitions import Batches
     from sgd_shm.ps.ray_backend import RayBackend, RayLink
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
+    n, rng = 100, np.random.default_rng(0)
+    batches = Batches.draw(64, 2, 8, rng)
+    backend = RayBackend(n, 4, 2, batches, rng)
     try:
-        n, rng = 100, np.random.default_rng(0)
-        batches = Batches.draw(64, 2, 8, rng)
-        backend = RayBackend(n, 4, 2, batches, rng)
-        try:
-            link = RayLink(backend.hub, backend.shards, backend.bounds, LR)
-            idx = np.array([1, 2, 60, 99], np.int32)            # shards 0, 2, 3
-            vals = np.array([1.0, -2.0, 0.5, 4.0])
-            link.push_sparse(0, idx, vals, 0, 0.5, 24)
-            g = np.zeros(n)
-            g[idx] = vals
-            link.push(1, g, 0, 1.0)
-            w, vers, v, pushes, _ = backend.snapshot()
-            np.testing.assert_array_equal(w, -LR * 1.5 * g)
-            assert vers.tolist() == [2, 1, 2, 2] and v == 2 and pushes.tolist() == [1, 1]
-            workers, hist, _ = backend.report()
-            assert [wk["bytes_sent"] for wk in workers] == [24, 8 * n]
-            assert [wk["bytes_dense"] for wk in workers] == [8 * n, 8 * n]
-            assert [wk["staleness_sum"] for wk in workers] == [0, 1]
-            assert [wk["applied_weight"] for wk in workers] == [0.5, 1.0]
-        finally:
-            backend.close()
+        link = RayLink(backend.hub, backend.shards, backend.bounds, LR)
+        idx = np.array([1, 2, 60, 99], np.int32)            # shards 0, 2, 3
+        vals = np.array([1.0, -2.0, 0.5, 4.0])
+        link.push_sparse(0, idx, vals, 0, 0.5, 24)
+        g = np.zeros(n)
+        g[idx] = vals
+        link.push(1, g, 0, 1.0)
+        w, vers, v, pushes, _ = backend.snapshot()
+        np.testing.assert_array_equal(w, -LR * 1.5 * g)
+        assert vers.tolist() == [2, 1, 2, 2] and v == 2 and pushes.tolist() == [1, 1]
+        workers, hist, _ = backend.report()
+        assert [wk["bytes_sent"] for wk in workers] == [24, 8 * n]
+        assert [wk["bytes_dense"] for wk in workers] == [8 * n, 8 * n]
+        assert [wk["staleness_sum"] for wk in workers] == [0, 1]
+        assert [wk["applied_weight"] for wk in workers] == [0.5, 1.0]
     finally:
-        ray.shutdown()
+        backend.close()

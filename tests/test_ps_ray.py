@@ -12,13 +12,9 @@ from sgd_shm.ps import SSP, load_checkpoint, train  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
-    yield
-    ray.shutdown()
+def local_ray(local_ray_module):
+    """One Ray instance for the module's tests (conftest's)."""
+    return local_ray_module
 
 
 @pytest.fixture(scope="module")

@@ -213,26 +213,18 @@ def test_bad_input(data):
         train(X, y, policy="gossip")
 
 
-def test_rps_on_ray(small):
+def test_rps_on_ray(small, local_ray):
     """On Ray (shard actors as the servers): the same oracle with loss, the same bits
     as on shared memory, and ASP's lost pushes counted against the shards."""
-    ray = pytest.importorskip("ray")
     X, ys = small
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
-    try:
-        r, want, up, down = _oracle_run(X, ys, 0.3, backend="ray")
-        assert r.backend == "ray"
-        _check_oracle(r, want, up, down)
-        shm = _oracle_run(X, ys, 0.3)[0]
-        assert np.array_equal(r.coef_, shm.coef_) and r.messages == shm.messages
-        a = train(X, ys, n_workers=2, policy="asp", drop=0.2, n_shards=4, max_seconds=0.8,
-                  seed=1, backend="ray", progress=False)
-        tot = a.messages["total"]
-        assert tot["up_sent"] == tot["down_sent"] > 0
-        _within(tot["up_lost"] + tot["down_lost"], 2 * tot["up_sent"], 0.2, "ray asp")
-        assert a.updates == sum(w["pushes"] for w in a.workers)
-    finally:
-        ray.shutdown()
+    r, want, up, down = _oracle_run(X, ys, 0.3, backend="ray")
+    assert r.backend == "ray"
+    _check_oracle(r, want, up, down)
+    shm = _oracle_run(X, ys, 0.3)[0]
+    assert np.array_equal(r.coef_, shm.coef_) and r.messages == shm.messages
+    a = train(X, ys, n_workers=2, policy="asp", drop=0.2, n_shards=4, max_seconds=0.8,
+              seed=1, backend="ray", progress=False)
+    tot = a.messages["total"]
+    assert tot["up_sent"] == tot["down_sent"] > 0
+    _within(tot["up_lost"] + tot["down_lost"], 2 * tot["up_sent"], 0.2, "ray asp")
+    assert a.updates == sum(w["pushes"] for w in a.workers)
