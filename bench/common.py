@@ -63,6 +63,19 @@ def header(args) -> dict:
     }
 
 
+def timed_threads(work, n):
+    """Seconds from starting ``n`` threads running work(0) .. work(n - 1) to the end
+    of the last one."""
+    import threading
+    ths = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    return time.perf_counter() - t0
+
+
 #: a handoff slower than this: the two threads' cores share no cache level (e.g. two
 #: vCPUs on different core complexes of an AMD EPYC), see handoff_ns
 FAR_HANDOFF_NS = 100.0
@@ -77,8 +90,6 @@ def handoff_ns(n=50_000, reps=3):
     the 2-worker speed-ups measured beside it (see FAR_HANDOFF_NS). None when the
     two threads did not run at once (millions of spins of waiting: a busy machine),
     which bounds the time it takes there."""
-    import threading
-
     import numba as nb
     import numpy as np
 
@@ -103,15 +114,8 @@ def handoff_ns(n=50_000, reps=3):
 
     def once():
         flag[0] = 0
-        ths = [threading.Thread(target=player, args=(flag, a, 1 - a, n)) for a in (0, 1)]
-        t0 = time.perf_counter()
-        for th in ths:
-            th.start()
-        for th in ths:
-            th.join()
-        if flag[0] < 0:
-            return None
-        return (time.perf_counter() - t0) / (2 * n) * 1e9
+        seconds = timed_threads(lambda a: player(flag, a, 1 - a, n), 2)
+        return None if flag[0] < 0 else seconds / (2 * n) * 1e9
     times = [once() for _ in range(reps)]
     return None if None in times else float(np.median(times))
 

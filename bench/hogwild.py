@@ -128,9 +128,9 @@ def free_cores(threads=2, reps=3, n=30_000_000):
     against one, interleaved, median of ``reps``: about ``threads`` on a quiet machine,
     near 1 when other processes hold the cores. No speed-up measured beside it can
     exceed it (the issue's calibration: both cores of an idle 2-core VM give 1.94-2.02)."""
-    import threading
-
     import numba as nb
+
+    from bench.common import timed_threads
 
     @nb.njit(nogil=True)
     def spin(k):
@@ -141,13 +141,7 @@ def free_cores(threads=2, reps=3, n=30_000_000):
     spin(10)
 
     def wall(k):
-        ths = [threading.Thread(target=spin, args=(n,)) for _ in range(k)]
-        t0 = time.perf_counter()
-        for th in ths:
-            th.start()
-        for th in ths:
-            th.join()
-        return time.perf_counter() - t0
+        return timed_threads(lambda _: spin(n), k)
     return float(np.median([threads * wall(1) / wall(threads) for _ in range(reps)]))
 
 

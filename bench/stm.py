@@ -10,7 +10,6 @@ all accounts is checked after every run.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 import multiprocess as mp
@@ -38,13 +37,7 @@ def _threads(run_one, T, seed):
 
     def work(t):
         out[t] = run_one(seed * 1000 + t)
-    ths = [threading.Thread(target=work, args=(t,)) for t in range(T)]
-    t0 = time.perf_counter()
-    for th in ths:
-        th.start()
-    for th in ths:
-        th.join()
-    return time.perf_counter() - t0, out
+    return common.timed_threads(work, T), out
 
 
 def _sample(out, dt):
