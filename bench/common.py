@@ -8,6 +8,7 @@ step (``python -m bench plot``).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -81,17 +82,11 @@ def timed_threads(work, n):
 FAR_HANDOFF_NS = 100.0
 
 
-def handoff_ns(n=50_000, reps=3):
-    """Nanoseconds to pass one cache line from a thread to another and back, halved
-    (a ping-pong on a flag; median of ``reps``). Whatever shares weights between
-    workers pays it on every contended line: about 40-60 ns between cores under one
-    shared L3, three or four times that between core complexes or sockets. A VM's
-    two vCPUs may move between such placements while it runs, which changes
-    the 2-worker speed-ups measured beside it (see FAR_HANDOFF_NS). None when the
-    two threads did not run at once (millions of spins of waiting: a busy machine),
-    which bounds the time it takes there."""
+@functools.lru_cache(maxsize=None)
+def _ping_pong_player():
+    """The compiled player of handoff_ns (built once per process: numba and the
+    kernel are loaded only by the benchmarks that measure the handoff)."""
     import numba as nb
-    import numpy as np
 
     from sgd_shm._intrinsics import load_relaxed, store_release
 
@@ -108,7 +103,21 @@ def handoff_ns(n=50_000, reps=3):
                     store_release(flag, -1)                 # two rarely ran at once
                     return
             store_release(flag, other)
+    return player
 
+
+def handoff_ns(n=50_000, reps=3):
+    """Nanoseconds to pass one cache line from a thread to another and back, halved
+    (a ping-pong on a flag; median of ``reps``). Whatever shares weights between
+    workers pays it on every contended line: about 40-60 ns between cores under one
+    shared L3, three or four times that between core complexes or sockets. A VM's
+    two vCPUs may move between such placements while it runs, which changes
+    the 2-worker speed-ups measured beside it (see FAR_HANDOFF_NS). None when the
+    two threads did not run at once (millions of spins of waiting: a busy machine),
+    which bounds the time it takes there."""
+    import numpy as np
+
+    player = _ping_pong_player()
     flag = np.zeros(16, np.int64)
     player(flag, 0, 0, 1)
 
