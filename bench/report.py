@@ -109,8 +109,9 @@ def _hogwild_fits(d):
     if hs:
         lines.append(f"\nCores near / far: the repetitions in which a cache line's handoff "
                      f"between two threads, measured before and after, was under / over "
-                     f"100 ns (cores sharing a cache or not; here {min(hs):.0f}–{max(hs):.0f} "
-                     "ns). A VM's two vCPUs can move between such placements while it runs.")
+                     f"{common.FAR_HANDOFF_NS:.0f} ns (cores sharing a cache or not; here "
+                     f"{min(hs):.0f}–{max(hs):.0f} ns). A VM's two vCPUs can move between "
+                     "such placements while it runs.")
     return lines
 
 
