@@ -291,7 +291,11 @@ def push_message(link, k, msg, v, scale, shards=None):
 def _stretch(link, job, k, spells, t_step, t0):
     """Emulate a slower machine after a step's work: sleep ``factor - 1`` times the
     time since ``t_step`` (the worker's factor times a slow spell's), and add the
-    time since ``t0`` (the computation and the sleep) to k's compute time."""
+    time since ``t0`` (the computation and the sleep) to k's compute time. The
+    caller moves ``t_step`` back by its last push's time: a slower machine pushes
+    slower too, and where pushes cost more than gradients (small models, a slow
+    host) stretching the pull and the gradient alone would leave a worker slowed
+    "4x" far less than 4x slower."""
     now = time.perf_counter()
     extra, began = spells.factor(now)
     if began:
@@ -347,6 +351,7 @@ def run_worker(link, job, k, seed):
     ticket = False                                   # holding a ticket of the budget
     my_pushes = link.pushes(k)
     step = 0
+    push_s = 0.0                                     # the last push's seconds
     while not link.stopped():
         step += 1
         if step % 64 == 0 and not link.coordinator_alive():
@@ -359,7 +364,7 @@ def run_worker(link, job, k, seed):
                 return
             ticket = True
         p, key, j = _take(link, job, k, rng)
-        t_step = time.perf_counter()         # a slower machine pulls slower, too
+        t_step = time.perf_counter() - push_s   # a slower machine pulls (and pushed) slower
         w, v = link.pull(k)
         if losses is not None:
             up, down = losses.draw()
@@ -385,10 +390,12 @@ def run_worker(link, job, k, seed):
         if losses is not None:
             link.messages(k, losses.counts(up, down))
             shards = None if up.all() else np.flatnonzero(up).tolist()
+        t_push = time.perf_counter()
         if shards != []:                             # [] : lost on the way to every shard
             _send(link, job, k, grad, v, scale, memory, shards, block)
             my_pushes += 1
         link.applied(k, p, j)
+        push_s = time.perf_counter() - t_push
         ticket = False
         if p != k:
             link.add(k, "stolen", 1)
