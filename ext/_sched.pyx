@@ -1132,7 +1132,8 @@ cdef void prefix_worker(PCtx *c, int tid, int32_t *pend, int64_t cap, int64_t *s
     # moved since the last pass: until then its ranks stay blocked (a rank
     # whose blockers were all this thread's own was settled in that pass), and
     # a thread running ahead of a descheduled one would look at them over and
-    # over. `seen` is the minimum bound at the last pass.
+    # over. `seen` is the minimum bound at the last pass over all the pending
+    # ranks (-2: some were kept since, unchecked against any bound).
     cdef int64_t n = c.base.n_tasks, lo, npend = 0, before, others = -1, seen = -2, now
     cdef int64_t *low = pslot(c, SLOT_THREAD + tid)
     cdef int64_t *cursor = pslot(c, SLOT_CURSOR)
@@ -1160,6 +1161,12 @@ cdef void prefix_worker(PCtx *c, int tid, int32_t *pend, int64_t cap, int64_t *s
                     rlx_store_release_i64(low, lo)
                 others = others_low(c, tid)
                 npend = serve(c, tid, lo, min(lo + c.chunk, n), pend, npend, &others, st)
+                # the ranks just kept were never served against `seen`: the next
+                # pass must retry them even if no bound moves (a bound that will
+                # never move again: a finished thread's INT64_MAX, which `seen`
+                # may hold from a pass that read another thread's bound while it
+                # was between chunks)
+                seen = -2
                 progress = True
         if exhausted and npend == 0:
             rlx_store_release_i64(low, INT64_MAX)
