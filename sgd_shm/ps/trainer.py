@@ -213,7 +213,7 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
     staleness [n_workers] : s for "ssp" and the bound for "saps".
     window [0.5], detect_factor [2.0] : SaPS detection; the window should span
         several steps of the slowest worker.
-    slowdown [None] : stretch of each worker's compute time: a sequence of
+    slowdown [None] : stretch of each worker's step (pull, gradient, push): a sequence of
         n_workers factors >= 1, a dict {worker: factor}, or a profile: "straggler"
         (worker 0 is 4x slower), "hetero" (worker k at 4 ** (1 - k / (n_workers - 1))),
         "none".
