@@ -456,37 +456,41 @@ import sys
 import numpy as np
 import relaxed
 from relaxed import greedy as greedy_mod
-n, m = 150, int(sys.argv[1])
-edges = np.array([(a, b) for c in range(0, n, 15) for a in range(c, c + 15)
-                  for b in range(a + 1, c + 15)], dtype=np.int64)
+from tests.naive import greedy_matching_naive, greedy_mis_naive
+from tests.test_greedy import STRUCTURED
+runs = int(sys.argv[1])
+n, edges = STRUCTURED["cliques"]
 g = relaxed.as_graph(edges, n=n)
-_, eorder = greedy_mod._ranks(np.arange(g.m)[::-1].copy(), g.m, "edge", None)
-rank, vorder = greedy_mod._ranks(np.arange(n)[::-1].copy(), n, "vertex", None)
-want_mate = want_mis = None
-for k in range(m):
+canon = [tuple(e) for e in g.edges.tolist()]
+vp, ep = np.arange(n)[::-1].copy(), np.arange(g.m)[::-1].copy()
+want_mis, want_mate = greedy_mis_naive(n, canon, vp), greedy_matching_naive(n, canon, ep)
+rank, vorder = greedy_mod._ranks(vp, n, "vertex", None)
+_, eorder = greedy_mod._ranks(ep, g.m, "edge", None)
+for k in range(runs):
     mate = np.full(n, -1, np.int64)
     res, _ = greedy_mod._prefix_matching(g, eorder, mate, greedy_mod.PrefixEngine(4), 2, 0.0)
-    want_mate = res.mate.copy() if want_mate is None else want_mate
-    assert np.array_equal(res.mate, want_mate), k
+    assert res.mate.tolist() == want_mate, k
     if k % 8 == 0:
         res, _ = greedy_mod._prefix_mis(g, rank, vorder, greedy_mod.PrefixEngine(1), 2, 0.0)
-        want_mis = res.mask.copy() if want_mis is None else want_mis
-        assert np.array_equal(res.mask, want_mis), k
-print("ok", m)
+        assert res.mask.tolist() == want_mis, k
+print("ok", runs)
 """
 
 
 def test_prefix_engine_never_waits_on_a_finished_thread():
-    """Thousands of two-thread runs on small graphs (cliques, priorities reversed),
-    in a child process with a time limit so that a hang fails instead of stalling
-    the suite. A thread that read the other's bound while it was between chunks
-    (no rank held) could remember that value, keep new ranks from its next chunk
-    unchecked, and then, the other thread having finished for good, wait forever
-    for that bound to move: this hung within 2,000 runs."""
+    """Thousands of two-thread runs on the structured cliques graph, priorities
+    reversed, each equal to the sequential answer, in a child process with a time
+    limit so that a hang fails instead of stalling the suite. A thread that read the
+    other's bound while it was between chunks (no rank held) could remember that
+    value, keep new ranks from its next chunk unchecked, and then, the other thread
+    having finished for good, wait forever for that bound to move: this hung within
+    2,000 runs."""
+    import os
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", _PREFIX_REPEAT, "6000"], capture_output=True,
-                         text=True, timeout=300)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", _PREFIX_REPEAT, "6000"], cwd=root,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok 6000", out.stderr[-2000:]
 
 
