@@ -905,3 +905,19 @@ def test_all_cpus_and_bad_worker_counts():
     for bad, err in [(0, ValueError), (-2, ValueError), (1.5, TypeError), (True, TypeError)]:
         with pytest.raises(err, match="n_workers"):
             HogwildClassifier(n_workers=bad).fit(X, y)
+
+
+def test_read_only_inputs_reuse_the_compiled_kernel():
+    """The kernel takes read-only views, so read-only rows, targets or weights (a memory
+    map, joblib's copies) need no second compiled copy of it, and fit the same."""
+    rng = np.random.default_rng(3)
+    X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+    kw = dict(n_workers=1, random_state=0, max_iter=3, tol=None)
+    a = HogwildRegressor(**kw).fit(X, y)
+    before = len(K._run_lean.signatures)
+    Xr, yr, wr = X.copy(), y.copy(), np.ones(40)
+    for v in (Xr, yr, wr):
+        v.flags.writeable = False
+    b = HogwildRegressor(**kw).fit(Xr, yr, sample_weight=wr)
+    assert len(K._run_lean.signatures) == before
+    np.testing.assert_array_equal(a.coef_, b.coef_)
