@@ -557,38 +557,22 @@ def main(argv=None):
     if args.out:
         common.set_results_dir(args.out)
     t0 = time.time()
-    if args.scenario in ("pq-threads", "all"):
-        cmd_pq(args, "threads")
-    if args.scenario in ("pq-processes", "all"):
-        cmd_pq(args, "processes")
-    if args.scenario in ("quality", "all"):
-        cmd_quality(args)
-    if args.scenario in ("counter", "all"):
-        cmd_counter(args)
-    if args.scenario in ("hogwild", "all"):
-        cmd_hogwild(args)
-    if args.scenario in ("mis", "all"):
-        cmd_mis(args)
-    if args.scenario in ("conflict", "all"):
-        cmd_conflict(args)
-    if args.scenario in ("stm", "all"):
-        cmd_stm(args)
-    if args.scenario in ("delay", "all"):
-        cmd_delay(args)
-    if args.scenario in ("mf", "all"):
-        cmd_mf(args)
-    if args.scenario in ("ps", "all"):
-        cmd_ps(args)
-    if args.scenario in ("eager", "all"):
-        cmd_eager(args)
-    if args.scenario in ("compress", "all"):
-        cmd_compress(args)
-    if args.scenario in ("unreliable", "all"):
-        cmd_unreliable(args)
-    if args.scenario in ("nonconvex", "all"):
-        cmd_nonconvex(args)
-    if args.scenario in ("plot", "all"):
-        cmd_plot(args)
+    steps = [("pq-threads", lambda: cmd_pq(args, "threads")),
+             ("pq-processes", lambda: cmd_pq(args, "processes")),
+             ("quality", lambda: cmd_quality(args)), ("counter", lambda: cmd_counter(args)),
+             ("hogwild", lambda: cmd_hogwild(args)), ("mis", lambda: cmd_mis(args)),
+             ("conflict", lambda: cmd_conflict(args)), ("stm", lambda: cmd_stm(args)),
+             ("delay", lambda: cmd_delay(args)), ("mf", lambda: cmd_mf(args)),
+             ("ps", lambda: cmd_ps(args)), ("eager", lambda: cmd_eager(args)),
+             ("compress", lambda: cmd_compress(args)),
+             ("unreliable", lambda: cmd_unreliable(args)),
+             ("nonconvex", lambda: cmd_nonconvex(args)), ("plot", lambda: cmd_plot(args))]
+    for name, step in steps:
+        if args.scenario in (name, "all"):
+            t1 = time.time()
+            step()
+            if args.scenario == "all":
+                print(f"({name} done in {time.time() - t1:.1f} s)", file=sys.stderr)
     print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)
 
 

@@ -6,6 +6,7 @@ the epoch is bound by memory latency, not by arithmetic. Asking for the row a
 few samples ahead overlaps those misses. A prefetch is only a hint: it never
 faults and changes no result.
 """
+import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
@@ -19,6 +20,16 @@ from relaxed._base import CACHE_LINE
 #: on-disk cache, which a rebuild of the core does not invalidate: kernels take the
 #: stride from the shape of the arrays they get, never from this constant.
 LINE_WORDS = CACHE_LINE // 8
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (no copy). Numba compiles a kernel once per argument
+    type, and a read-only array is a type of its own (at some seconds a compile):
+    callers hand kernels views of one kind, whatever the user's arrays are (a memory
+    map, a copy from joblib or Ray's object store), so that one compile serves all."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
 
 #: rows requested ahead of the one being processed
 DISTANCE = 4

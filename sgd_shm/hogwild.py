@@ -37,7 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sgd_shm import _kernels as K
-from sgd_shm._intrinsics import LINE_WORDS
+from sgd_shm._intrinsics import LINE_WORDS, read_only
 from sgd_shm._mf import shuffle_part
 
 __all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "staleness_summary",
@@ -126,13 +126,6 @@ def run_workers(work, n_workers):
             raise e
 
 
-def _read_only(a: np.ndarray) -> np.ndarray:
-    """A read-only view of ``a`` (no copy)."""
-    v = a.view()
-    v.flags.writeable = False
-    return v
-
-
 @dataclass
 class Problem:
     """Training data in the layout the kernels read: CSR (int64 indptr, int32
@@ -175,12 +168,9 @@ class Problem:
         return float(self.sw[self.rows].sum() if self.rows.shape[0] else self.sw.sum())
 
     def kernel_data(self) -> K.Data:
-        """The arrays as the kernel takes them (``_kernels.Data``), as read-only views:
-        the kernel only reads them, and Numba compiles a function once per argument
-        type, read-only or not, at some seconds a type. Views of one kind give one
-        compiled kernel per value dtype, whatever the caller's arrays (a memory map, a
-        read-only copy from joblib)."""
-        return K.Data(*(_read_only(a) for a in (
+        """The arrays as the kernel takes them (``_kernels.Data``), as read-only views
+        (see ``read_only``): one compiled kernel per value dtype."""
+        return K.Data(*(read_only(a) for a in (
             self.X, self.cols_all, self.indptr, self.indices, self.data, self.hot_end,
             self.hot_feat, self.Y, self.sw, self.cw)))
 

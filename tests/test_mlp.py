@@ -354,3 +354,20 @@ def test_a_failing_worker_process_is_reported_and_released(monkeypatch, no_shm_l
     with pytest.raises(WorkerError, match="injected failure"):
         clf.fit(X, y)
     assert not hasattr(clf, "coefs_")
+
+
+def test_read_only_inputs_reuse_the_compiled_kernels():
+    """The kernels take read-only views, so read-only rows or labels (a memory map,
+    joblib's copies) need no second compiled copy of them, and fit the same."""
+    rng = np.random.default_rng(4)
+    X, y = rng.normal(size=(60, 5)), rng.integers(0, 3, 60)
+    kw = dict(hidden_layer_sizes=(4,), max_iter=2, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        a = HogwildMLPClassifier(**kw).fit(X, y)
+        before = [len(f.signatures) for f in (_mlp.run_worker, _mlp.forward)]
+        Xr, yr = X.copy(), y.copy()
+        Xr.flags.writeable = yr.flags.writeable = False
+        b = HogwildMLPClassifier(**kw).fit(Xr, yr)
+    assert [len(f.signatures) for f in (_mlp.run_worker, _mlp.forward)] == before
+    np.testing.assert_array_equal(a.predict_proba(X), b.predict_proba(Xr))
