@@ -414,9 +414,11 @@ def test_accuracy_within_one_point_of_sgdclassifier(loader, loss):
     X = StandardScaler().fit_transform(X)
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, random_state=0, stratify=y)
     ours, theirs = [], []
+    # ten seeds: two workers' races move a seed's test accuracy by about a sample (of 171
+    # on breast cancer), so the mean of five seeds strayed past the point now and then
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for seed in range(5):
+        for seed in range(10):
             theirs.append(SGDClassifier(loss=loss, random_state=seed).fit(Xtr, ytr).score(Xte, yte))
             ours.append(HogwildClassifier(loss=loss, n_workers=2, random_state=seed)
                         .fit(Xtr, ytr).score(Xte, yte))
