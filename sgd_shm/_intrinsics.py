@@ -21,6 +21,7 @@ from relaxed._base import CACHE_LINE
 #: stride from the shape of the arrays they get, never from this constant.
 LINE_WORDS = CACHE_LINE // 8
 
+
 def read_only(a: np.ndarray) -> np.ndarray:
     """A read-only view of ``a`` (no copy). Numba compiles a kernel once per argument
     type, and a read-only array is a type of its own (at some seconds a compile):
