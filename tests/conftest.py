@@ -67,3 +67,36 @@ def _local_ray():
 #: Ray for one test, and for a whole module of Ray tests
 local_ray = pytest.fixture(_local_ray, name="local_ray")
 local_ray_module = pytest.fixture(_local_ray, scope="module", name="local_ray_module")
+
+
+# -- tests that must have the machine to themselves ---------------------------------------
+# Under pytest-xdist (``-n 2``) two tests run at once. A few tests compare workers' speeds
+# (SaPS's straggler detection, stealing, emulated slowdowns): with another test's
+# processes on the same cores their workers all fall behind and every one is flagged.
+# Those are marked ``exclusive``: every test holds a shared lock on a file of this run,
+# an exclusive test holds it exclusively; a gate taken first gives a waiting exclusive
+# test priority over shared tests arriving after it. Without xdist nothing is locked.
+def _run_lock_files(tmp_path_factory):
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return None
+    shared = tmp_path_factory.getbasetemp().parent      # one folder for all workers of a run
+    return open(shared / "exclusive.gate", "a+"), open(shared / "exclusive.lock", "a+")
+
+
+@pytest.fixture(autouse=True)
+def _exclusive_lock(request, tmp_path_factory):
+    import fcntl
+    files = _run_lock_files(tmp_path_factory)
+    if files is None:
+        yield
+        return
+    gate, lock = files
+    with gate, lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        exclusive = request.node.get_closest_marker("exclusive") is not None
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

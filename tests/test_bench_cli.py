@@ -1,5 +1,6 @@
 """The benchmark command runs end to end on tiny settings and writes JSON and PNGs.
 (No assertion on speed: speed is measured by ``python -m bench``, not by tests.)"""
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_bench_all_tiny(tmp_path):
+    """Every scenario, the parameter server's on shared memory and on Ray side by side
+    (shared memory alone where Ray is not installed), the plots and the page."""
+    ray = importlib.util.find_spec("ray") is not None
     r = subprocess.run([sys.executable, "-m", "bench", "all", "--workers", "1,2", "--reps", "1",
                         "--prefill", "2000", "--iters", "2000", "--py-iters", "500",
                         "--manager-iters", "20", "--quality-iters", "1000",
@@ -22,9 +26,11 @@ def test_bench_all_tiny(tmp_path):
                         "--ps-seconds", "0.6", "--ps-target", "0.69",
                         "--mf-users", "300", "--mf-items", "100", "--mf-ratings", "5000",
                         "--mf-epochs", "2", "--delay-samples", "2000",
+                        "--backend", "both" if ray else "shm",
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
+    stdout = r.stdout
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
                  "conflict", "stm", "delay", "mf", "ps", "eager", "compress", "unreliable",
                  "nonconvex"):
@@ -55,8 +61,8 @@ def test_bench_all_tiny(tmp_path):
     assert {r["clock"] for r in stm["results"]} == {"global", "multicounter"}
     assert {r["backend"] for r in stm["results"]} == {"threads", "processes"}
     assert all(r["ratio"] > 0 for r in stm["ratios"]), stm["ratios"]
-    ps = json.loads((tmp_path / "ps.json").read_text())
-    assert {r["policy"] for r in ps["results"]} == {"bsp", "asp", "ssp", "saps"}
+    _check_ps(json.loads((tmp_path / "ps.json").read_text()), stdout,
+              ("shm", "ray") if ray else ("shm",))
     mf = json.loads((tmp_path / "mf.json").read_text())
     assert {(r["backend"], r["workers"]) for r in mf["results"]} == {
         ("threads", 1), ("threads", 2), ("processes", 1), ("processes", 2)}
@@ -74,6 +80,9 @@ def test_bench_all_tiny(tmp_path):
     assert all(c["bytes_ratio"] > 100 for c in cp["claims"].values()), cp["claims"]  # 667x
     assert cp["curve"]["curves"] and cp["curve"]["bound"][-1] == 0.0
     page = (tmp_path / "benchmarks.md").read_text()       # --out: the page beside the JSON
+    assert "| shm | bsp |" in page
+    if ray:
+        assert "| ray | 1 |" in page and "on Ray" in page
     un = json.loads((tmp_path / "unreliable.json").read_text())
     assert {r["series"] for r in un["results"]} == {"shards", "coupled", "asp"}
     assert all(r["gap"] == [0.0] for r in un["results"] if r["drop"] == 0.0), \
@@ -97,35 +106,22 @@ def test_bench_all_tiny(tmp_path):
         assert (tmp_path / png).stat().st_size > 1000
 
 
-def test_bench_ps_both_backends(tmp_path):
-    """``bench ps --backend both``: every policy on shared memory and on Ray side by side,
-    the transport rows (pull + push latency, pushes/s) of both, and the plot and page
-    drawn from them. Skipped where Ray is not installed."""
-    pytest.importorskip("ray")
-    r = subprocess.run([sys.executable, "-m", "bench", "ps", "--quick", "--backend", "both",
-                        "--ps-workers", "2", "--ps-samples", "2000", "--ps-features", "200",
-                        "--ps-seconds", "0.5", "--ps-target", "0.69", "--out", str(tmp_path)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    ps = json.loads((tmp_path / "ps.json").read_text())
+def _check_ps(ps, stdout, backends):
+    """``bench ps --backend``: every policy on every backend, the transport rows (pull +
+    push latency, pushes/s) of each, and their tables printed."""
     assert {(r["backend"], r["policy"]) for r in ps["results"]} == {
-        (b, p) for b in ("shm", "ray") for p in ("bsp", "asp", "ssp", "saps")}
+        (b, p) for b in backends for p in ("bsp", "asp", "ssp", "saps")}
     assert all(r["runs"] == 1 and r["updates_median"] > 0 for r in ps["results"])
     tr = ps["transport"]
-    assert {(t["backend"], t["workers"]) for t in tr} == {(b, n) for b in ("shm", "ray")
+    assert {(t["backend"], t["workers"]) for t in tr} == {(b, n) for b in backends
                                                          for n in (1, 2)}
     for t in tr:
         assert 0 < t["pull_us_median"] < t["roundtrip_us_median"]
         assert t["push_us_median"] < t["roundtrip_us_median"] and t["pushes_per_s_median"] > 0
-    assert set(ps["curves"]) == set(ps["ratios"]) == set(ps["control_detections"]) == {
-        "shm", "ray"}
-    assert "| ray | saps |" in r.stdout and "| ray | 2 |" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "bench", "plot", "--out", str(tmp_path)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "ps.png").stat().st_size > 1000
-    page = (tmp_path / "benchmarks.md").read_text()
-    assert "| shm | bsp |" in page and "| ray | 1 |" in page and "on Ray" in page
+    assert set(ps["curves"]) == set(ps["ratios"]) == set(ps["control_detections"]) == set(
+        backends)
+    for b in backends:
+        assert f"| {b} | saps |" in stdout and f"| {b} | 2 |" in stdout
 
 
 def test_bench_rejects_bad_settings():

@@ -101,6 +101,7 @@ def test_sleepers_draw():
     assert sleepers(7, 0, 4, 0) == ()
 
 
+@pytest.mark.exclusive
 def test_delays_and_imbalance_slow_sync(problem):
     X, y = problem
     fast = train(X, y, n_workers=2, collective="sync", max_seconds=0.4, progress=False)

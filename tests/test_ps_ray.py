@@ -57,6 +57,7 @@ def test_bsp_lockstep_and_training_on_ray(local_ray, data):
     assert max(pushes) - min(pushes) <= 2
 
 
+@pytest.mark.exclusive
 def test_saps_flags_only_the_slowed_worker_on_ray(local_ray, data):
     """Worker 0 slowed 4x is flagged and nobody else (4 workers); with no slowdown
     nobody is flagged."""

@@ -78,6 +78,7 @@ def test_closed_form_under_every_policy(data, policy, wait, tmp_path):
         assert np.array_equal(ck["weights"], -lr * k * g)
 
 
+@pytest.mark.exclusive
 def test_saps_flags_the_straggler_and_only_it(data):
     """Worker 0 slowed 4x is flagged (and nobody else), and the others take its
     minibatches; with no slowdown nobody is flagged. Two workers: on this 2-core
@@ -96,6 +97,7 @@ def test_saps_flags_the_straggler_and_only_it(data):
     assert r.detections == [] and r.events == []
 
 
+@pytest.mark.exclusive
 def test_stealing_keeps_the_stragglers_data_in_pace(data):
     """Under ASP a 4x straggler's partition falls behind by epochs; under SaPS,
     after the detection, fast workers take its minibatches and its epoch
