@@ -453,8 +453,10 @@ def hot_layout(indptr, indices, data, slot, ind_out, dat_out, hot_end, r0, r1, b
 
 def _make_run(full):
     """The kernel ``_run`` compiled for one of two cases, told apart at compile time
-    (``full`` is a constant of the closure, so the compiler removes the branches it
-    decides): full=False, the lean variant, for the default fits: no lock, no
+    (``full`` is a constant of the closure, passed on to ``_run_body`` as a literal, so
+    ``_run_body`` is compiled once per value with the branches it decides removed; a
+    call: Numba's IR inlining of the body would copy its whole IR, a slower compile for
+    no faster kernel): full=False, the lean variant, for the default fits: no lock, no
     staleness clock, no momentum, no L1, no averaging and no class weights, so that
     the sample loop carries no test or argument of those features; full=True, every
     feature, each tested at run time. ``run_worker`` picks the variant."""
@@ -465,7 +467,7 @@ def _make_run(full):
     return _run
 
 
-@nb.njit(cache=True, nogil=True, inline="always")
+@nb.njit(cache=True, nogil=True)
 def _run_body(data, model, sched, params, report, wid, full):
     """Worker wid's share of an epoch (segment): its own part, positions
     [lo[wid], hi[wid]) of ``sched.order``, and whatever it takes over of the other
@@ -527,6 +529,7 @@ def _run_body(data, model, sched, params, report, wid, full):
     the block ``Wh[0]`` and publishes them in ``Wh[1 + wid]`` every ``hot_flush``
     samples and at the end (see the module docstring); otherwise it maps the slots
     to features and works on W."""
+    nb.literally(full)      # one compile per value, its branches removed (see _make_run)
     W, b, q, V, Wh, lock, A, Ab = model
     order, parts, seeds, los, his, progress, eta_tab, scale_tab, cum_eta, avg_tab = sched
     out, stale_hist, clock = report
