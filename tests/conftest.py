@@ -76,6 +76,13 @@ local_ray_module = pytest.fixture(_local_ray, scope="module", name="local_ray_mo
 # Those are marked ``exclusive``: every test holds a shared lock on a file of this run,
 # an exclusive test holds it exclusively; a gate taken first gives a waiting exclusive
 # test priority over shared tests arriving after it. Without xdist nothing is locked.
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, exclusive tests run last: one waits for the other worker's current
+    test to end, idling its own worker, and near the end those tests are short."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        items.sort(key=lambda item: item.get_closest_marker("exclusive") is not None)
+
+
 def _run_lock_files(tmp_path_factory):
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return None
