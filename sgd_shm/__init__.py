@@ -23,11 +23,29 @@ Example::
     from sgd_shm import HogwildClassifier
     clf = HogwildClassifier(loss="log_loss", n_workers=2, random_state=0).fit(X, y)
 """
+import importlib
+
 from relaxed import __version__
-from sgd_shm.estimators import HogwildClassifier, HogwildRegressor
-from sgd_shm.hogwild import DivergenceError
-from sgd_shm.mf import MatrixFactorization
-from sgd_shm.mlp import HogwildMLPClassifier
+
+#: the estimators, imported on first use (PEP 562): scikit-learn, which they build on,
+#: takes about as long to import as the rest of the kit, and a worker process (spawned,
+#: a Ray actor, an MPI rank) that imports only the engine never needs it
+_LAZY = {"HogwildClassifier": "sgd_shm.estimators", "HogwildRegressor": "sgd_shm.estimators",
+         "DivergenceError": "sgd_shm.hogwild", "MatrixFactorization": "sgd_shm.mf",
+         "HogwildMLPClassifier": "sgd_shm.mlp"}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'sgd_shm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = ["__version__", "HogwildClassifier", "HogwildRegressor", "MatrixFactorization", "DivergenceError",
            "HogwildMLPClassifier"]

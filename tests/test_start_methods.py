@@ -259,3 +259,26 @@ def test_bad_start_method_names_the_argument_and_the_choices(cancer, ps_data):
         train(Xp, yp, start_method="threads", max_seconds=0.1)
     with pytest.raises(ValueError, match="start_method.*backend='shm'"):
         train(Xp, yp, backend="ray", start_method="spawn", max_seconds=0.1)
+
+
+def test_worker_modules_leave_out_scikit_learn():
+    """A worker process (spawned, a Ray actor, an MPI rank) imports the engine only:
+    not scikit-learn or matplotlib, which the estimators and plots import on first
+    use; the package's estimators still resolve, listed by dir()."""
+    code = ("import sys\n"
+            "import sgd_shm.ps, sgd_shm.ps.worker, sgd_shm.ps.ray_backend, sgd_shm.hogwild\n"
+            "import sgd_shm._procs, sgd_shm.eager, sgd_shm.collectives, sgd_shm.models\n"
+            "print(sorted(m for m in ('sklearn', 'matplotlib') if m in sys.modules))\n"
+            "import sgd_shm\n"
+            "assert {'HogwildClassifier', 'MatrixFactorization'} <= set(dir(sgd_shm))\n"
+            "print(sgd_shm.HogwildClassifier.__module__, sgd_shm.ps.ParameterServerClassifier"
+            ".__module__)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["[]", "sgd_shm.estimators sgd_shm.ps.estimator"]
+    import sgd_shm
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        sgd_shm.Nope
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        sgd_shm.ps.Nope

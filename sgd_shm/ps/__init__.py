@@ -21,11 +21,20 @@ the transports shm_backend and ray_backend (Ray is imported only for backend="ra
 default with worker 0 slowed 4x.
 """
 from sgd_shm.ps.checkpoint import load_checkpoint, save_checkpoint
-from sgd_shm.ps.estimator import ParameterServerClassifier
 from sgd_shm.ps.plots import curves_of, plot_losses
 from sgd_shm.ps.policies import ASP, BSP, POLICIES, RPS, SSP, Policy, SaPS
 from sgd_shm.ps.store import ParameterStore, PushResult, WaitPolicy
 from sgd_shm.ps.trainer import TrainResult, train
+
+
+def __getattr__(name):
+    """ParameterServerClassifier on first use: it imports scikit-learn, which the
+    workers (processes, Ray actors) that import this package never need."""
+    if name != "ParameterServerClassifier":
+        raise AttributeError(f"module 'sgd_shm.ps' has no attribute {name!r}")
+    from sgd_shm.ps.estimator import ParameterServerClassifier
+    globals()[name] = ParameterServerClassifier
+    return ParameterServerClassifier
 
 __all__ = ["train", "TrainResult", "ParameterServerClassifier", "Policy", "ASP", "BSP", "SSP", "SaPS",
            "RPS", "POLICIES",
