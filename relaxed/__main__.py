@@ -35,10 +35,11 @@ def _produce(mq, first, n, seed):
 def _consume(mq, done, out):
     got = []
     while True:
+        finished = done.is_set()        # read first: every push ended before the pop
         r = mq.try_pop()
         if r is not None:
             got.append(r[1])
-        elif done.is_set() and mq.try_pop() is None:
+        elif finished:                  # a full scan after every push found it empty
             break
     out.put(np.asarray(got, dtype=np.int64))
 

@@ -39,6 +39,13 @@ def _ours_or_orphaned(name):
     return False
 
 
+def new_segments(before):
+    """The relaxed segments in /dev/shm now, not in ``before``, made by this process or
+    by one that has exited (see _ours_or_orphaned): those of another test's live
+    processes (pytest-xdist runs two at once) are theirs."""
+    return {n for n in shm_names() - before if _ours_or_orphaned(n)}
+
+
 @pytest.fixture
 def no_shm_leak():
     """Fails the test if it leaves a new relaxed segment in /dev/shm."""
@@ -46,7 +53,7 @@ def no_shm_leak():
     yield
     import gc
     gc.collect()
-    leaked = {n for n in shm_names() - before if _ours_or_orphaned(n)}
+    leaked = new_segments(before)
     assert not leaked, f"shared-memory segments leaked: {sorted(leaked)}"
 
 
@@ -96,24 +103,26 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: item.get_closest_marker("exclusive") is not None)
 
 
-def _run_lock_files(tmp_path_factory):
+def _run_lock_files(config):
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return None
-    shared = tmp_path_factory.getbasetemp().parent      # one folder for all workers of a run
+    shared = config._tmp_path_factory.getbasetemp().parent   # one folder for the workers
     return open(shared / "exclusive.gate", "a+"), open(shared / "exclusive.lock", "a+")
 
 
-@pytest.fixture(autouse=True)
-def _exclusive_lock(request, tmp_path_factory):
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The lock is held around a test's whole protocol, its module's fixtures' setup
+    and teardown included (a Ray cluster starting beside an exclusive test is load)."""
     import fcntl
-    files = _run_lock_files(tmp_path_factory)
+    files = _run_lock_files(item.config)
     if files is None:
         yield
         return
     gate, lock = files
     with gate, lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
-        exclusive = request.node.get_closest_marker("exclusive") is not None
+        exclusive = item.get_closest_marker("exclusive") is not None
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         fcntl.flock(gate, fcntl.LOCK_UN)
         try:

@@ -133,6 +133,34 @@ def test_bench_rejects_bad_settings():
     assert r.returncode == 2 and "--reps must be >= 1" in r.stderr
 
 
+def test_demo_consumer_keeps_the_item_found_after_done():
+    """``python -m relaxed``'s consumer: a pop that finds the queue empty while the
+    producers still push, then done set, then an item: the item is kept (it was
+    dropped once, and 'exactly once' failed under load)."""
+    import queue
+    from relaxed.__main__ import _consume
+
+    class Done:
+        flag = False
+
+        def is_set(self):
+            return self.flag
+
+    done = Done()
+
+    class Q:
+        items = [None, (5, 50), None, None]
+
+        def try_pop(self):
+            r = self.items.pop(0)
+            if r is None:
+                done.flag = True          # the producers end right after this scan
+            return r
+    out = queue.Queue()
+    _consume(Q(), done, out)
+    assert out.get().tolist() == [50]
+
+
 def test_main_jobs_run():
     r = subprocess.run([sys.executable, "-m", "sgd_shm", "hogwild", "--samples", "3000",
                         "--features", "500", "--epochs", "2"], cwd=ROOT, capture_output=True,

@@ -14,16 +14,13 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import new_segments, shm_names
 from sgd_shm.collectives import RankFailure
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.eager import sleepers, train
 from tests.naive import data_parallel_sgd_naive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _shm_names():
-    return {n for n in os.listdir("/dev/shm") if n.startswith("rlx_")}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +110,7 @@ def test_delays_and_imbalance_slow_sync(problem):
 def test_dead_rank_raises_and_leaves_nothing(problem, monkeypatch):
     import sgd_shm.eager.trainer as T
     X, y = problem
-    before = _shm_names()
+    before = shm_names()
     real = T.batch_grad
     calls = []
 
@@ -128,7 +125,7 @@ def test_dead_rank_raises_and_leaves_nothing(problem, monkeypatch):
     monkeypatch.setattr(T, "batch_grad", dying)
     with pytest.raises(RankFailure, match="rank 1"):
         train(X, y, n_workers=3, collective="sync", max_seconds=30, progress=False)
-    assert _shm_names() <= before
+    assert new_segments(before) == set()
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -13,7 +13,7 @@ import pytest
 from multiprocessing import shared_memory
 
 import workers
-from conftest import shm_names
+from conftest import new_segments, shm_names
 from relaxed import MultiCounter, MultiQueue, Segment
 
 
@@ -104,7 +104,7 @@ def test_no_leak_after_normal_exit_and_exception():
         raise RuntimeError("boom")
     """, expect_rc=1)
     assert "boom" in r.stderr
-    assert shm_names() - before == set()
+    assert new_segments(before) == set()
 
 
 def test_no_leak_when_child_is_sigkilled(no_shm_leak):
@@ -137,7 +137,7 @@ def test_no_leak_when_owner_is_sigkilled():
     proc.wait()
     # the owner's resource tracker notices the death and unlinks
     assert wait_gone({name}), f"{name} still in /dev/shm after its owner was killed"
-    assert shm_names() - before == set()
+    assert new_segments(before) == set()
 
 
 def test_forked_child_holding_owner_copy_does_not_unlink(no_shm_leak):
@@ -202,10 +202,10 @@ def test_segment_larger_than_free_shm_is_a_clear_error(no_shm_leak):
                                                r"needs .*--shm-size") as e:
         Segment.create(free + 64 * 2**20)
     assert e.value.errno == errno.ENOSPC and f"{free + 64 * 2**20:,}" in str(e.value)
-    assert shm_names() == before and live_segment_names() == []
+    assert new_segments(before) == set() and live_segment_names() == []
     with pytest.raises(SharedMemoryFull):                  # through a structure, too
         MultiQueue(capacity=(free // 8) + 2**24, n_queues=2, shared=True)
-    assert shm_names() == before
+    assert new_segments(before) == set()
 
 
 def test_reservation_failure_is_a_clear_error(no_shm_leak, monkeypatch):
@@ -220,7 +220,7 @@ def test_reservation_failure_is_a_clear_error(no_shm_leak, monkeypatch):
     monkeypatch.setattr(os, "posix_fallocate", enospc)
     with pytest.raises(SharedMemoryFull, match="needs 1,048,576 bytes"):
         Segment.create(2**20)
-    assert shm_names() == before
+    assert new_segments(before) == set()
 
     def unsupported(fd, off, size):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
