@@ -88,17 +88,14 @@ def _on_ray(item):
             or item.module.__name__ == "test_ps_ray")
 
 
-@pytest.hookimpl(tryfirst=True)          # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tests on a Ray cluster are exclusive too (a cluster is a dozen processes: beside
-    another test both crawl), and one xdist worker runs them all (``--dist loadgroup``),
-    so one module's cluster serves its tests. Under xdist, exclusive tests run last: one
-    waits for the other worker's current test to end, idling its own worker, and near
-    the end those tests are short."""
+    another test both crawl). Under xdist, exclusive tests run last: one waits for the
+    other worker's current test to end, idling its own worker, and near the end those
+    tests are short."""
     for item in items:
         if _on_ray(item):
             item.add_marker(pytest.mark.exclusive)
-            item.add_marker(pytest.mark.xdist_group("ray"))
     if os.environ.get("PYTEST_XDIST_WORKER") is not None:
         items.sort(key=lambda item: item.get_closest_marker("exclusive") is not None)
 
