@@ -36,6 +36,7 @@ def __getattr__(name):
     globals()[name] = ParameterServerClassifier
     return ParameterServerClassifier
 
+
 __all__ = ["train", "TrainResult", "ParameterServerClassifier", "Policy", "ASP", "BSP", "SSP", "SaPS",
            "RPS", "POLICIES",
            "ParameterStore", "PushResult", "WaitPolicy", "load_checkpoint",
