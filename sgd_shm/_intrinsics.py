@@ -32,6 +32,13 @@ def read_only(a: np.ndarray) -> np.ndarray:
     return v
 
 
+def read_only_fields(t):
+    """The named tuple ``t`` with each array field a read-only view (see ``read_only``),
+    other fields as they are: what a kernel entry takes, whether the arrays are the
+    caller's or arrived writeable in a worker process (shared memory)."""
+    return type(t)(*(read_only(a) if isinstance(a, np.ndarray) else a for a in t))
+
+
 #: rows requested ahead of the one being processed
 DISTANCE = 4
 

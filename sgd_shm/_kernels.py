@@ -78,7 +78,8 @@ import numba as nb
 import numpy as np
 
 from sgd_shm._intrinsics import (DISTANCE, LINE_WORDS, cas_acquire, claim_add, fetch_add,
-                                 load_relaxed, prefetch, prefetch_once, store_release)
+                                 load_relaxed, prefetch, prefetch_once, read_only_fields,
+                                 store_release)
 from sgd_shm._mf import shuffle_part
 
 # loss codes
@@ -208,7 +209,10 @@ class Report(NamedTuple):
 def run_worker(data: Data, model: Model, sched: Schedule, params: Params, report: Report,
                wid: int):
     """Worker ``wid``'s share of a segment (see ``_run``): the one call of the kernel,
-    from the threads driver and from the process workers."""
+    from the threads driver and from the process workers. The data go in as read-only
+    views (``read_only_fields``): one compiled kernel serves the caller's arrays, a
+    memory map and the writeable views a worker process gets from shared memory."""
+    data = read_only_fields(data)
     nw = params.n_workers
     if sched.progress.shape[0] != LINE_WORDS * nw or sched.lo.shape[0] != nw:
         raise ValueError(f"the schedule is for {sched.lo.shape[0]} workers with "

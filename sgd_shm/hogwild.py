@@ -37,7 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sgd_shm import _kernels as K
-from sgd_shm._intrinsics import LINE_WORDS, read_only
+from sgd_shm._intrinsics import LINE_WORDS
 from sgd_shm._mf import shuffle_part
 
 __all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "staleness_summary",
@@ -168,11 +168,10 @@ class Problem:
         return float(self.sw[self.rows].sum() if self.rows.shape[0] else self.sw.sum())
 
     def kernel_data(self) -> K.Data:
-        """The arrays as the kernel takes them (``_kernels.Data``), as read-only views
-        (see ``read_only``): one compiled kernel per value dtype."""
-        return K.Data(*(read_only(a) for a in (
-            self.X, self.cols_all, self.indptr, self.indices, self.data, self.hot_end,
-            self.hot_feat, self.Y, self.sw, self.cw)))
+        """The arrays as the kernel takes them (``_kernels.Data``; ``run_worker`` makes
+        them read-only views)."""
+        return K.Data(self.X, self.cols_all, self.indptr, self.indices, self.data,
+                      self.hot_end, self.hot_feat, self.Y, self.sw, self.cw)
 
     def subset(self, rows) -> "Problem":
         """The same data (no copy), of which an epoch visits only ``rows`` (e.g. the
@@ -207,19 +206,13 @@ class Problem:
                 # nonzero matter more than anything else in the epoch
                 indptr = X.indptr.astype(np.int64)
                 data = np.ascontiguousarray(X.data)
-                if not data.flags.writeable:      # the kernels take writeable arrays only
-                    data = data.copy()
                 indices = X.indices.astype(np.int32, copy=False)
-                if not indices.flags.writeable:
-                    indices = indices.copy()
                 return cls(n, d, Y, sw, np.empty((0, d), dtype=data.dtype), indptr, indices,
                            data, _EMPTY_I32, _EMPTY_I, _EMPTY_I, cw)
             indptr, indices, data, hot_end, hot_feat = hot_rows(X, int(hot_features))
             return cls(n, d, Y, sw, np.empty((0, d), dtype=data.dtype), indptr, indices, data,
                        _EMPTY_I32, hot_end, hot_feat, cw)
         X = np.ascontiguousarray(X, dtype=_value_dtype(X.dtype))
-        if not X.flags.writeable:
-            X = X.copy()
         return cls(n, d, Y, sw, X, _EMPTY_I, _EMPTY_I32, np.empty(0, dtype=X.dtype),
                    np.arange(d, dtype=np.int32), _EMPTY_I, _EMPTY_I, cw)
 
@@ -345,8 +338,7 @@ def hot_rows(X, H):
     :func:`clear_layout_cache`), and a later call with the same arrays, unchanged (the
     fingerprint, one read of the data, tells), and the same H returns it without the
     copy: refits on the same data (another alpha, another seed) skip the copy. The
-    kernels only read these arrays (they stay writeable: numba types read-only arrays
-    apart), so one layout serves every fit that gets it."""
+    kernels only read these arrays, so one layout serves every fit that gets it."""
     with _layout_lock:
         hit = _cached_layout(X, H)
         if hit is not None:

@@ -43,7 +43,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm import _mlp
-from sgd_shm._intrinsics import LINE_WORDS
+from sgd_shm._intrinsics import LINE_WORDS, read_only_fields
 from sgd_shm._procs import check_start_method
 from sgd_shm.estimators import _check_param, resolve_workers
 from sgd_shm.hogwild import DivergenceError, run_workers
@@ -64,6 +64,8 @@ _CHILD = {"limited": False, "scratch": {}}
 def _mlp_step(wid, v, static, lo, hi, lr, mu, nesterov):
     """A worker process's share of an epoch (``_procs.SharedWorkers`` step)."""
     net, data, batch, blocks, owned = static
+    # arrived writeable from shared memory: read-only, as in the parent (one compile)
+    net, data = read_only_fields(net), read_only_fields(data)
     if not _CHILD["limited"]:               # a spawned child: its own BLAS, limited once
         one_blas_thread()
         _CHILD["limited"] = True

@@ -39,7 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sgd_shm import _mlp
-from sgd_shm._intrinsics import read_only
+from sgd_shm._intrinsics import read_only_fields
 
 __all__ = ["Model", "MLP", "SoftmaxRegression", "scratch"]
 
@@ -144,8 +144,8 @@ class MLP(Model):
             pos += fi * fo + fo
         self.n_params = pos
         # read-only views, as the data (see ``prepare``): one compiled kernel per dtype
-        self.net = _mlp.Net(read_only(self.sizes), read_only(np.array(w_off, np.int64)),
-                            read_only(np.array(b_off, np.int64)), self.alpha)
+        self.net = read_only_fields(_mlp.Net(self.sizes, np.array(w_off, np.int64),
+                                             np.array(b_off, np.int64), self.alpha))
         self._local = threading.local()
 
     def __getstate__(self):           # the per-thread scratch stays behind
@@ -188,7 +188,7 @@ class MLP(Model):
     def prepare(self, X, y=None):
         """X (dense float32/float64, kept as is when C-contiguous, or any scipy
         sparse matrix, read as CSR) and y (class indices, or None for zeros) as the
-        kernel's ``Data``, as read-only views (``_intrinsics.read_only``)."""
+        kernel's ``Data``, as read-only views (``_intrinsics.read_only_fields``)."""
         n = X.shape[0]
         if X.ndim != 2 or X.shape[1] != self.n_features:
             raise ValueError(f"X must be 2-D with {self.n_features} features, got shape "
@@ -201,15 +201,15 @@ class MLP(Model):
                              f"[{y.min()}, {y.max()}]; encode the labels first")
         if sp.issparse(X):
             X = sp.csr_matrix(X)
-            return _mlp.Data(*map(read_only, (
+            return read_only_fields(_mlp.Data(
                 np.empty((0, X.shape[1])), X.indptr.astype(np.int64),
-                X.indices.astype(np.int64), X.data.astype(np.float64), y)))
+                X.indices.astype(np.int64), X.data.astype(np.float64), y))
         X = np.asarray(X)
         if X.dtype != np.float32:
             X = X.astype(np.float64, copy=False)
         empty = np.empty(0, np.int64)
-        return _mlp.Data(*map(read_only, (np.ascontiguousarray(X), empty, empty,
-                                          np.empty(0), y)))
+        return read_only_fields(_mlp.Data(np.ascontiguousarray(X), empty, empty,
+                                          np.empty(0), y))
 
     def _scratch_for(self, batch):
         scr = getattr(self._local, "scratch", None)
