@@ -39,11 +39,21 @@ def _ours_or_orphaned(name):
     return False
 
 
-def new_segments(before):
+def new_segments(before, settle=20.0):
     """The relaxed segments in /dev/shm now, not in ``before``, made by this process or
     by one that has exited (see _ours_or_orphaned): those of another test's live
-    processes (pytest-xdist runs two at once) are theirs."""
-    return {n for n in shm_names() - before if _ours_or_orphaned(n)}
+    processes (pytest-xdist runs two at once) are theirs. A dead creator's segment may
+    be another test's too, between its SIGKILL of a process and the resource tracker's
+    cleanup, so those are waited on for up to ``settle`` seconds to disappear (only when
+    there is one: a clean test does not wait)."""
+    import time
+    deadline = time.monotonic() + settle
+    while True:
+        found = {n for n in shm_names() - before if _ours_or_orphaned(n)}
+        mine = {n for n in found if n.split("_")[1:2] == [str(os.getpid())]}
+        if mine or not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)
 
 
 @pytest.fixture
