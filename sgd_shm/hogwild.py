@@ -300,13 +300,14 @@ def _keep_layout(X, H, fingerprint, layout):
     """Keep ``layout`` as the one cached (see _layout_cache), until the next layout,
     clear_layout_cache(), or the death of one of X's arrays."""
     global _layout_cache
-    entry = {"H": H, "fingerprint": fingerprint, "layout": layout}
+    token = object()         # names the entry; the callback must not hold the entry
+    entry = {"H": H, "fingerprint": fingerprint, "layout": layout, "token": token}
     lock = _layout_lock      # (held here: at interpreter exit the module's globals are gone)
 
-    def drop(_ref):
-        global _layout_cache
+    def drop(_ref):          # (a reference to entry here would make a cycle through the
+        global _layout_cache  # weakrefs: a cleared layout would live on until a gc pass)
         with lock:
-            if _layout_cache is entry:
+            if _layout_cache is not None and _layout_cache["token"] is token:
                 _layout_cache = None
     entry["arrays"] = _identities(X)
     entry["owners"] = tuple(weakref.ref(_owner(a), drop) for a in (X.indptr, X.indices, X.data))

@@ -190,6 +190,34 @@ def test_a_kept_layout_goes_with_its_matrix_and_never_changes_it():
     np.testing.assert_array_equal(dup.indices, before[1])
 
 
+def test_a_cleared_layout_is_freed_at_once_and_no_fit_keeps_it():
+    """clear_layout_cache() frees the kept rows at once, without waiting for a
+    garbage-collector pass (a reference cycle through the release callback kept every
+    cleared layout alive until one: a few hundred MB per refit on large data), and a
+    fitted estimator holds no reference to its training rows."""
+    import gc
+    import weakref
+
+    from sgd_shm import HogwildClassifier, hogwild
+    X = sp.random(400, 60, density=0.2, random_state=4, format="csr")
+    s = X @ np.arange(60.0)
+    y = (s > np.median(s)).astype(int)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for backend in ("threads", "processes"):
+            hogwild.clear_layout_cache()
+            clf = HogwildClassifier(max_iter=2, tol=None, n_workers=2, hot_features=8,
+                                    backend=backend, random_state=0).fit(X, y)
+            rows = weakref.ref(hogwild._layout_cache["layout"][1])
+            hogwild.clear_layout_cache()
+            assert rows() is None, f"{backend}: a cleared layout is still alive"
+            assert clf.hot_features_ == 8
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_the_fingerprint_sees_every_single_change_and_blocks_add_up():
     """scan_rows: a change of any one entry (its index, its value's bits, a row end)
     changes the fingerprint; row blocks add up to the whole; a row out of order
