@@ -263,11 +263,16 @@ def cmd_hogwild(args):
               f"{r['final_train_loss']:10.4f} {ttt:>16s}")
     hogwild.print_fits(extra["fits"], extra["free_cores_before_after_fits"])
     hl = extra["hot_layout_s"]
-    print("\none-time copy of the data per fit, not in the epoch times: " +
-          (f"hot-first rows ({hl['hot_features']} hot features) {hl['hot_s']:.3f} s "
-           f"(kept from the last fit: {hl['hot_reused_s']:.3f} s), "
-           if hl["hot_features"] else "(no hot features at this size) ") +
+    if hl["hot_features"] == p["n_features"]:
+        rows_s = f"every feature buffered, rows read in place {hl['hot_s']:.3f} s, "
+    elif hl["hot_features"]:
+        rows_s = (f"hot-first rows ({hl['hot_features']} hot features) {hl['hot_s']:.3f} s "
+                  f"(kept from the last fit: {hl['hot_reused_s']:.3f} s), ")
+    else:
+        rows_s = "(no hot features at this size) "
+    print("\nbuilding the rows per fit, not in the epoch times: " + rows_s +
           f"plain rows {hl['plain_s']:.3f} s")
+    hogwild.print_sweep(extra["hot_sweep"])
     print("\nstaleness (updates by other workers between a read and its write):")
     for k, v in extra["staleness"].items():
         print(f"  {k:14s} mean tau {v['mean_tau']:.2f}, tau = 0 for {100 * v['frac_tau0']:.1f}% "

@@ -7,12 +7,13 @@ for SGDClassifier with loss='log_loss').
 Competitors, same loss, penalty, schedule and number of epochs:
 ``sklearn`` (SGDClassifier, one epoch per ``partial_fit``: it has no threads for a
 binary problem), ``hogwild-threads`` and ``hogwild-processes`` (this kit, 1..T workers,
-the estimators' default for a fit with max_iter >= AUTO_HOT_MIN_EPOCHS, the default
-1000 included: with several workers the AUTO_HOT_FEATURES most frequent features
-buffered per worker, see ``sgd_shm._kernels``), ``hogwild-plain``
-(threads, ``hot_features=0``: textbook Hogwild, every weight shared on every step) and
-``locked`` (the plain kernel with a spinlock around every sample's step: the classic
-alternative to Hogwild). The one-time cost of the hot-first copy of the data is timed
+the estimators' default, ``hot_features="auto"``, for a fit of max_iter >=
+AUTO_HOT_MIN_EPOCHS: with several workers on this problem every feature is buffered
+per worker and the rows are read in place; on wider data the AUTO_HOT_FEATURES most
+frequent ones, in a hot-first copy of the rows; see ``sgd_shm.hogwild``),
+``hogwild-plain`` (threads, ``hot_features=0``: textbook Hogwild, every weight shared
+on every step) and ``locked`` (the plain kernel with a spinlock around every sample's
+step: the classic alternative to Hogwild). Building the rows the kernels read is timed
 apart (``hot_layout_s``), as it is paid once per fit, not per epoch. Epochs run back to
 back, as in a fit (and as the C++ reference runs them): each competitor keeps a copy of
 its weights after every epoch, and the full training log losses are computed from
@@ -29,10 +30,10 @@ Whole fits (``fits`` in the JSON), as a user waits for them: ``fit(X, y)`` of
 ``SGDClassifier`` and of ``HogwildClassifier`` (1 worker; T workers on threads and
 on processes) with the same loss, alpha and schedule, ``tol=None``, at max_iter =
 each of FIT_ITERS, everything inside ``fit`` timed: validation, the layout of the
-rows, the pool of processes, the epochs. A T-worker fit runs twice: ``fresh`` (the
-first fit on this matrix: the hot-first copy of the rows is built) and ``reused``
-(a refit on the same, unchanged matrix: the layout kept by the last fit is checked
-by its fingerprint and reused, see ``sgd_shm.hogwild.hot_rows``). Every fit's
+rows, the pool of processes, the epochs. Where "auto" copies the rows hot-first (wide
+data), a T-worker fit runs twice: ``fresh`` (the first fit on this matrix: the copy is
+built) and ``reused`` (a refit on the same, unchanged matrix: the layout kept by the
+last fit is checked by its fingerprint and reused, see ``sgd_shm.hogwild.hot_rows``). Every fit's
 training accuracy and log loss are reported beside its time; speed-ups are paired
 with the 1-worker fit of the same repetition, as above.
 """
@@ -95,11 +96,11 @@ def _run_sklearn(X, y, epochs, seed):
     return times, [train_loss(X, y, *wb) for wb in snaps]
 
 
-def _fit_once(X, y, max_iter, workers, backend, seed, fresh):
+def _fit_once(X, y, max_iter, workers, backend, seed, layout=None):
     """(seconds, training accuracy, training log loss, hot features buffered) of one
-    whole fit: the kit's
-    HogwildClassifier (workers >= 1; ``fresh``: forget the kept layout first) or, with
-    workers == 0, SGDClassifier."""
+    whole fit: the kit's HogwildClassifier (workers >= 1; ``layout`` "fresh": forget
+    the kept hot-first layout first, "reused": keep one of X, None: neither, for data
+    whose rows "auto" reads in place) or, with workers == 0, SGDClassifier."""
     from sklearn.linear_model import SGDClassifier
 
     from sgd_shm import HogwildClassifier
@@ -110,9 +111,9 @@ def _fit_once(X, y, max_iter, workers, backend, seed, fresh):
         clf = SGDClassifier(**common)
     else:
         clf = HogwildClassifier(n_workers=workers, backend=backend, **common)
-        if fresh:
+        if layout == "fresh":
             clear_layout_cache()
-        elif workers > 1 and not layout_kept(X, AUTO_HOT_FEATURES):
+        elif layout == "reused" and not layout_kept(X, AUTO_HOT_FEATURES):
             hot_rows(X, AUTO_HOT_FEATURES)      # as an earlier fit on X leaves it (untimed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -151,19 +152,23 @@ def run_fits(X, y, workers_list, reps, seed, iters=FIT_ITERS):
     repetition (``bench.common.handoff_ns``); returns (one row per (competitor,
     workers, max_iter), the handoffs before and after each repetition)."""
     from bench.common import handoff_ns, placement
-    comps = [("sklearn", 0, None, False), ("hogwild", 1, "threads", False)]
+    from sgd_shm.hogwild import auto_hot_features
+    comps = [("sklearn", 0, None, None), ("hogwild", 1, "threads", None)]
+    # a first fit and a refit differ only where "auto" copies the rows hot-first
+    copies = 0 < auto_hot_features(X, max(iters), 1, max(workers_list)) < X.shape[1]
     for T in workers_list:
         if T > 1:
-            comps += [(f"hogwild-{b}-{f}", T, b, f == "fresh")
-                      for b in ("threads", "processes") for f in ("fresh", "reused")]
+            comps += [(f"hogwild-{b}-{f}" if copies else f"hogwild-{b}", T, b,
+                       f if copies else None)
+                      for b in ("threads", "processes") for f in ("fresh", "reused")[:1 + copies]]
     runs = {(c, it): [] for c in comps for it in iters}
     handoffs = []
     for rep in range(reps + 1):                      # rep 0: warm-up
         before = handoff_ns()
         for it in iters:
             for c in comps:
-                name, T, backend, fresh = c
-                r = _fit_once(X, y, it, T, backend, seed + rep, fresh)
+                name, T, backend, layout = c
+                r = _fit_once(X, y, it, T, backend, seed + rep, layout)
                 if rep:
                     runs[(c, it)].append(r)
         if rep:
@@ -171,7 +176,7 @@ def run_fits(X, y, workers_list, reps, seed, iters=FIT_ITERS):
     places = [placement(*h) for h in handoffs]
     rows = []
     for (c, it), rs in runs.items():
-        name, T, backend, fresh = c
+        name, T, backend, _ = c
         secs = np.array([r[0] for r in rs])
         row = {"competitor": name, "workers": max(T, 1), "max_iter": it,
                "fit_s": secs.tolist(), "fit_s_median": float(np.median(secs)),
@@ -213,37 +218,170 @@ def print_fits(fits, free=None):
               f"{r['train_loss']:7.4f}")
 
 
-def run(args, workers_list):
-    """Every competitor at every worker count, interleaved over ``args.reps`` (after a
-    warm-up). Returns (result rows, extra results, the problem (X, y))."""
-    from tqdm import tqdm
+def print_sweep(sweep):
+    """The hot-feature sweep (see hot_sweep) on stdout; * marks what "auto" picks."""
+    print("\nbuffered features, two workers (threads), median s per epoch; * = auto:")
+    for r in sweep:
+        print(f"  {r['problem']:8s} {r['n_features']:>9,} features "
+              f"({r['nnz'] / r['n_features']:6.0f} nnz each)  {r['variant']:14s} "
+              f"{r['workers']} worker(s) {r['epoch_s']:7.3f} s  {r['speedup_vs_1']:5.2f}x "
+              f"loss {r['last_epoch_loss']:.4f}{' *' if r['auto'] else ''}")
 
-    from sgd_shm.data import make_rcv1_like
-    from sgd_shm.hogwild import Problem
-    t0 = time.perf_counter()
-    X, y = make_rcv1_like(args.sgd_samples, args.sgd_features, random_state=args.seed)
-    gen_s = time.perf_counter() - t0
-    from sgd_shm.hogwild import AUTO_HOT_MIN_EPOCHS, auto_hot_features
-    E = args.epochs
-    # what a fit with several workers and max_iter >= AUTO_HOT_MIN_EPOCHS uses (the
-    # estimators' default max_iter included); this bench runs fewer epochs, per-epoch
-    # speed being what it measures, and times the one-time copy apart
-    H_auto = auto_hot_features(X, max(E, AUTO_HOT_MIN_EPOCHS))
+
+def _problems(X, y, E, workers_list):
+    """(prob_of(competitor, T): the rows a competitor's T workers read, the hot features
+    of the largest T, the seconds of building the rows: plain, hot (a first fit's: every
+    feature, the rows read in place, or a hot-first copy) and kept (a refit's: the copy
+    kept from the last one, checked))."""
+    from sgd_shm.hogwild import (AUTO_HOT_MIN_EPOCHS, Problem, auto_hot_features,
+                                 clear_layout_cache)
+
+    # what a fit with T workers and max_iter >= AUTO_HOT_MIN_EPOCHS uses (the estimators'
+    # default max_iter included); this bench runs fewer epochs, per-epoch speed being
+    # what it measures, and times building the rows apart
+    def h_auto(T):
+        return auto_hot_features(X, max(E, AUTO_HOT_MIN_EPOCHS), 1, T)
+    H_auto = h_auto(max(workers_list))
     layout_s, probs = {}, {}
-    from sgd_shm.hogwild import clear_layout_cache
-    # the one-time copies, timed apart: plain rows, the hot-first rows of a first fit
-    # ("hot") and of a refit ("kept": the layout kept from the last one, checked)
     for what in ("plain", "hot", "kept") * 3:
         if what == "hot":
             clear_layout_cache()
         t0 = time.perf_counter()
         probs[what] = Problem.from_xy(X, y[:, None], hot_features=0 if what == "plain" else H_auto)
         layout_s.setdefault(what, []).append(time.perf_counter() - t0)
-    plain, hot = probs["plain"], probs["kept"]
+    plain = probs["plain"]
+    by_h = {0: plain, H_auto: probs["kept"]}
 
     def prob_of(name, T):
         """The kit's default: hot buffers with several workers (not locked, not plain)."""
-        return hot if T > 1 and name in ("hogwild-threads", "hogwild-processes") else plain
+        if T == 1 or name not in ("hogwild-threads", "hogwild-processes"):
+            return plain
+        H = h_auto(T)
+        if H not in by_h:
+            by_h[H] = Problem.from_xy(X, y[:, None], hot_features=H)
+        return by_h[H]
+    return prob_of, H_auto, layout_s
+
+
+def _staleness(X, workers_list, prob_of, seed):
+    """Staleness histograms (instrumented runs of 2 epochs, not timed): updates by
+    others between a worker's read and its write, per backend and worker count."""
+    from sgd_shm.hogwild import HogwildSGD, staleness_summary
+    stale = {}
+    for T in workers_list:
+        for backend in ("threads", "processes"):
+            sgd = HogwildSGD(X.shape[1], 1, loss="log_loss", alpha=1e-4, intercept_decay=0.01,
+                             n_workers=T, backend=backend, instrument=True, seed=seed)
+            with sgd.session(prob_of("hogwild-threads", T)):
+                for _ in range(2):
+                    sgd.epoch(prob_of("hogwild-threads", T))
+            h = sgd.staleness
+            mean_tau, frac_tau0 = staleness_summary(h)
+            stale[f"{backend}-{T}"] = {
+                "hist": h.tolist(), "updates": int(h.sum()),
+                "mean_tau": mean_tau, "frac_tau0": frac_tau0,
+                "max_tau_bin": int(np.flatnonzero(h).max()) if h.any() else 0}
+    return stale
+
+
+#: the hot-feature sweep's problems: (name, features as a multiple of --sgd-features,
+#: density as a multiple of make_rcv1_like's default): the bench's problem, and one ten
+#: times wider with about as many nonzeros (a few per feature)
+SWEEP_PROBLEMS = (("default", 1, 1.0), ("wide", 10, 0.11))
+
+
+def hot_sweep(args, epochs=4):
+    """Two-worker (threads) epochs with hot_features 0 (plain Hogwild), AUTO_HOT_FEATURES
+    (a hot-first copy of the rows) and every feature (the rows read in place), beside
+    one worker, on SWEEP_PROBLEMS: what "auto" chooses between. Interleaved over
+    ``args.reps`` after a warm-up; epoch time = median of epochs 2..E, paired with the
+    same repetition's one-worker epoch. Returns one row per (problem, variant)."""
+    from sgd_shm.data import make_rcv1_like
+    from sgd_shm.hogwild import (AUTO_HOT_FEATURES, AUTO_HOT_MIN_EPOCHS, HogwildSGD, Problem,
+                                 auto_hot_features)
+    rows = []
+    for name, wider, denser in SWEEP_PROBLEMS:
+        d = args.sgd_features * wider
+        X, y = make_rcv1_like(args.sgd_samples, d, density=0.0015 * denser,
+                              random_state=args.seed)
+        Y = y[:, None]
+        top = min(AUTO_HOT_FEATURES, d - 1)
+        variants = (("1 worker", 0, 1), ("plain", 0, 2), (f"top {top}", top, 2),
+                    ("every feature", d, 2))
+        probs = {H: Problem.from_xy(X, Y, hot_features=H) for _, H, _ in variants}
+        times = {v: [] for v in variants}
+        losses = {v: [] for v in variants}
+        for rep in range(args.reps + 1):
+            for v in variants:
+                sgd = HogwildSGD(d, 1, loss="log_loss", alpha=1e-4, learning_rate="optimal",
+                                 n_workers=v[2], seed=args.seed + rep)
+                ts = []
+                for _ in range(epochs):
+                    t0 = time.perf_counter()
+                    loss = sgd.epoch(probs[v[1]])
+                    ts.append(time.perf_counter() - t0)
+                if rep:
+                    times[v].append(_epoch_time(ts))
+                    losses[v].append(loss)
+        one = np.asarray(times[variants[0]])
+        auto = auto_hot_features(X, AUTO_HOT_MIN_EPOCHS, 1, 2)
+        for v in variants:
+            rows.append({"problem": name, "n_samples": X.shape[0], "n_features": d,
+                         "nnz": int(X.nnz), "variant": v[0], "hot_features": v[1],
+                         "workers": v[2], "epoch_s": float(np.median(times[v])),
+                         "speedup_vs_1": float(np.median(one / np.asarray(times[v]))),
+                         "last_epoch_loss": float(np.median(losses[v])),
+                         "auto": v[2] > 1 and v[1] == auto})
+    return rows
+
+
+def _summaries(comps, series, curves):
+    """(one result row per competitor: rates, epoch time, paired speed-up against its
+    one worker, final training loss, time to the target; the target: 1.01 × sklearn's
+    final training loss)."""
+    rows = []
+    target = None
+    base = curves[("sklearn", 1, None, False)]
+    if base:
+        target = 1.01 * float(np.median([cv["train_loss"][-1] for cv in base]))
+
+    def epoch_s(c):
+        return [_epoch_time(cv["epoch_s"]) for cv in curves[c]]
+    for c in comps:
+        s = series[c].summary()
+        eps = epoch_s(c)
+        s["epoch_s_median"] = float(np.median(eps))
+        one = next((o for o in comps if o[1] == 1 and o[2:] == c[2:] and
+                    o[0] == ("hogwild-threads" if c[0] == "hogwild-plain" else c[0])), None)
+        if one is not None and c[0] != "sklearn":
+            # paired: this repetition's 1-worker epoch over this one's
+            ratios = np.asarray(epoch_s(one)) / np.asarray(eps)
+            s["speedup_vs_1"] = float(np.median(ratios))
+            s["speedup_vs_1_range"] = [float(ratios.min()), float(ratios.max())]
+        s["final_train_loss"] = float(np.median([cv["train_loss"][-1] for cv in curves[c]]))
+        ttt = []
+        for cv in curves[c]:
+            cum = np.cumsum(cv["epoch_s"])
+            hit = np.flatnonzero(np.asarray(cv["train_loss"]) <= target)
+            ttt.append(float(cum[hit[0]]) if hit.size else None)
+        ok = [v for v in ttt if v is not None]
+        s["time_to_target_s"] = float(np.median(ok)) if len(ok) == len(ttt) else None
+        s["curves"] = curves[c]
+        rows.append(s)
+    return rows, target
+
+
+def run(args, workers_list):
+    """Every competitor at every worker count, interleaved over ``args.reps`` (after a
+    warm-up). Returns (result rows, extra results, the problem (X, y))."""
+    from tqdm import tqdm
+
+    from sgd_shm.data import make_rcv1_like
+    t0 = time.perf_counter()
+    X, y = make_rcv1_like(args.sgd_samples, args.sgd_features, random_state=args.seed)
+    gen_s = time.perf_counter() - t0
+    E = args.epochs
+    prob_of, H_auto, layout_s = _problems(X, y, E, workers_list)
     comps = [("sklearn", 1, None, False)]
     # each competitor's worker counts side by side (paired speed-ups, see above);
     # hogwild-plain's T-worker runs follow hogwild-threads' and pair with its 1 worker
@@ -280,55 +418,14 @@ def run(args, workers_list):
     finally:
         if ref is not None:
             ref.close()
-    rows = []
-    target = None
-    base = curves[("sklearn", 1, None, False)]
-    if base:
-        target = 1.01 * float(np.median([cv["train_loss"][-1] for cv in base]))
-    def epoch_s(c):
-        return [_epoch_time(cv["epoch_s"]) for cv in curves[c]]
-    for c in comps:
-        s = series[c].summary()
-        eps = epoch_s(c)
-        s["epoch_s_median"] = float(np.median(eps))
-        one = next((o for o in comps if o[1] == 1 and o[2:] == c[2:] and
-                    o[0] == ("hogwild-threads" if c[0] == "hogwild-plain" else c[0])), None)
-        if one is not None and c[0] != "sklearn":
-            # paired: this repetition's 1-worker epoch over this one's
-            ratios = np.asarray(epoch_s(one)) / np.asarray(eps)
-            s["speedup_vs_1"] = float(np.median(ratios))
-            s["speedup_vs_1_range"] = [float(ratios.min()), float(ratios.max())]
-        s["final_train_loss"] = float(np.median([cv["train_loss"][-1] for cv in curves[c]]))
-        ttt = []
-        for cv in curves[c]:
-            cum = np.cumsum(cv["epoch_s"])
-            hit = np.flatnonzero(np.asarray(cv["train_loss"]) <= target)
-            ttt.append(float(cum[hit[0]]) if hit.size else None)
-        ok = [v for v in ttt if v is not None]
-        s["time_to_target_s"] = float(np.median(ok)) if len(ok) == len(ttt) else None
-        s["curves"] = curves[c]
-        rows.append(s)
-    # staleness histograms (instrumented runs, not timed): updates by others between a
-    # worker's read and its write
-    stale = {}
-    from sgd_shm.hogwild import HogwildSGD, staleness_summary
-    for T in workers_list:
-        for backend in ("threads", "processes"):
-            sgd = HogwildSGD(X.shape[1], 1, loss="log_loss", alpha=1e-4, intercept_decay=0.01,
-                             n_workers=T, backend=backend, instrument=True, seed=args.seed)
-            with sgd.session(prob_of("hogwild-threads", T)):
-                for _ in range(2):
-                    sgd.epoch(prob_of("hogwild-threads", T))
-            h = sgd.staleness
-            mean_tau, frac_tau0 = staleness_summary(h)
-            stale[f"{backend}-{T}"] = {
-                "hist": h.tolist(), "updates": int(h.sum()),
-                "mean_tau": mean_tau, "frac_tau0": frac_tau0,
-                "max_tau_bin": int(np.flatnonzero(h).max()) if h.any() else 0}
+    rows, target = _summaries(comps, series, curves)
+    stale = _staleness(X, workers_list, prob_of, args.seed)
+    sweep = hot_sweep(args)
     free = [free_cores()]
     fits, handoffs = run_fits(X, y, workers_list, args.reps, args.seed)
     free.append(free_cores())
     extra = {"fits": fits, "free_cores_before_after_fits": free, "staleness": stale,
+             "hot_sweep": sweep,
              "handoff_ns_fits": handoffs,
              "problem": {"n_samples": X.shape[0], "n_features": X.shape[1], "nnz": int(X.nnz),
                          "generate_s": gen_s, "loss": "log_loss", "alpha": 1e-4,

@@ -90,9 +90,11 @@ def _hogwild_speed(d):
 
 def _hogwild_fits(d):
     """The whole fits' table (bench/hogwild.py: run_fits)."""
-    lines = ["\nWhole fits as a user waits for them (`fit(X, y)`, `tol=None`; `fresh`: the "
-             "first fit on the matrix, which builds the hot-first rows; `reused`: a refit on "
-             "the same matrix, whose kept layout is checked and reused):\n",
+    staged = any(r["competitor"].endswith("-fresh") for r in d["fits"])
+    lines = ["\nWhole fits as a user waits for them (`fit(X, y)`, `tol=None`" + (
+             "; `fresh`: the first fit on the matrix, which builds the hot-first rows; "
+             "`reused`: a refit on the same matrix, whose kept layout is checked and reused"
+             if staged else "") + "):\n",
              "| competitor | workers | max_iter | fit s | vs 1 worker, paired (range) | "
              "cores near / far (reps) | vs sklearn | train accuracy | train loss |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -115,12 +117,38 @@ def _hogwild_fits(d):
     return lines
 
 
+def _hogwild_sweep(d):
+    """What hot_features="auto" chooses between (bench/hogwild.py: hot_sweep)."""
+    lines = ["\nWhich features two workers buffer (threads; `hot_features` 0: plain, "
+             "the H most frequent in a hot-first copy of the rows: top H, or every feature "
+             "with the rows read in place), on this problem and on one ten times wider with "
+             "about as many nonzeros; ★: what `hot_features='auto'` picks for a fit of 10 "
+             "epochs; epoch time the median of epochs 2..4:\n",
+             "| problem | features | nonzeros per feature | buffered | workers | s / epoch "
+             "| vs 1 worker, paired | loss after the last epoch |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
+    for r in d["hot_sweep"]:
+        star = " ★" if r["auto"] else ""
+        lines.append(f"| {r['problem']} | {r['n_features']:,} | "
+                     f"{r['nnz'] / r['n_features']:.0f} | {r['variant']}{star} | "
+                     f"{r['workers']} | {r['epoch_s']:.3f} | {r['speedup_vs_1']:.2f}× | "
+                     f"{r['last_epoch_loss']:.4f} |")
+    return lines
+
+
 def _hogwild_table(d):
     lines = _hogwild_speed(d)
     if d.get("fits"):
         lines += _hogwild_fits(d)
+    if d.get("hot_sweep"):
+        lines += _hogwild_sweep(d)
     hl = d.get("hot_layout_s")
-    if hl and hl["hot_features"]:
+    n_features = d.get("problem", {}).get("n_features")
+    if hl and hl["hot_features"] and hl["hot_features"] == n_features:
+        lines.append(f"\nBuilding the rows the kernels read, once per fit: every feature "
+                     f"buffered with several workers, the rows read in place (no copy) "
+                     f"{hl['hot_s']:.3f} s; the plain rows {hl['plain_s']:.3f} s.")
+    elif hl and hl["hot_features"]:
         lines.append(f"\nOne-time cost per fit, not in the epoch times: the hot-first copy "
                      f"of the rows ({hl['hot_features']} hot features, used with several "
                      f"workers) {hl['hot_s']:.3f} s (a refit, which reuses the kept layout "
@@ -197,8 +225,9 @@ SCENARIOS = (
         "`make_rcv1_like(200_000, 50_000)`, log loss, alpha 1e-4, 'optimal' learning rate, 5 "
         "epochs. Competitors: scikit-learn's `SGDClassifier` (one epoch per `partial_fit`); "
         "the kit's Hogwild on threads and on processes as a `fit` of 10 or more epochs runs "
-        "it (with several workers the most frequent features buffered per worker, "
-        "`hot_features='auto'`; the one-time copy of the rows this needs is timed apart); "
+        "it (`hot_features='auto'`: with several workers every feature buffered per "
+        "worker, the rows read in place; on wider data the most frequent ones, in a copy "
+        "of the rows timed apart); "
         "`hogwild-plain` (threads, `hot_features=0`: textbook Hogwild); `locked` (the plain "
         "kernel with a spinlock around every sample's read-modify-write); with `--cxx`, a "
         "plain C++ Hogwild (`bench/cxx/hogwild.cpp`, `g++ -O3 -march=native`, the same "
@@ -208,8 +237,8 @@ SCENARIOS = (
         "taken after every epoch, outside the timed region. Speed-ups against one worker are "
         "paired: a competitor's T-worker run follows its 1-worker run in every repetition, "
         "and the median of the per-repetition ratios is reported."), ("hogwild.png",), (
-        "`hogwild-plain` against `hogwild-threads` shows what the per-worker buffers of the "
-        "hot features save: in textbook Hogwild the cache lines of the most frequent "
+        "`hogwild-plain` against `hogwild-threads` shows what the per-worker buffers "
+        "save: in textbook Hogwild the cache lines of the most frequent "
         "features move between the cores on almost every sample. `locked` shows the price of "
         "serialising the updates instead.")),
     Scenario("mis", "Greedy MIS and matching", (

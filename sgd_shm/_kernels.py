@@ -34,7 +34,8 @@ every sample, so with several workers their cache lines move between the cores
 on almost every step (a line one worker wrote must be fetched from the other
 core before the next read). The rows are therefore stored hot-first
 (``hogwild.Problem``: the H most frequent features carry slot numbers 0..H-1
-instead of feature ids, ``hot_end[i]`` ends row i's hot part). With
+instead of feature ids, ``hot_end[i]`` ends row i's hot part; with every feature hot
+the rows are read as they are, a feature's slot its id and each row all hot). With
 ``Params.hot`` set, each worker keeps a private copy of the hot block, applies its
 own steps there at once, and every ``hot_flush`` of its samples (K·H / 4) publishes
 them through ``Wh`` (shape (n_workers + 1, K, H), in shared memory for processes):

@@ -147,14 +147,15 @@ class _BaseHogwild(BaseEstimator):
                              "for no averaging")
         return int(a)
 
-    def _hot_features(self, epochs, X):
+    def _hot_features(self, epochs, X, n_outputs):
         """hot_features where the workers buffer them (several workers, L2 or no
         penalty, no momentum, no averaging), else 0: the hot-first layout would go
         unused. "auto": see ``hogwild.auto_hot_features``."""
-        if resolve_workers(self.n_workers) > 1 and self.momentum == 0 \
+        nw = resolve_workers(self.n_workers)
+        if nw > 1 and self.momentum == 0 \
                 and self._penalty_split()[1] == 0 and not self._average_start():
             if self.hot_features == "auto":
-                return auto_hot_features(X, epochs)
+                return auto_hot_features(X, epochs, n_outputs, nw)
             return self.hot_features
         return 0
 
@@ -401,14 +402,16 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         others pick them up: those cache lines stop moving between the cores on every
         sample, and no step on them is lost to a concurrent write (plain Hogwild loses
         a small share of its steps on the most frequent features that way). The others
-        see a worker's steps on them that many samples late. Costs a copy of the data
-        per fit (a pass over its nonzeros), which the faster epochs earn back over longer
-        fits only. Used with several workers, penalty "l2" or None and no momentum.
-        0: plain Hogwild, every weight shared on every step. "auto": 4096
-        (``sgd_shm.hogwild.AUTO_HOT_FEATURES``) in a ``fit`` with max_iter >= 10 on sparse
-        data with at least 1M nonzeros and 16384 features, else 0 (small problems gain
-        nothing, and the delayed view of the hot weights costs accuracy in the first,
-        large steps; shorter fits do not earn back the copy); 0 in ``partial_fit``.
+        see a worker's steps on them that many samples late. H >= n_features buffers
+        every weight and reads the rows as they are; a smaller H costs a copy of the
+        data per fit (a pass over its nonzeros), which the faster epochs earn back over
+        longer fits only. Used with several workers, penalty "l2" or None and no
+        momentum. 0: plain Hogwild, every weight shared on every step. "auto" (see
+        ``sgd_shm.hogwild.auto_hot_features``), on sparse data with at least 1M
+        nonzeros: every feature where K·n_features <= 2^18 and the data has 64 nonzeros
+        per feature and worker; else 4096 in a ``fit`` with max_iter >= 10 on data with
+        16384 features; else 0 (small problems gain nothing, and the delayed view of the
+        buffered weights costs accuracy in the first, large steps).
     instrument : record per-update staleness (updates applied by other workers between
         a worker's read of the weights and its write, the delay tau) in ``staleness_``,
         a histogram (index = tau; the last bin counts tau >= 63). Costs one contended
@@ -538,7 +541,7 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         n_out = 1 if len(self.classes_) == 2 else len(self.classes_)
         init = self._initial_weights(init, n_out, X.shape[1])
         prob = Problem.from_xy(X, self._targets(y), sample_weight,
-                               self._hot_features(max_iter, X),
+                               self._hot_features(max_iter, X, n_out),
                                class_weight=self._class_weight_table(y, not stop_early))
         prob, scorer = self._early_stopping(prob, X, y, sample_weight) if stop_early \
             else (prob, None)
@@ -675,7 +678,7 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         sample_weight = self._check_sample_weight(sample_weight, X.shape[0])
         init = self._initial_weights(init, 1, X.shape[1])
         prob = Problem.from_xy(X, y.reshape(-1, 1), sample_weight,
-                               self._hot_features(max_iter, X))
+                               self._hot_features(max_iter, X, 1))
         prob, scorer = self._early_stopping(prob, X, y, sample_weight) if stop_early \
             else (prob, None)
         self.coef_ = self._train(prob, reset, 1, sp.issparse(X), max_iter, stop_early, init,

@@ -10,8 +10,9 @@ parallel, so that the driver's serial time per epoch does not grow with the
 data. One Numba kernel per part runs on a Python thread; the kernels release the
 GIL, so the threads run in parallel on the same numpy arrays. Between epochs the driver
 folds the exact L2 weight scale into the weights (see ``_kernels``). On sparse
-data, ``Problem`` can store rows hot-first so that the workers buffer the most
-frequent features' weights (``hot_features``; see ``_kernels``): during a segment
+data, the workers can buffer the weights of every feature, or of the most frequent
+ones, whose rows ``Problem`` then stores hot-first (``hot_features``; see
+``_kernels``): during a segment
 those weights live in a contiguous block that the driver gathers from W before
 and scatters back after.
 
@@ -41,34 +42,55 @@ from sgd_shm._intrinsics import LINE_WORDS
 from sgd_shm._mf import shuffle_part
 
 __all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "staleness_summary",
-           "AUTO_HOT_FEATURES", "AUTO_HOT_MIN_NNZ", "AUTO_HOT_MIN_EPOCHS", "auto_hot_features",
+           "AUTO_HOT_FEATURES", "AUTO_HOT_MIN_NNZ", "AUTO_HOT_MIN_EPOCHS", "AUTO_ALL_HOT_WORDS",
+           "AUTO_ALL_HOT_NNZ_PER_FEATURE", "auto_hot_features",
            "hot_rows", "layout_kept", "clear_layout_cache"]
 
 #: the estimators' hot_features="auto" for a fit with several workers on large sparse
-#: data. On Zipf-like text features a few thousand features carry most of the
-#: nonzeros; fewer hot features leave more of the contended lines shared, more make
-#: every fold (K·H words) longer and rarer without taking much more traffic off
+#: data (see auto_hot_features). Where each worker's private copy of all the weights is
+#: small (n_outputs · n_features at most AUTO_ALL_HOT_WORDS: it stays in a core's
+#: cache) and the data has at least AUTO_ALL_HOT_NNZ_PER_FEATURE nonzeros per feature
+#: and worker, every feature is buffered: the rows then serve as they are (a feature's
+#: slot is its id), no copy, and no cache line of the weights moves between the cores
+#: between folds. A worker folds at least 16 times per epoch, each fold a few passes
+#: over its copy, so with fewer nonzeros per feature the folds would outweigh the
+#: samples' work: wide data buffers its most frequent features instead
+AUTO_ALL_HOT_WORDS = 1 << 18
+AUTO_ALL_HOT_NNZ_PER_FEATURE = 64
+#: otherwise (wider models) the AUTO_HOT_FEATURES most frequent features. On Zipf-like
+#: text features a few thousand features carry most of the nonzeros; fewer hot
+#: features leave more of the contended lines shared, more make every fold (K·H
+#: words) longer
 AUTO_HOT_FEATURES = 4096
-#: ... used from this many nonzeros and 4 * AUTO_HOT_FEATURES features on. Smaller
-#: problems take milliseconds per epoch, so there is little to gain, and the delayed
-#: view of the hot weights costs accuracy in the first, large steps when most of the
-#: features are hot
+#: ... used from this many nonzeros on (either way). Smaller problems take
+#: milliseconds per epoch, so there is little to gain, and the delayed view of the
+#: hot weights costs accuracy in the first, large steps when most of the features are
+#: hot
 AUTO_HOT_MIN_NNZ = 1_000_000
-#: ... and for runs of at least this many epochs (max_iter in a fit), or shorter ones
-#: when the layout of X is kept from an earlier fit (see hot_rows): the hot-first copy
+#: ... and, for the AUTO_HOT_FEATURES case (4 * AUTO_HOT_FEATURES features at least),
+#: for runs of at least this many epochs (max_iter in a fit), or shorter ones when
+#: the layout of X is kept from an earlier fit (see hot_rows): the hot-first copy
 #: costs a pass over the data and the first touch of as much new memory, which the
 #: buffers' faster epochs earn back over longer fits only
 AUTO_HOT_MIN_EPOCHS = 10
 
 
-def auto_hot_features(X, epochs) -> int:
-    """hot_features="auto" for a run of at most ``epochs`` on X with several workers:
-    AUTO_HOT_FEATURES on sparse X with at least AUTO_HOT_MIN_NNZ nonzeros and
-    4 * AUTO_HOT_FEATURES features when ``epochs`` >= AUTO_HOT_MIN_EPOCHS or the
-    hot-first rows of X are kept from an earlier fit (``hot_rows``: no copy to earn
-    back), else 0 (shorter runs would not earn back the copy of the data)."""
-    big = sp.issparse(X) and X.nnz >= AUTO_HOT_MIN_NNZ and X.shape[1] >= 4 * AUTO_HOT_FEATURES
-    if not big:
+def auto_hot_features(X, epochs, n_outputs=1, n_workers=2) -> int:
+    """hot_features="auto" for a run of at most ``epochs`` on X with ``n_workers`` > 1
+    workers and ``n_outputs`` linear outputs (K), on sparse X with at least
+    AUTO_HOT_MIN_NNZ nonzeros: every feature (X.shape[1]: no copy of the rows) when
+    K · X.shape[1] <= AUTO_ALL_HOT_WORDS and X has AUTO_ALL_HOT_NNZ_PER_FEATURE ·
+    n_workers nonzeros per feature; else AUTO_HOT_FEATURES when X has 4 *
+    AUTO_HOT_FEATURES features and ``epochs`` >= AUTO_HOT_MIN_EPOCHS or the hot-first
+    rows of X are kept from an earlier fit (``hot_rows``: no copy to earn back); else 0
+    (small problems, or short runs that would not earn back the copy of the data)."""
+    if not (sp.issparse(X) and X.nnz >= AUTO_HOT_MIN_NNZ):
+        return 0
+    d = X.shape[1]
+    if (n_outputs * d <= AUTO_ALL_HOT_WORDS
+            and X.nnz >= AUTO_ALL_HOT_NNZ_PER_FEATURE * max(n_workers, 1) * d):
+        return d
+    if d < 4 * AUTO_HOT_FEATURES:
         return 0
     kept = epochs >= 2 and layout_kept(X, AUTO_HOT_FEATURES)
     return AUTO_HOT_FEATURES if epochs >= AUTO_HOT_MIN_EPOCHS or kept else 0
@@ -138,7 +160,9 @@ class Problem:
     features (``hot_feat``, most frequent first) carry their slot number instead of
     the feature id, ``hot_end[i]`` ends row i's hot part, and the workers buffer
     those weights (see ``_kernels``; this costs a copy of the data, a pass over its
-    nonzeros). The caller's matrix is never modified."""
+    nonzeros). With H >= n_features every feature is hot and its slot is its id
+    (``hot_feat`` = arange(d), ``hot_end`` = indptr[1:]): the rows serve as they are,
+    without a copy. The caller's matrix is never modified."""
     n_samples: int
     n_features: int
     Y: np.ndarray
@@ -198,23 +222,34 @@ class Problem:
         cw = _class_weight_table(class_weight, Y.shape[1])
         if sp.issparse(X):
             X = sp.csr_matrix(X, dtype=_value_dtype(X.dtype))
-            if hot_features == 0:            # plain rows: no hot part
-                if not X.has_canonical_format:
-                    X = X.copy()                 # never modify the caller's matrix
-                    X.sum_duplicates()
-                # int32 column indices: rows are read in shuffled order, so bytes per
-                # nonzero matter more than anything else in the epoch
-                indptr = X.indptr.astype(np.int64)
-                data = np.ascontiguousarray(X.data)
-                indices = X.indices.astype(np.int32, copy=False)
-                return cls(n, d, Y, sw, np.empty((0, d), dtype=data.dtype), indptr, indices,
-                           data, _EMPTY_I32, _EMPTY_I, _EMPTY_I, cw)
+            empty = np.empty((0, d), dtype=X.dtype)
+            if hot_features == 0 or hot_features >= d:      # the rows as they are
+                indptr, indices, data = _canonical_rows(X)
+                if hot_features == 0:        # plain rows: no hot part
+                    return cls(n, d, Y, sw, empty, indptr, indices, data, _EMPTY_I32,
+                               _EMPTY_I, _EMPTY_I, cw)
+                # every feature hot, its slot its id: each row is all hot part
+                return cls(n, d, Y, sw, empty, indptr, indices, data, _EMPTY_I32,
+                           indptr[1:], np.arange(d, dtype=np.int64), cw)
             indptr, indices, data, hot_end, hot_feat = hot_rows(X, int(hot_features))
-            return cls(n, d, Y, sw, np.empty((0, d), dtype=data.dtype), indptr, indices, data,
-                       _EMPTY_I32, hot_end, hot_feat, cw)
+            return cls(n, d, Y, sw, empty, indptr, indices, data, _EMPTY_I32, hot_end,
+                       hot_feat, cw)
         X = np.ascontiguousarray(X, dtype=_value_dtype(X.dtype))
         return cls(n, d, Y, sw, X, _EMPTY_I, _EMPTY_I32, np.empty(0, dtype=X.dtype),
                    np.arange(d, dtype=np.int32), _EMPTY_I, _EMPTY_I, cw)
+
+
+def _canonical_rows(X):
+    """CSR X's rows as the kernels read them, (indptr int64, indices int32, data):
+    X's own index and value arrays where they are already so (no copy), summed in a
+    copy where X has duplicates or unsorted rows (never in the caller's matrix)."""
+    if not X.has_canonical_format:
+        X = X.copy()
+        X.sum_duplicates()
+    # int32 column indices: rows are read in shuffled order, so bytes per nonzero
+    # matter more than anything else in the epoch
+    return (X.indptr.astype(np.int64), X.indices.astype(np.int32, copy=False),
+            np.ascontiguousarray(X.data))
 
 
 #: the hot-first rows of the last matrix laid out (see hot_rows), kept for the next

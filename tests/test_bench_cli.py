@@ -52,6 +52,12 @@ def test_bench_all_tiny(tmp_path):
             assert lo <= r["speedup_vs_1"] <= hi
     assert hw["staleness"]["threads-1"]["frac_tau0"] == 1.0
     assert hw["hot_layout_s"]["hot_s"] > 0 and hw["hot_layout_s"]["plain_s"] > 0
+    sweep = hw["hot_sweep"]                 # both problems, each variant, one worker = 1x
+    assert [(r["problem"], r["workers"], r["hot_features"]) for r in sweep] == [
+        (p, w, h) for p, d in (("default", 500), ("wide", 5000))
+        for w, h in ((1, 0), (2, 0), (2, min(4096, d - 1)), (2, d))]
+    assert all(r["speedup_vs_1"] == 1.0 for r in sweep if r["workers"] == 1)
+    assert sum(r["auto"] for r in sweep) <= 2
     mis = json.loads((tmp_path / "mis.json").read_text())
     assert {r["scheduler"] for r in mis["waste"]} == {"multiqueue", "k-relaxed"}
     assert {(r["algorithm"], r["threads"]) for r in mis["results"]

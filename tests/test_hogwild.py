@@ -311,43 +311,73 @@ def test_every_step_reaches_the_weights_with_two_workers(backend, hot, no_shm_le
             assert lost < 0.15, f"cold writes lost {lost:.1%} of the step mass"
 
 
-def test_hot_features_auto_buffers_in_fit_only():
-    """hot_features="auto": the most frequent AUTO_HOT_FEATURES features are buffered in
-    a fit with several workers on large sparse data with L2 and max_iter of at least
-    AUTO_HOT_MIN_EPOCHS, or in shorter fits of the matrix whose layout is kept; not in
-    other shorter fits or partial_fit (one epoch), with one worker, on dense or small
-    data, with L1 or momentum, or with hot_features=0."""
+def test_hot_features_auto_buffers_every_feature_where_a_copy_of_the_weights_fits(
+        monkeypatch):
+    """hot_features="auto" with several workers on sparse data with at least
+    AUTO_HOT_MIN_NNZ nonzeros: every feature is buffered, the rows read in place (no
+    copy), in fits of any length and in partial_fit, where K·d <= AUTO_ALL_HOT_WORDS
+    and the data has AUTO_ALL_HOT_NNZ_PER_FEATURE nonzeros per feature and worker;
+    past that, the hot-first copy's rule (the next test), which needs 4 *
+    AUTO_HOT_FEATURES features; nothing with one worker, on dense or small data, with
+    L1 or momentum, or with hot_features=0."""
+    from sgd_shm import hogwild
     from sgd_shm.data import make_rcv1_like
-    from sgd_shm.hogwild import (AUTO_HOT_FEATURES, AUTO_HOT_MIN_EPOCHS, AUTO_HOT_MIN_NNZ,
-                                 clear_layout_cache)
-    X, y = make_rcv1_like(12_000, 4 * AUTO_HOT_FEATURES, density=0.006, random_state=0)
-    assert X.nnz >= AUTO_HOT_MIN_NNZ
-    kw = dict(max_iter=AUTO_HOT_MIN_EPOCHS, tol=None, random_state=0)
+    from sgd_shm.hogwild import AUTO_HOT_MIN_NNZ
+    X, y = make_rcv1_like(12_000, 8192, density=0.0125, random_state=0)
+    d = X.shape[1]
+    assert X.nnz >= AUTO_HOT_MIN_NNZ and X.nnz >= hogwild.AUTO_ALL_HOT_NNZ_PER_FEATURE * 2 * d
+    kw = dict(max_iter=2, tol=None, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        assert HogwildClassifier(n_workers=2, **kw).fit(X, y).hot_features_ == AUTO_HOT_FEATURES
+        assert HogwildClassifier(n_workers=2, **kw).fit(X, y).hot_features_ == d
+        assert HogwildRegressor(n_workers=2, **kw).fit(X, y).hot_features_ == d
+        clf = HogwildClassifier(n_workers=2, random_state=0).partial_fit(X, y, classes=[-1, 1])
+        assert clf.hot_features_ == d
         assert HogwildClassifier(n_workers=2, hot_features=100, **kw).fit(X, y).hot_features_ == 100
-        short = dict(kw, max_iter=AUTO_HOT_MIN_EPOCHS - 1)
-        clear_layout_cache()                 # (a kept layout makes shorter fits buffer)
         for est in (HogwildClassifier(n_workers=1, **kw),
                     HogwildClassifier(n_workers=2, hot_features=0, **kw),
                     HogwildClassifier(n_workers=2, penalty="l1", **kw),
                     HogwildClassifier(n_workers=2, momentum=0.5, **kw),
-                    HogwildClassifier(n_workers=2, **short)):
+                    HogwildClassifier(n_workers=64, **kw)):     # too few nonzeros per worker
             assert est.fit(X, y).hot_features_ == 0
         two = HogwildClassifier(n_workers=2, **kw)
         assert two.fit(X[:500].toarray(), y[:500]).hot_features_ == 0       # dense
         assert two.fit(X[:6000], y[:6000]).hot_features_ == 0              # < 1M nonzeros
-        assert two.fit(X[:, :-1], y).hot_features_ == 0                    # too few features
+        # three outputs over the cap: the copy's rule, and too few features for a copy
+        monkeypatch.setattr(hogwild, "AUTO_ALL_HOT_WORDS", 3 * d - 1)
+        y3 = np.arange(len(y)) % 3
+        assert HogwildClassifier(n_workers=2, **kw).fit(X, y).hot_features_ == d
+        long = dict(kw, max_iter=hogwild.AUTO_HOT_MIN_EPOCHS)
+        assert HogwildClassifier(n_workers=2, **long).fit(X, y3).hot_features_ == 0
+    prob = Problem.from_xy(X, y[:, None], hot_features=d)
+    assert np.shares_memory(prob.indices, X.indices) and np.shares_memory(prob.data, X.data)
+
+
+def test_hot_features_auto_copies_the_hottest_rows_of_wide_data_in_long_fits():
+    """With fewer than AUTO_ALL_HOT_NNZ_PER_FEATURE nonzeros per feature and worker (and 4 *
+    AUTO_HOT_FEATURES features), "auto" buffers the AUTO_HOT_FEATURES most frequent
+    features, in a hot-first copy of the rows, in fits of AUTO_HOT_MIN_EPOCHS epochs
+    or more, or in shorter fits of the matrix whose layout is kept; not in other
+    shorter fits or partial_fit."""
+    from sgd_shm import hogwild
+    from sgd_shm.data import make_rcv1_like
+    from sgd_shm.hogwild import AUTO_HOT_FEATURES, AUTO_HOT_MIN_EPOCHS, clear_layout_cache
+    X, y = make_rcv1_like(12_000, 64 * 1024, density=0.0015, random_state=0)
+    assert hogwild.AUTO_HOT_MIN_NNZ <= X.nnz < hogwild.AUTO_ALL_HOT_NNZ_PER_FEATURE * X.shape[1]
+    kw = dict(max_iter=AUTO_HOT_MIN_EPOCHS, tol=None, random_state=0)
+    short = dict(kw, max_iter=AUTO_HOT_MIN_EPOCHS - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        clear_layout_cache()
+        assert HogwildClassifier(n_workers=2, **short).fit(X, y).hot_features_ == 0
         clf = HogwildClassifier(n_workers=2, random_state=0).partial_fit(X, y, classes=[-1, 1])
         assert clf.hot_features_ == 0
-        reg = HogwildRegressor(n_workers=2, **kw).fit(X, y)
-        assert reg.hot_features_ == AUTO_HOT_FEATURES
+        assert HogwildClassifier(n_workers=2, **kw).fit(X, y).hot_features_ == AUTO_HOT_FEATURES
         # the layout of X is kept now: a shorter fit on X gets it without a copy
         assert HogwildClassifier(n_workers=2, **short).fit(X, y).hot_features_ \
             == AUTO_HOT_FEATURES
-        clear_layout_cache()
-        assert HogwildClassifier(n_workers=2, **short).fit(X, y).hot_features_ == 0
+        assert HogwildRegressor(n_workers=2, **kw).fit(X, y).hot_features_ == AUTO_HOT_FEATURES
+    clear_layout_cache()
 
 
 @pytest.mark.parametrize("backend", ["threads", "processes"])
