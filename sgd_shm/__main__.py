@@ -100,10 +100,9 @@ def hogwild_main(argv=None) -> int:
                 mean_tau, frac0 = staleness_summary(make(instrument=True).fit(Xtr, ytr).staleness_)
                 stale = f"mean tau {mean_tau:.2f}, {100 * frac0:.0f}% tau=0"
         print(f"{name:28s} {per_epoch:13.3f} {acc:13.4f} {stale:>24s}")
-    print("\n(fit s / epoch: the faster of two whole fits, input checks, worker start-up and, "
-          "with 2 workers and 10 or more epochs the hot-first copy of the rows (in the "
-          "first; the second reuses the layout kept from it, see docs/hogwild.md), included, "
-          "over the epochs; "
+    print("\n(fit s / epoch: the faster of two whole fits, input checks and worker "
+          "start-up included (on wide data with 2 workers and 10 or more epochs also the "
+          "hot-first copy of the rows in the first, see docs/hogwild.md), over the epochs; "
           "`python -m bench hogwild` times epochs alone.\n tau "
           "(from a separate instrumented fit): updates by other "
           "workers between a worker's read of the weights and its write; speed-ups need as "
