@@ -153,6 +153,7 @@ class MLP(Model):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.net = read_only_fields(self.net)   # unpickled arrays come back writeable
         self._local = threading.local()
 
     @property
@@ -227,6 +228,10 @@ class MLP(Model):
             raise ValueError(f"w and grad must have shape ({self.n_params},), got {w.shape} "
                              f"and {grad.shape}")
         lo, hi = (0, self.n_params) if block is None else (int(block[0]), int(block[1]))
+        # prepared data that came through a pickle or shared memory is writeable: made
+        # read-only again, as prepare() made it, so that one compiled kernel serves all
+        if data.y.flags.writeable:
+            data = read_only_fields(data)
         scr = self._scratch_for(rows.shape[0])
         loss = _mlp.loss_grad(self.net, data, rows, w, scr, lo, hi)
         grad[lo:hi] = scr.grad[lo:hi]

@@ -286,22 +286,28 @@ def test_worker_modules_leave_out_scikit_learn():
 
 
 def test_process_workers_reuse_the_threads_compiled_kernel(tmp_path):
-    """A spawned worker gets its data as writeable views of shared memory; the kernel's
-    entry takes read-only views of them, as of the caller's arrays, so threads and
-    processes share one compiled kernel (counted in a fresh Numba cache)."""
+    """A spawned worker gets its data as writeable views of shared memory (or, for a
+    model's prepared data, unpickled); the kernel's entry takes read-only views of
+    them, as of the caller's arrays, so threads and processes share one compiled
+    kernel: Hogwild's, and the MLP's gradient in parameter-server workers, whose
+    parent evaluates the loss with the same kernel (counted in a fresh Numba cache)."""
     code = textwrap.dedent("""
-        from sgd_shm import HogwildClassifier
+        from sgd_shm import HogwildClassifier, ps
         from sgd_shm.data import make_rcv1_like
+        from sgd_shm.models import MLP
         if __name__ == "__main__":
             X, y = make_rcv1_like(1000, 100, random_state=0)
             for backend in ("threads", "processes"):
                 HogwildClassifier(max_iter=1, tol=None, n_workers=2, backend=backend,
                                   start_method="spawn", random_state=0).fit(X, y)
+            ps.train(X, y, model=MLP(100, (8,), 2), n_workers=2, epochs=1,
+                     start_method="spawn")
     """)
     (tmp_path / "fits.py").write_text(code)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
     r = subprocess.run([sys.executable, str(tmp_path / "fits.py")], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    compiled = sorted(p.name for p in (tmp_path / "cache").rglob("*_run_body*.nbc"))
-    assert len(compiled) == 1, compiled
+    for kernel in ("_run_body", "loss_grad"):
+        compiled = sorted(p.name for p in (tmp_path / "cache").rglob(f"*{kernel}*.nbc"))
+        assert len(compiled) == 1, compiled
