@@ -48,7 +48,7 @@ __all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "staleness
 
 #: the estimators' hot_features="auto" for a fit with several workers on large sparse
 #: data (see auto_hot_features). Where each worker's private copy of all the weights is
-#: small (n_outputs · n_features at most AUTO_ALL_HOT_WORDS: it stays in a core's
+#: small (n_outputs · n_features at most AUTO_ALL_HOT_WORDS, 2 MB: about a core's L2
 #: cache) and the data has at least AUTO_ALL_HOT_NNZ_PER_FEATURE nonzeros per feature
 #: and worker, every feature is buffered: the rows then serve as they are (a feature's
 #: slot is its id), no copy, and no cache line of the weights moves between the cores
