@@ -225,7 +225,7 @@ def print_sweep(sweep):
         print(f"  {r['problem']:8s} {r['n_features']:>9,} features "
               f"({r['nnz'] / r['n_features']:6.0f} nnz each)  {r['variant']:14s} "
               f"{r['workers']} worker(s) {r['epoch_s']:7.3f} s  {r['speedup_vs_1']:5.2f}x "
-              f"loss {r['last_epoch_loss']:.4f}{' *' if r['auto'] else ''}")
+              f"train loss {r['train_loss']:.4f}{' *' if r['auto'] else ''}")
 
 
 def _problems(X, y, E, workers_list):
@@ -293,12 +293,12 @@ SWEEP_PROBLEMS = (("default", 1, 1.0), ("wide", 10, 0.11))
 def hot_sweep(args, epochs=4):
     """Two-worker (threads) epochs with hot_features 0 (plain Hogwild), AUTO_HOT_FEATURES
     (a hot-first copy of the rows) and every feature (the rows read in place), beside
-    one worker, on SWEEP_PROBLEMS: what "auto" chooses between. Interleaved over
-    ``args.reps`` after a warm-up; epoch time = median of epochs 2..E, paired with the
-    same repetition's one-worker epoch. Returns one row per (problem, variant)."""
+    one worker, on SWEEP_PROBLEMS: what "auto" chooses between; each run as the main
+    table's (``_run_kit``). Interleaved over ``args.reps`` after a warm-up; epoch time =
+    median of epochs 2..E, paired with the same repetition's one-worker epoch; training
+    loss after the last epoch. Returns one row per (problem, variant)."""
     from sgd_shm.data import make_rcv1_like
-    from sgd_shm.hogwild import (AUTO_HOT_FEATURES, AUTO_HOT_MIN_EPOCHS, HogwildSGD, Problem,
-                                 auto_hot_features)
+    from sgd_shm.hogwild import AUTO_HOT_FEATURES, AUTO_HOT_MIN_EPOCHS, Problem, auto_hot_features
     rows = []
     for name, wider, denser in SWEEP_PROBLEMS:
         d = args.sgd_features * wider
@@ -313,16 +313,11 @@ def hot_sweep(args, epochs=4):
         losses = {v: [] for v in variants}
         for rep in range(args.reps + 1):
             for v in variants:
-                sgd = HogwildSGD(d, 1, loss="log_loss", alpha=1e-4, learning_rate="optimal",
-                                 n_workers=v[2], seed=args.seed + rep)
-                ts = []
-                for _ in range(epochs):
-                    t0 = time.perf_counter()
-                    loss = sgd.epoch(probs[v[1]])
-                    ts.append(time.perf_counter() - t0)
+                ts, ls = _run_kit(probs[v[1]], X, y, epochs, v[2], "threads", False,
+                                  args.seed + rep)
                 if rep:
                     times[v].append(_epoch_time(ts))
-                    losses[v].append(loss)
+                    losses[v].append(ls[-1])
         one = np.asarray(times[variants[0]])
         auto = auto_hot_features(X, AUTO_HOT_MIN_EPOCHS, 1, 2)
         for v in variants:
@@ -330,7 +325,7 @@ def hot_sweep(args, epochs=4):
                          "nnz": int(X.nnz), "variant": v[0], "hot_features": v[1],
                          "workers": v[2], "epoch_s": float(np.median(times[v])),
                          "speedup_vs_1": float(np.median(one / np.asarray(times[v]))),
-                         "last_epoch_loss": float(np.median(losses[v])),
+                         "train_loss": float(np.median(losses[v])),
                          "auto": v[2] > 1 and v[1] == auto})
     return rows
 

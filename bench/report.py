@@ -125,14 +125,14 @@ def _hogwild_sweep(d):
              "about as many nonzeros; ★: what `hot_features='auto'` picks for a fit of 10 "
              "epochs; epoch time the median of epochs 2..4:\n",
              "| problem | features | nonzeros per feature | buffered | workers | s / epoch "
-             "| vs 1 worker, paired | loss after the last epoch |",
+             "| vs 1 worker, paired | train loss after the last epoch |",
              "|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in d["hot_sweep"]:
         star = " ★" if r["auto"] else ""
         lines.append(f"| {r['problem']} | {r['n_features']:,} | "
                      f"{r['nnz'] / r['n_features']:.0f} | {r['variant']}{star} | "
                      f"{r['workers']} | {r['epoch_s']:.3f} | {r['speedup_vs_1']:.2f}× | "
-                     f"{r['last_epoch_loss']:.4f} |")
+                     f"{r['train_loss']:.4f} |")
     return lines
 
 

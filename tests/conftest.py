@@ -20,15 +20,20 @@ def shm_names():
         return set()
 
 
-def _ours_or_orphaned(name):
-    """Segments are named rlx_<creator pid>_<random>. One counts as leaked by this test if
-    this process created it, or its creator is gone (a dead child's segment); a live
-    stranger's segment (another test run on the same machine) does not."""
+def _creator(name):
+    """The creator's pid in a segment name rlx_<creator pid>_<random>, None if unnamed."""
     try:
-        pid = int(name.split("_")[1])
+        return int(name.split("_")[1])
     except (IndexError, ValueError):
-        return True
-    if pid == os.getpid():
+        return None
+
+
+def _ours_or_orphaned(name):
+    """A segment counts as leaked by this test if this process created it, or its creator is
+    gone (a dead child's segment); a live stranger's segment (another test run on the
+    same machine) does not."""
+    pid = _creator(name)
+    if pid is None or pid == os.getpid():
         return True
     try:
         os.kill(pid, 0)
@@ -50,7 +55,7 @@ def new_segments(before, settle=20.0):
     deadline = time.monotonic() + settle
     while True:
         found = {n for n in shm_names() - before if _ours_or_orphaned(n)}
-        mine = {n for n in found if n.split("_")[1:2] == [str(os.getpid())]}
+        mine = {n for n in found if _creator(n) == os.getpid()}
         if mine or not found or time.monotonic() >= deadline:
             return found
         time.sleep(0.1)
