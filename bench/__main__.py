@@ -115,11 +115,13 @@ def cmd_pq(args, kind):
     classes = pq.THREAD_COMPETITORS if kind == "threads" else pq.PROCESS_COMPETITORS
     if args.only:
         classes = [c for c in classes if c.name in args.only.split(",")]
+    pq.MQSticky.stickiness = pq.CxxMQSticky.stickiness = args.stickiness
     comps = [c(prefill) for c in classes]
     if kind == "threads" and args.cxx_mq:
-        cxx = pq.CxxMQ(prefill)
-        cxx.path = args.cxx_mq
-        comps.append(cxx)
+        for cls in (pq.CxxMQ, pq.CxxMQSticky):
+            cxx = cls(prefill)
+            cxx.path = args.cxx_mq
+            comps.append(cxx)
 
     def iters_of(c):
         if c.name == "manager-pq":
@@ -129,8 +131,46 @@ def cmd_pq(args, kind):
     common.print_header(hdr)
     rows = _measure(comps, _workers(args), args, kind, iters_of)
     _table(rows, f"hold-model throughput, ops/s, median [min–max] of {args.reps} ({kind})")
+    if kind == "threads":
+        _rank_errors(comps, rows, args)
     path = common.write_json(f"pq-{kind}", hdr, rows)
     print(f"\nwrote {path}")
+
+
+RANK_RUNS = 5
+
+
+def _rank_errors(comps, rows, args):
+    """The rank error of each kit MultiQueue configuration just timed (same queues,
+    threads and stickiness; logged runs of --quality-iters pairs per thread), so a
+    speed-up is read beside the relaxation it costs. As in the quality scenario, a run
+    in which a thread paused over 1 ms (descheduled, maybe holding a lock) is set
+    apart: rank_error_mean is the median over the undisturbed runs (over all runs if
+    none was), every run's mean and pause are kept."""
+    todo = [(c, r) for c in comps if getattr(c, "rank_error", False) and not c.python_level
+            for r in rows if r["competitor"] == c.name]
+    if not todo:
+        return
+    print(f"\nrank error of the same configurations (mean over the pops of a logged run, "
+          f"{args.quality_iters:,} pairs per thread; median of the runs in which no thread "
+          f"paused over 1 ms, of {RANK_RUNS})")
+    bar = tqdm(total=len(todo) * RANK_RUNS, desc="rank error", leave=False)
+    for c, r in todo:
+        T = r["workers"]
+        means, paused = [], []
+        for rep in range(RANK_RUNS):
+            rank, _, gap_us = _quality_run(T, c.n_queues(T), c.stickiness, args, args.seed + rep)
+            means.append(float(rank.mean()))
+            paused.append(bool(gap_us > 1000))
+            bar.update()
+        calm = [m for m, p in zip(means, paused) if not p]
+        r.update(queues=c.n_queues(T), stickiness=c.stickiness,
+                 rank_error_mean=float(np.median(calm or means)), rank_error_runs=means,
+                 rank_error_paused=paused, rank_error_undisturbed_runs=len(calm))
+        tqdm.write(f"{c.name:24s} {T:2d} worker(s), {c.n_queues(T):2d} queues, stickiness "
+                   f"{c.stickiness:2d}: {r['rank_error_mean']:.2f} ({len(calm)} undisturbed, "
+                   f"all runs {' '.join(f'{m:.2f}' for m in means)})")
+    bar.close()
 
 
 def _quality_run(T, q, stick, args, seed):
@@ -449,6 +489,8 @@ def main(argv=None):
     ap.add_argument("--quality-iters", type=int, default=200_000,
                     help="logged pop/push pairs per thread in 'quality' (default 200k)")
     ap.add_argument("--only", default=None, help="comma-separated competitor names")
+    ap.add_argument("--stickiness", type=int, default=8,
+                    help="pq-threads: stickiness of mq-sticky and cxx-mq-sticky (default 8)")
     ap.add_argument("--epochs", type=int, default=5, help="epochs per Hogwild run (default 5)")
     ap.add_argument("--sgd-samples", type=int, default=200_000,
                     help="rows of the RCV1-like problem (default 200000)")
@@ -528,7 +570,7 @@ def main(argv=None):
                  "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
                  "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
                  "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch",
-                 "delay_samples", "compress_reps", "unreliable_epochs"):
+                 "delay_samples", "compress_reps", "unreliable_epochs", "stickiness"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",

@@ -8,7 +8,8 @@ implements the same protocol: ``build(T)`` returns a structure with the prefill,
 
 Competitors (threads): the MultiQueue's nogil hold loop (``mq-nogil``, 2 queues per
 thread, as the C++ MultiQueue is run), the same with one queue (``mq1-nogil``, the
-cost of a single lock), the MultiQueue's bulk API from Python (``mq-bulk``:
+cost of a single lock) and with ``stickiness`` (``mq-sticky``, ``--stickiness``,
+default 8), the MultiQueue's bulk API from Python (``mq-bulk``:
 ``pop_many``/``push_many`` of 256), its Python-level ``pop``/``push`` (``mq-python``),
 ``heapq`` behind a ``threading.Lock`` (``heapq+lock``) and ``queue.PriorityQueue``.
 Processes: ``mq-nogil`` and ``mq-python`` on a shared MultiQueue, and a
@@ -17,8 +18,10 @@ Processes: ``mq-nogil`` and ``mq-python`` on a shared MultiQueue, and a
 ``--cxx-mq PATH`` adds ``cxx-mq``: the C++ MultiQueue of Williams, Sanders and
 Dementiev (ESA 2021) running the same hold loop in an external binary built from
 ``bench/cxx/mq_hold.cpp`` (build lines at its top), one process per measurement,
-interleaved with the kit's competitors. It draws its own prefill of the same size
-and distribution. The default bench runs without it.
+interleaved with the kit's competitors, and ``cxx-mq-sticky``: the same library's
+StickRandom policy at ``mq-sticky``'s stickiness (the kit's sticky policy is the same
+one). It draws its own prefill of the same size and distribution. The default bench
+runs without it.
 """
 from __future__ import annotations
 
@@ -64,10 +67,15 @@ class MQNogil(Competitor):
     kinds = ("threads", "processes")
     queues_per_worker = 2
     one_queue = False
+    stickiness = 1
+    rank_error = True           # pq-threads also logs a run of it and reports its rank error
+
+    def n_queues(self, workers):
+        return 1 if self.one_queue else self.queues_per_worker * workers
 
     def build(self, workers, shared=False):
-        nq = 1 if self.one_queue else self.queues_per_worker * workers
-        mq = MultiQueue(2 * len(self.prefill), n_queues=nq, shared=shared, seed=workers)
+        mq = MultiQueue(2 * len(self.prefill), n_queues=self.n_queues(workers), shared=shared,
+                        seed=workers, stickiness=self.stickiness)
         mq.push_many(self.prefill, np.arange(len(self.prefill)))
         return mq
 
@@ -85,9 +93,18 @@ class MQ1Nogil(MQNogil):
     one_queue = True
 
 
+class MQSticky(MQNogil):
+    """The same hold loop with ``stickiness`` (``--stickiness``): a thread keeps one
+    random pair of queues for that many operations."""
+    name = "mq-sticky"
+    kinds = ("threads",)
+    stickiness = 8
+
+
 class MQBulk(MQNogil):
     name = "mq-bulk"
     kinds = ("threads",)
+    rank_error = False
 
     def work(self, mq, worker, iters, incs):
         inc = np.asarray(incs[:BULK], dtype=np.int64)
@@ -99,6 +116,7 @@ class MQBulk(MQNogil):
 class MQPython(MQNogil):
     name = "mq-python"
     python_level = True
+    rank_error = False
 
     def work(self, mq, worker, iters, incs):
         pop, push = mq.pop, mq.push
@@ -149,13 +167,14 @@ class CxxMQ(Competitor):
     external = True
     queues_per_worker = MQNogil.queues_per_worker
     path = None
+    stickiness = 0              # 0: the library's default policy (no stickiness)
 
     def build(self, workers):
         return None
 
     def run(self, workers, iters, seed):
         cmd = [str(self.path), str(workers), str(len(self.prefill)), str(iters),
-               str(self.queues_per_worker), str(seed)]
+               str(self.queues_per_worker), str(seed), str(self.stickiness)]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
         if out.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited with {out.returncode}: "
@@ -165,6 +184,12 @@ class CxxMQ(Competitor):
         except (ValueError, KeyError, IndexError):
             raise RuntimeError(f"{' '.join(cmd)} printed no JSON line with ops_per_s: "
                                f"{out.stdout[-500:]!r}") from None
+
+
+class CxxMQSticky(CxxMQ):
+    """The C++ MultiQueue's StickRandom policy at the stickiness of ``mq-sticky``."""
+    name = "cxx-mq-sticky"
+    stickiness = MQSticky.stickiness
 
 
 class _PQManager(BaseManager):
@@ -198,7 +223,7 @@ class ManagerPQ(Competitor):
         s[0].shutdown()
 
 
-THREAD_COMPETITORS = [MQNogil, MQ1Nogil, MQBulk, MQPython, HeapqLock, PriorityQueueComp]
+THREAD_COMPETITORS = [MQNogil, MQ1Nogil, MQSticky, MQBulk, MQPython, HeapqLock, PriorityQueueComp]
 PROCESS_COMPETITORS = [MQNogil, MQPython, ManagerPQ]
 
 

@@ -40,6 +40,16 @@ def _rate_table(data):
                          if r else "–")
         out.append(f"| {c} | " + " | ".join(cells) + " |")
     out.append(_footer(data, f"median (min–max) of {data['header']['reps']} after a warm-up"))
+    ranked = [r for r in rows if r.get("rank_error_mean") is not None]
+    if ranked:
+        out += ["", "Rank error of the same configurations (mean over the pops of a logged run; "
+                "median over the runs in which no thread paused over 1 ms, their count in "
+                "brackets; every run's mean beside it):", "",
+                "| competitor | workers | queues | stickiness | rank error | all runs |",
+                "|---|---:|---:|---:|---:|---|"]
+        out += [f"| {r['competitor']} | {r['workers']} | {r['queues']} | {r['stickiness']} | "
+                f"{r['rank_error_mean']:.2f} ({r.get('rank_error_undisturbed_runs', '–')}) | "
+                + ", ".join(f"{m:.2f}" for m in r["rank_error_runs"]) + " |" for r in ranked]
     return "\n".join(out)
 
 
@@ -195,11 +205,16 @@ SCENARIOS = (
         "Prefill 1M keys uniform in [0, 2^32); each worker repeats *pop, then push the key + "
         "U[0, 2^32)*; a pop and a push count as two operations. `mq-nogil`: the MultiQueue's "
         "compiled hold loop (`mq._hold`, nogil, 2 queues per worker); `mq1-nogil`: the same "
-        "with one queue (one lock); `mq-bulk`: `pop_many(256)` + `push_many` from Python; "
+        "with one queue (one lock); `mq-sticky`: the same with `stickiness=8` (`--stickiness`: "
+        "a thread keeps one random pair of queues for 8 operations, popping the smaller top "
+        "and pushing to either); `mq-bulk`: `pop_many(256)` + `push_many` from Python; "
         "`mq-python`: Python-level `pop()` + `push()`; `heapq+lock`: `heapq` behind a "
         "`threading.Lock`; `queue.PriorityQueue`; `cxx-mq` (with `--cxx-mq PATH`): the C++ "
         "MultiQueue of Williams, Sanders and Dementiev running the same loop "
-        "(`bench/cxx/mq_hold.cpp`)."), ("pq-threads.png",)),
+        "(`bench/cxx/mq_hold.cpp`) with its default policy, and `cxx-mq-sticky`: its "
+        "StickRandom policy at the same stickiness as `mq-sticky`. After the timings, the "
+        "kit's hold-loop configurations are run again with every operation logged, and the "
+        "rank error of their pops is reported (see the quality section)."), ("pq-threads.png",)),
     Scenario("pq-processes", "Hold model, processes sharing one queue (operations/s)", (
         "The hold model with worker processes attached to one shared MultiQueue; "
         "`manager-pq`: a `queue.PriorityQueue` served by a `multiprocess` Manager (10k "

@@ -19,8 +19,10 @@ test-and-test-and-set try-lock whose word holds the owner's pid, the cached top
 key (the deletion buffer's first), one counts word that packs the heap size, the
 insertion count and the deletion buffer's window, and a small journal of the
 step in flight. Push locks a random queue whose lock is free; pop reads the
-cached tops of two distinct random queues and pops from the smaller; stickiness
-reuses the same queues for several operations. A pop that reports "empty" has
+cached tops of two distinct random queues and pops from the smaller. With
+stickiness s (the StickRandom policy of the ESA 2021 MultiQueue) a handle keeps
+one random pair for s operations, popping the smaller top of the two and pushing
+to either, then draws a new pair. A pop that reports "empty" has
 visited every queue and found each one empty (by its counts word, or under its
 lock).
 
@@ -109,12 +111,10 @@ ctypedef struct Core:
 ctypedef struct Handle:
     uint64_t rng
     int32_t pid
-    uint32_t pop_i
-    uint32_t pop_j
-    uint32_t push_q
+    uint32_t pair_i         # the handle's current pair of queues: pops take the
+    uint32_t pair_j         # smaller top of the two, pushes go to one of them
     int64_t stickiness
-    int64_t pop_left
-    int64_t push_left
+    int64_t left            # operations left on the pair before a new one is drawn
     int64_t *log            # optional operation log: rows of (tick, op, key, value)
     int64_t log_len
     int64_t log_cap
@@ -474,15 +474,26 @@ cdef int64_t mq_len(const Core *c) noexcept nogil:
         s += qsize(G(c, q))
     return s
 
+cdef inline void draw_pair(Core *c, Handle *hd) noexcept nogil:
+    """A fresh pair of distinct random queues for the next ``stickiness`` operations."""
+    cdef uint32_t i, j
+    rlx_rand_pair(&hd.rng, <uint32_t>c.n, &i, &j)
+    hd.pair_i = i
+    hd.pair_j = j
+    hd.left = hd.stickiness
+
 cdef int mq_push(Core *c, Handle *hd, Elem e) noexcept nogil:
     """R_OK = pushed, R_EMPTY_OR_FULL = every queue was full, R_BUSY = retry."""
     cdef int64_t n = c.n, q, k, start, attempt
     cdef Guard *g
     for attempt in range(8):
-        if hd.push_left <= 0:
-            hd.push_q = rlx_rand_below(&hd.rng, <uint32_t>n)
-            hd.push_left = hd.stickiness
-        q = hd.push_q
+        if n == 1:
+            q = 0
+        elif hd.left <= 0:
+            draw_pair(c, hd)
+            q = hd.pair_i              # uniform over the queues, like a random push
+        else:
+            q = hd.pair_i if rlx_rand(&hd.rng) >> 63 else hd.pair_j
         g = G(c, q)
         # fetch the insertion buffer's next slot while the lock's line comes over
         rlx_prefetch_w(I(c, q) + C_NI(rlx_load_relaxed_u64(&g.cnt)))
@@ -491,10 +502,10 @@ cdef int mq_push(Core *c, Handle *hd, Elem e) noexcept nogil:
                 buffered_push(c, g, q, e)
                 log_op(hd, 1, e)
                 unlock(g)
-                hd.push_left -= 1
+                hd.left -= 1
                 return R_OK
             unlock(g)
-        hd.push_left = 0
+        hd.left = 0
     # slow path: visit every queue, waiting for its lock. Seeing each queue full
     # at a different moment does not mean the whole is full (pops and pushes of
     # others move items between queues meanwhile), so "full" needs the total
@@ -524,31 +535,27 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
     empty, R_BUSY = retry."""
     cdef int64_t n = c.n, q, t, start, attempt
     cdef uint64_t k
-    cdef uint32_t i, j
     cdef uint64_t ti, tj
     cdef Guard *g
     cdef Guard *gi
     cdef Guard *gj
     if n > 1:
         for attempt in range(8):
-            if hd.pop_left <= 0:
-                rlx_rand_pair(&hd.rng, <uint32_t>n, &i, &j)
-                hd.pop_i = i
-                hd.pop_j = j
-                hd.pop_left = hd.stickiness
-            gi = G(c, hd.pop_i)
-            gj = G(c, hd.pop_j)
+            if hd.left <= 0:
+                draw_pair(c, hd)
+            gi = G(c, hd.pair_i)
+            gj = G(c, hd.pair_j)
             ti = rlx_load_relaxed_u64(&gi.top)
             tj = rlx_load_relaxed_u64(&gj.top)
             if tj < ti or (tj == ti and qsize(gi) == 0):
-                q = hd.pop_j
+                q = hd.pair_j
                 g = gj
             else:
-                q = hd.pop_i
+                q = hd.pair_i
                 g = gi
             k = rlx_load_relaxed_u64(&g.cnt)
             if C_TOTAL(k) == 0:
-                hd.pop_left = 0
+                hd.left = 0
                 break                      # both looked empty: scan
             rlx_prefetch_w(D(c, q) + C_DS(k))   # the item to take, while the lock comes over
             if try_lock(g, hd.pid):
@@ -556,10 +563,10 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
                     out[0] = buffered_pop(c, g, q)
                     log_op(hd, 2, out[0])
                     unlock(g)
-                    hd.pop_left -= 1
+                    hd.left -= 1
                     return R_OK
                 unlock(g)
-            hd.pop_left = 0
+            hd.left = 0
     # scan: one pass over every queue; empty only if each was seen empty
     start = rlx_rand_below(&hd.rng, <uint32_t>n)
     for t in range(n):
@@ -634,8 +641,10 @@ cdef class MultiQueue(ShmStructure):
     key_dtype : "int64" or "float64"
         Key type. float64 keys are ordered numerically; NaN is refused.
     stickiness : int
-        Reuse the same random queues for this many operations (>= 1); higher
-        is faster under contention and less exact.
+        Operations a handle spends on one random pair of queues (pops take the
+        smaller top of the two, pushes go to either) before drawing a new pair;
+        >= 1. Higher is faster under contention and less exact; 1 (the default)
+        draws a fresh pair for every pop and a random queue for every push.
 
     Example
     -------
@@ -756,15 +765,13 @@ cdef class MultiQueue(ShmStructure):
             return
         self.h.rng = handle_stream(&self.hdr.head, self.hdr.seed)
         self.h.pid = rlx_getpid()      # read here (creation, after fork), not on hot paths
-        self.h.pop_left = 0
-        self.h.push_left = 0
+        self.h.left = 0
 
     cdef Handle _fork_handle(self):
         # a private handle for one bulk call: its own RNG stream, no shared state
         cdef Handle local = self.h
         local.rng = rlx_mix64(rlx_rand(&self.h.rng))
-        local.pop_left = 0
-        local.push_left = 0
+        local.left = 0
         local.log = NULL
         return local
 

@@ -289,24 +289,38 @@ def test_delay_simulator_equals_the_naive_loop(tau, mu, squared):
 
 
 def test_cxx_mq_option_runs_the_binary_interleaved(tmp_path):
-    """--cxx-mq PATH: the binary gets (threads, prefill, iters, queues per thread, seed)
-    once per repetition and worker count, and its ops_per_s is what the JSON records."""
+    """--cxx-mq PATH: the binary gets (threads, prefill, iters, queues per thread, seed,
+    stickiness) once per repetition and worker count, its default policy (stickiness 0)
+    and its sticky one at --stickiness, and its ops_per_s is what the JSON records; the
+    kit's hold-loop rows carry the rank error of their configuration."""
     fake = tmp_path / "mq_hold"
     calls = tmp_path / "calls.txt"
     fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
-                    'echo "{\\"threads\\": $1, \\"ops_per_s\\": $(( $1 * 1000 + $5 ))}"\n')
+                    'echo "{\\"threads\\": $1, \\"ops_per_s\\": $(( $1 * 1000 + $6 * 100 + $5 ))}"\n')
     fake.chmod(0o755)
-    cmd = [sys.executable, "-m", "bench", "pq-threads", "--only", "mq-nogil", "--workers", "1,2",
-           "--reps", "2", "--prefill", "2000", "--iters", "3000", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "bench", "pq-threads", "--only", "mq-nogil,mq-sticky",
+           "--workers", "1,2", "--reps", "2", "--prefill", "2000", "--iters", "3000",
+           "--quality-iters", "500", "--stickiness", "4", "--out", str(tmp_path)]
     r = subprocess.run(cmd + ["--cxx-mq", str(fake)], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
     rows = json.loads((tmp_path / "pq-threads.json").read_text())["results"]
-    assert {row["competitor"] for row in rows} == {"mq-nogil", "cxx-mq"}
-    cxx = {row["workers"]: row for row in rows if row["competitor"] == "cxx-mq"}
-    assert cxx[1]["rates"] == [1001.0, 1002.0] and cxx[2]["rates"] == [2001.0, 2002.0]
-    assert calls.read_text().split("\n")[:3] == ["1 2000 3000 2 0", "1 2000 3000 2 1",
-                                                 "1 2000 3000 2 2"]     # warm-up, 2 reps
+    assert {row["competitor"] for row in rows} == {"mq-nogil", "mq-sticky", "cxx-mq",
+                                                   "cxx-mq-sticky"}
+    cxx = {(row["competitor"], row["workers"]): row for row in rows
+           if row["competitor"].startswith("cxx")}
+    assert cxx["cxx-mq", 1]["rates"] == [1001.0, 1002.0]
+    assert cxx["cxx-mq", 2]["rates"] == [2001.0, 2002.0]
+    assert cxx["cxx-mq-sticky", 2]["rates"] == [2401.0, 2402.0]
+    assert calls.read_text().split("\n")[:4] == ["1 2000 3000 2 0 0", "1 2000 3000 2 0 4",
+                                                 "1 2000 3000 2 1 0", "1 2000 3000 2 1 4"]
+    kit = {(row["competitor"], row["workers"]): row for row in rows
+           if row["competitor"].startswith("mq")}
+    assert kit["mq-sticky", 2]["stickiness"] == 4 and kit["mq-nogil", 2]["stickiness"] == 1
+    assert kit["mq-nogil", 2]["queues"] == 4 and len(kit["mq-nogil", 2]["rank_error_runs"]) == 5
+    # two queues and one thread: the two choices are both queues, so every pop is exact
+    assert kit["mq-nogil", 1]["rank_error_mean"] == 0 == kit["mq-sticky", 1]["rank_error_mean"]
+    assert kit["mq-sticky", 2]["rank_error_mean"] >= 0
     bad = subprocess.run(cmd + ["--cxx-mq", str(tmp_path / "missing")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not an executable file" in bad.stderr

@@ -142,6 +142,60 @@ def test_stickiness_conserves():
     mq.close()
 
 
+def _totals(mq):
+    out = []
+    for q in range(mq.n_queues):
+        d = mq._dump(q)
+        ds, de = d["deletion_window"]
+        out.append(d["heap_size"] + d["insertion_count"] + de - ds)
+    return np.array(out)
+
+
+def test_a_sticky_handle_keeps_one_pair_for_its_operations():
+    """stickiness=s (the StickRandom policy): a handle draws a random pair of queues
+    and spends s operations on it, pops from the smaller top of the two, pushes to
+    either; then it draws a new pair. Blocks of s operations, mixed pops and pushes,
+    each touch at most two queues, and the pairs change between blocks."""
+    s = 10
+    mq = MultiQueue(8000, n_queues=8, seed=4, stickiness=s)
+    mq.push_many(np.arange(4000), np.arange(4000))
+    for _ in range(3):                         # the bulk call's handle is separate; let it be
+        mq.pop()
+    mq.push(-1, -1)
+    rest = s - 4
+    for _ in range(rest):                      # finish the handle's first pair
+        mq.push(1, 1)
+    pairs = []
+    rng = np.random.default_rng(0)
+    for block in range(30):
+        before = _totals(mq)
+        pushes = pops = 0
+        for op in rng.integers(0, 2, s):
+            if op:
+                mq.push(int(rng.integers(0, 10_000)), block)
+                pushes += 1
+            else:
+                mq.pop()
+                pops += 1
+        delta = _totals(mq) - before
+        touched = frozenset(np.flatnonzero(delta).tolist())
+        assert len(touched) <= 2, (block, delta)
+        assert delta.sum() == pushes - pops
+        pairs.append(touched)
+    assert len({p for p in pairs if len(p) == 2}) >= 5, "the pairs must change between blocks"
+    mq._check()
+    mq.close()
+
+
+def test_without_stickiness_pushes_spread_over_every_queue():
+    mq = MultiQueue(8000, n_queues=8, seed=5)
+    for i in range(1600):
+        mq.push(i, i)
+    t = _totals(mq)
+    assert t.sum() == 1600 and t.min() >= 140 and t.max() <= 260, t
+    mq.close()
+
+
 # -- bad input -------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, exc, match", [
     (dict(capacity=0), ValueError, "capacity must be >= 1"),
@@ -378,7 +432,7 @@ def test_sigkill_at_random_moment_no_deadlock_no_duplicates(no_shm_leak):
 
 
 # -- stampede: more workers than queues, maximal lock contention ---------------------
-@pytest.mark.parametrize("n_queues, stickiness", [(1, 1), (2, 1), (2, 8)])
+@pytest.mark.parametrize("n_queues, stickiness", [(1, 1), (2, 1), (2, 8), (8, 4)])
 def test_stampede_threads_conserve_values(n_queues, stickiness):
     """8 threads run the nogil hold loop (pop, push the same value with a larger key)
     on a queue with fewer heaps than threads: every thread finishes (no starvation)
