@@ -33,8 +33,10 @@ Intended races (why each is safe):
   (after a join, which orders memory) they are exact.
 * The lock word is read before the CAS (test-and-test-and-set) to keep the line
   shared while it is held; the CAS has acquire and the unlock release ordering,
-  which is all the heap and buffer contents need. The prefetches before the CAS
-  only warm lines; nothing read through them is used before the lock is held.
+  which is all the heap and buffer contents need. There is no prefetch of a
+  queue's buffer before its lock is won: without write intent it fetches the
+  line shared and the store that follows pays a second transfer, and a lost
+  race would take the line from the holder.
 * The journal (``op``, ``op_cnt``, ``hole``, ``pending``) is written by the
   holder only; a release fence after each journal store orders it before the next
   element store, so a process that takes over the lock of a dead holder can finish
@@ -495,8 +497,6 @@ cdef int mq_push(Core *c, Handle *hd, Elem e) noexcept nogil:
         else:
             q = hd.pair_i if rlx_rand(&hd.rng) >> 63 else hd.pair_j
         g = G(c, q)
-        # fetch the insertion buffer's next slot while the lock's line comes over
-        rlx_prefetch_w(I(c, q) + C_NI(rlx_load_relaxed_u64(&g.cnt)))
         if try_lock(g, hd.pid):
             if C_TOTAL(g.cnt) < c.cap:
                 buffered_push(c, g, q, e)
@@ -557,7 +557,6 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
             if C_TOTAL(k) == 0:
                 hd.left = 0
                 break                      # both looked empty: scan
-            rlx_prefetch_w(D(c, q) + C_DS(k))   # the item to take, while the lock comes over
             if try_lock(g, hd.pid):
                 if C_DE(g.cnt) > C_DS(g.cnt):
                     out[0] = buffered_pop(c, g, q)

@@ -40,6 +40,10 @@ def test_bench_all_tiny(tmp_path):
     q = json.loads((tmp_path / "quality.json").read_text())["results"]
     bad = [row for row in q if row["queues"] == 1 and row["rank_max"] != 0]
     assert not bad, bad
+    pq = json.loads((tmp_path / "pq-threads.json").read_text())["results"]
+    ranked = {(r["competitor"], r["workers"]): r for r in pq if "rank_error_mean" in r}
+    assert set(ranked) == {(c, w) for c in ("mq-nogil", "mq1-nogil", "mq-sticky") for w in (1, 2)}
+    assert ranked["mq1-nogil", 2]["rank_error_mean"] == 0      # one queue is exact
     hw = json.loads((tmp_path / "hogwild.json").read_text())
     assert {r["competitor"] for r in hw["results"]} == {"sklearn", "hogwild-threads",
                                                         "hogwild-processes", "locked",
