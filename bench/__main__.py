@@ -115,13 +115,15 @@ def cmd_pq(args, kind):
     classes = pq.THREAD_COMPETITORS if kind == "threads" else pq.PROCESS_COMPETITORS
     if args.only:
         classes = [c for c in classes if c.name in args.only.split(",")]
-    pq.MQSticky.stickiness = pq.CxxMQSticky.stickiness = args.stickiness
     comps = [c(prefill) for c in classes]
     if kind == "threads" and args.cxx_mq:
         for cls in (pq.CxxMQ, pq.CxxMQSticky):
             cxx = cls(prefill)
             cxx.path = args.cxx_mq
             comps.append(cxx)
+    for c in comps:
+        if isinstance(c, (pq.MQSticky, pq.CxxMQSticky)):
+            c.stickiness = args.stickiness
 
     def iters_of(c):
         if c.name == "manager-pq":
