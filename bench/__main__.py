@@ -149,7 +149,7 @@ def _rank_errors(comps, rows, args):
     in which a thread paused over 1 ms (descheduled, maybe holding a lock) is set
     apart: rank_error_mean is the median over the undisturbed runs (over all runs if
     none was), every run's mean and pause are kept."""
-    todo = [(c, r) for c in comps if getattr(c, "rank_error", False) and not c.python_level
+    todo = [(c, r) for c in comps if getattr(c, "rank_error", False)
             for r in rows if r["competitor"] == c.name]
     if not todo:
         return

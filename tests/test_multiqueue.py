@@ -158,12 +158,8 @@ def test_a_sticky_handle_keeps_one_pair_for_its_operations():
     each touch at most two queues, and the pairs change between blocks."""
     s = 10
     mq = MultiQueue(8000, n_queues=8, seed=4, stickiness=s)
-    mq.push_many(np.arange(4000), np.arange(4000))
-    for _ in range(3):                         # the bulk call's handle is separate; let it be
-        mq.pop()
-    mq.push(-1, -1)
-    rest = s - 4
-    for _ in range(rest):                      # finish the handle's first pair
+    mq.push_many(np.arange(4000), np.arange(4000))   # (a bulk call has its own handle)
+    for _ in range(s):                         # the first s operations: the first pair
         mq.push(1, 1)
     pairs = []
     rng = np.random.default_rng(0)
