@@ -223,15 +223,14 @@ class Problem:
         if sp.issparse(X):
             X = sp.csr_matrix(X, dtype=_value_dtype(X.dtype))
             empty = np.empty((0, d), dtype=X.dtype)
-            if hot_features == 0 or hot_features >= d:      # the rows as they are
+            if hot_features == 0:            # plain rows: no hot part
                 indptr, indices, data = _canonical_rows(X)
-                if hot_features == 0:        # plain rows: no hot part
-                    return cls(n, d, Y, sw, empty, indptr, indices, data, _EMPTY_I32,
-                               _EMPTY_I, _EMPTY_I, cw)
-                # every feature hot, its slot its id: each row is all hot part
-                return cls(n, d, Y, sw, empty, indptr, indices, data, _EMPTY_I32,
-                           indptr[1:], np.arange(d, dtype=np.int64), cw)
-            indptr, indices, data, hot_end, hot_feat = hot_rows(X, int(hot_features))
+                hot_end = hot_feat = _EMPTY_I
+            elif hot_features >= d:          # every feature hot, its slot its id:
+                indptr, indices, data = _canonical_rows(X)     # each row all hot part
+                hot_end, hot_feat = indptr[1:], np.arange(d, dtype=np.int64)
+            else:
+                indptr, indices, data, hot_end, hot_feat = hot_rows(X, int(hot_features))
             return cls(n, d, Y, sw, empty, indptr, indices, data, _EMPTY_I32, hot_end,
                        hot_feat, cw)
         X = np.ascontiguousarray(X, dtype=_value_dtype(X.dtype))
