@@ -2,9 +2,11 @@
 
 For one training call, a :class:`ProcessPool` puts the weights, intercepts, L1
 memory and the epoch's shuffled order in one shared segment
-(:class:`relaxed.shm.Segment`), starts ``n_workers`` ``multiprocess`` workers,
-and on every epoch tells each worker its slice. The workers run the same Numba
-kernel as the threads backend, on the shared arrays, without locks. ``close()``
+(:class:`relaxed.shm.Segment`), starts ``n_workers - 1`` ``multiprocess``
+workers, and on every epoch tells each worker its slice and runs worker 0's
+slice in the calling process (which would otherwise only wait). The workers run
+the same Numba kernel as the threads backend, on the shared arrays, without
+locks. ``close()``
 (always called, from a ``finally``) copies the weights back to private memory,
 stops the workers and unlinks the segments, so nothing is left in /dev/shm after
 training, an exception in a worker, or a worker killed by a signal.
@@ -328,10 +330,21 @@ class SharedWorkers:
     once into shared memory) and the views are re-attached by name.
     :meth:`adopt` moves an object's arrays into the segment for its lifetime;
     :meth:`start` starts the workers once the arrays are filled; :meth:`close`
-    stops the workers, gives adopted arrays back and unlinks the segments."""
+    stops the workers, gives adopted arrays back and unlinks the segments.
 
-    def __init__(self, arrays, step, static, start_method="fork"):
+    ``driver_works=True``: the calling process is worker 0 and runs its share in
+    :meth:`run` while the n_workers - 1 processes run theirs, as rank 0 of an MPI
+    job does. It saves a process start and exit per pool (a fork copies the
+    caller's page tables, and an exit tears a copy of them down: milliseconds each
+    for a process holding a large training set) and an idle waiting process. Only
+    for steps that keep no state in the process that runs them (the caller's
+    process would keep it). A worker process that dies while the caller computes
+    is reported when the caller's share ends: the steps never wait for one another
+    (a part whose owner never started is skipped, see ``_kernels.run_worker``)."""
+
+    def __init__(self, arrays, step, static, start_method="fork", driver_works=False):
         self.start_method = check_start_method(start_method)
+        self.driver_works = bool(driver_works)
         self.procs, self.conns = [], []
         self.seg, self.views = shared_arrays(arrays)
         self._step, self._static = step, static
@@ -349,17 +362,19 @@ class SharedWorkers:
             setattr(obj, a, self.views[key])
 
     def start(self, n_workers):
-        """Start the workers (after the caller filled the shared arrays)."""
+        """Start the workers (after the caller filled the shared arrays): n_workers
+        processes, or n_workers - 1 with ``driver_works`` (the caller is worker 0)."""
         import multiprocess as mp          # here: importing the estimators stays cheap
         ctx = mp.get_context(self.start_method)
+        first = int(self.driver_works)     # the first worker id that is a process
         try:
             payload = (self._step, self.views, self._static)
-            if self.start_method != "fork":
+            if self.start_method != "fork" and n_workers > first:
                 payload = self._shipment = Shipment(payload, [self.seg])
-            for _ in range(n_workers):
+            for wid in range(first, n_workers):
                 parent, child = ctx.Pipe()
                 p = ctx.Process(target=_serve, daemon=True,
-                                args=(child, len(self.procs), payload, self.start_method))
+                                args=(child, wid, payload, self.start_method))
                 p.start()
                 child.close()
                 self.procs.append(p)
@@ -370,11 +385,19 @@ class SharedWorkers:
 
     def run(self, args_of):
         """Send worker w the arguments ``args_of(w)``, wait for all; returns their
-        results. Raises :class:`WorkerError` if one raised or died."""
-        for w, conn in enumerate(self.conns):
+        results. Raises :class:`WorkerError` if one raised or died. With
+        ``driver_works`` the caller runs worker 0's share in between."""
+        first = int(self.driver_works)
+        for w, conn in enumerate(self.conns, start=first):
             conn.send(("run", *args_of(w)))
-        errors, results = [], [None] * len(self.conns)
-        for w, (conn, p) in enumerate(zip(self.conns, self.procs)):
+        errors, results = [], [None] * (len(self.conns) + first)
+        if first:
+            try:
+                results[0] = self._step(0, self.views, self._static, *args_of(0))
+            except Exception:                  # reported with the processes' errors
+                errors.append(f"worker 0 (the calling process) raised:\n"
+                              f"{traceback.format_exc()}")
+        for w, (conn, p) in enumerate(zip(self.conns, self.procs), start=first):
             while not conn.poll(0.2):
                 if not p.is_alive():
                     errors.append(f"worker {w} (pid {p.pid}) died with exit code {p.exitcode}")
@@ -457,7 +480,8 @@ class ProcessPool:
     """The Hogwild linear models' worker processes: weights, intercepts, L1
     memory, the order of the samples and the schedule tables live in the shared
     segment for one fit (the driver fills the tables there; each worker reshuffles
-    its part of the order there). The data is inherited under fork and copied once
+    its part of the order there). The calling process is worker 0 (the kernel keeps
+    no state between calls). The data is inherited under fork and copied once
     into shared memory under spawn and forkserver (see :class:`SharedWorkers`)."""
 
     def __init__(self, sgd, prob, n_workers, start_method="fork"):
@@ -474,7 +498,8 @@ class ProcessPool:
                   (sgd._avg.shape, np.float64),     # averaging (empty without)
                   ((4 * n_workers + 1,), np.int64), ((K.N_FPARAMS,), np.float64)]
         self.pool = SharedWorkers(dict(zip(_HOGWILD, shapes)), _hogwild_step,
-                                  (prob.kernel_data(), sgd.ip), start_method)
+                                  (prob.kernel_data(), sgd.ip), start_method,
+                                  driver_works=True)
         try:
             self.pool.adopt(sgd, {"W": "W", "b": "b", "q": "q", "V": "V", "order": "_perm",
                                   "scale": "_scale", "eta": "_eta", "cum": "_cum", "A": "A",
@@ -527,8 +552,8 @@ class MFPool:
     """Matrix factorization's worker processes: the factor matrices, biases and
     the order of the ratings live in the shared segment for one fit (each worker
     reshuffles its own part every epoch); the ratings are inherited under fork and
-    copied once into shared memory under spawn and forkserver.
-    ``close`` copies the factors back to the estimator."""
+    copied once into shared memory under spawn and forkserver. The calling process
+    is worker 0. ``close`` copies the factors back to the estimator."""
 
     def __init__(self, est, users, items, ratings, n_workers, order, start_method="fork"):
         arrays = {"P": (est.user_factors_.shape, np.float64),
@@ -536,7 +561,8 @@ class MFPool:
                   "bu": (est.user_bias_.shape, np.float64),
                   "bi": (est.item_bias_.shape, np.float64),
                   "order": ((users.shape[0],), np.int64)}
-        self.pool = SharedWorkers(arrays, _mf_step, (users, items, ratings), start_method)
+        self.pool = SharedWorkers(arrays, _mf_step, (users, items, ratings), start_method,
+                                  driver_works=True)
         try:
             self.pool.adopt(est, {"P": "user_factors_", "Q": "item_factors_",
                                   "bu": "user_bias_", "bi": "item_bias_"})

@@ -134,6 +134,8 @@ class HogwildTrainer:
             arrays = {"w": (self.w.shape, np.float64), "V": (self.V.shape, np.float64),
                       "rng": (self.rng.shape, np.uint64), "order": ((n,), np.int64)}
             static = (self.model.net, data, self.batch, self.blocks, self.owned)
+            # every worker a process (no driver_works): _mlp_step limits BLAS to one
+            # thread and keeps scratch buffers in the process that runs it
             pool = SharedWorkers(arrays, _mlp_step, static, self.start_method)
             try:
                 pool.adopt(self, {"w": "w", "V": "V", "rng": "rng"})

@@ -662,31 +662,77 @@ def test_processes_backend_matches_threads_accuracy_and_leaks_nothing(no_shm_lea
     assert m.score(sp.csr_matrix(Xs / 16), ys) > 0.85
 
 
-def test_processes_backend_worker_error_is_reported_and_released(monkeypatch, no_shm_leak):
+@pytest.mark.parametrize("where", ["caller", "child"])
+def test_processes_backend_worker_error_is_reported_and_released(monkeypatch, no_shm_leak,
+                                                                   where):
+    """An exception in worker 0's share (the calling process) or in worker 1's (a
+    process) stops the fit with a WorkerError naming the worker; nothing is left."""
+    import os
+
     from sgd_shm import _procs
+    parent, real = os.getpid(), _procs.worker_epoch
 
     def boom(*args):
-        raise RuntimeError("injected failure in a worker")
+        if (os.getpid() == parent) == (where == "caller"):
+            raise RuntimeError(f"injected failure in the {where}")
+        real(*args)
     monkeypatch.setattr(_procs, "worker_epoch", boom)       # forked workers inherit it
     X, y = load_breast_cancer(return_X_y=True)
     clf = HogwildClassifier(n_workers=2, backend="processes", random_state=0)
-    with pytest.raises(_procs.WorkerError, match="injected failure"):
+    named = "worker 0 \\(the calling process\\)" if where == "caller" else "worker 1"
+    with pytest.raises(_procs.WorkerError, match=f"(?s){named} raised.*in the {where}"):
         clf.fit(StandardScaler().fit_transform(X), y)
 
 
 def test_processes_backend_worker_killed_is_reported_and_released(monkeypatch, no_shm_leak):
+    """A worker process SIGKILLed in its share: the caller finishes its own share
+    (it never waits on the dead one) and reports the death; nothing is left."""
     import os
     import signal
 
     from sgd_shm import _procs
+    parent, real = os.getpid(), _procs.worker_epoch
 
     def die(*args):
-        os.kill(os.getpid(), signal.SIGKILL)
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(*args)
     monkeypatch.setattr(_procs, "worker_epoch", die)
     X, y = load_breast_cancer(return_X_y=True)
     clf = HogwildClassifier(n_workers=2, backend="processes", random_state=0)
-    with pytest.raises(_procs.WorkerError, match="died"):
+    with pytest.raises(_procs.WorkerError, match="worker 1 .*died"):
         clf.fit(StandardScaler().fit_transform(X), y)
+
+
+def test_shared_workers_caller_is_worker_zero(no_shm_leak):
+    """driver_works=True: n_workers - 1 processes, the caller runs worker 0's share
+    in run(), every worker's share runs exactly once per run, each in its own
+    process; without it every worker is a process."""
+    import os
+
+    from sgd_shm._procs import SharedWorkers
+    for driver_works, children in ((True, 2), (False, 3)):
+        pool = SharedWorkers({"pid": ((3,), np.int64), "runs": ((3,), np.int64)},
+                             _record_pid, None, driver_works=driver_works)
+        try:
+            pool.start(3)
+            assert len(pool.procs) == children
+            for _ in range(4):
+                assert pool.run(lambda w: (w * 10,)) == [0, 1, 2]
+            pids, children = pool.views["pid"].copy(), {p.pid for p in pool.procs}
+            assert (pool.views["runs"] == 4).all()
+        finally:
+            pool.close()
+        assert len(set(pids)) == 3 and (pids[0] == os.getpid()) == driver_works
+        assert set(pids) - {os.getpid()} == children
+
+
+def _record_pid(wid, views, static, x):
+    """A SharedWorkers step: worker wid notes its process and counts its runs."""
+    import os
+    views["pid"][wid] = os.getpid()
+    views["runs"][wid] += 1
+    return x // 10
 
 
 def test_locked_baseline_equals_hogwild_on_one_worker_and_releases_its_lock():
