@@ -567,6 +567,10 @@ def main(argv=None):
                          "0.3}, S in {1, 4}, one seed, 1 epoch; nonconvex: 3 epochs of "
                          "digits, 2 of a small non-linear problem, 1 repetition")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
+    ap.add_argument("--label", default=None, metavar="NAME",
+                    help="keep this run beside the main one: write <scenario>@NAME.json "
+                         "(e.g. another machine's run), which the benchmarks page shows "
+                         "under the scenario; the plots keep to the main run")
     args = ap.parse_args(argv)
     for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
                  "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
@@ -605,6 +609,10 @@ def main(argv=None):
                      f"{mis.PBBS_BINARIES[('MIS', 'PBBS incrementalMIS')]} (make in its folder)")
     if args.out:
         common.set_results_dir(args.out)
+    try:
+        common.set_label(args.label)
+    except ValueError as e:
+        ap.error(f"--{e}")
     t0 = time.time()
     steps = [("pq-threads", lambda: cmd_pq(args, "threads")),
              ("pq-processes", lambda: cmd_pq(args, "processes")),

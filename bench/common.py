@@ -9,9 +9,11 @@ step (``python -m bench plot``).
 from __future__ import annotations
 
 import functools
+import glob
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -22,10 +24,33 @@ RESULTS_DEFAULT = Path(__file__).resolve().parent / "results"
 RESULTS = RESULTS_DEFAULT
 
 
+LABEL = None           # --label: runs are written as <scenario>@<label>.json
+LABEL_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
+
+
 def set_results_dir(path) -> None:
     """Write results somewhere else (``--out``), e.g. a temporary folder in tests."""
     global RESULTS
     RESULTS = Path(path)
+
+
+def set_label(label) -> None:
+    """Write each scenario's results as ``<scenario>@<label>.json`` (``--label``):
+    a run kept beside the main one, e.g. from another machine; the benchmarks page
+    shows it under the scenario, the plots keep to the main run. None: the main
+    ``<scenario>.json``."""
+    global LABEL
+    if label is not None and not LABEL_CHARS.fullmatch(label):
+        raise ValueError(f"label must be 1-40 letters, digits, '.', '_' or '-' starting "
+                         f"with a letter or digit (it names a file), got {label!r}")
+    LABEL = label
+
+
+def labelled_results(name: str) -> list[tuple[str, dict]]:
+    """(label, results) of every ``<name>@<label>.json`` in the results folder,
+    sorted by label."""
+    found = sorted(results_dir().glob(f"{glob.escape(name)}@*.json"))
+    return [(p.stem.split("@", 1)[1], json.loads(p.read_text())) for p in found]
 
 
 def header(args) -> dict:
@@ -170,7 +195,7 @@ def results_dir() -> Path:
 
 def write_json(name: str, hdr: dict, rows: list, extra: dict | None = None) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    path = RESULTS / (f"{name}@{LABEL}.json" if LABEL else f"{name}.json")
     tmp = path.with_suffix(".json.tmp")
     with open(tmp, "w") as f:
         json.dump({"header": hdr, "results": rows, **(extra or {})}, f, indent=1)

@@ -423,13 +423,14 @@ def _tables(sc: Scenario, d: dict) -> str:
 
 
 def _machines(loaded) -> list[str]:
-    """One row per distinct machine and software stack found in the results' headers."""
+    """One row per distinct machine and software stack found in the results' headers
+    (``loaded``: (scenario name as listed, results) pairs)."""
     seen = {}
-    for sc, d in loaded:
+    for name, d in loaded:
         h = d["header"]
         key = (h["cpu"], h["cpu_count"], h.get("platform", "?"), h["python"], h["numpy"],
                h.get("numba", "?"))
-        seen.setdefault(key, []).append(sc.name)
+        seen.setdefault(key, []).append(name)
     lines = ["| CPU | CPUs | platform | python | numpy | numba | scenarios |",
              "|---|---:|---|---|---|---|---|"]
     for (cpu, n, plat, py, npv, nb), names in seen.items():
@@ -456,19 +457,30 @@ Method: every run prints and stores a header (command, versions, CPU, load, seed
 one warm-up and `--reps` repetitions in which the competitors run interleaved (a noisy
 neighbour hurts all of them alike), and writes `bench/results/<scenario>.json`. Tables give
 the median and the min–max range. Figures from different runs, and above all from
-different machines, are not comparable: compare within one table.
+different machines, are not comparable: compare within one table. `--label NAME` keeps a
+run (another machine's, say) beside the main one: it writes `<scenario>@NAME.json`, whose
+tables this page shows under the scenario's own.
 """
 
 
 def page(md_dir: Path) -> str:
     """The markdown of the benchmarks page; image links are relative to ``md_dir``."""
     loaded = [(sc, d) for sc in SCENARIOS if (d := _load(sc.name))]
-    parts = [INTRO, "## Machines", "", *_machines(loaded), ""]
+    kept = {sc.name: common.labelled_results(sc.name) for sc, _ in loaded}
+    listed = [(sc.name, d) for sc, d in loaded]
+    listed += [(f"{name}@{label}", d) for name, runs in kept.items() for label, d in runs]
+    parts = [INTRO, "## Machines", "", *_machines(listed), ""]
     if not loaded:
         parts.append("No results yet: run `python -m bench all`.\n")
     for sc, d in loaded:
         parts += [f"## {sc.title}", "", f"`python -m bench {sc.name}`: {sc.definition}", "",
                   _tables(sc, d), ""]
+        for label, other in kept[sc.name]:
+            parts += [f"### The same, kept as `{label}` ({other['header']['cpu']}, "
+                      f"{other['header']['cpu_count']} CPUs)", "",
+                      f"`{sc.name}@{label}.json` (`--label {label}`): a run kept beside "
+                      "the one above; compare within its own tables.", "",
+                      _tables(sc, other), ""]
         if sc.notes:
             parts += [sc.notes, ""]
         for png in sc.plots:

@@ -141,6 +141,36 @@ def test_bench_rejects_bad_settings():
     r = subprocess.run([sys.executable, "-m", "bench", "pq-threads", "--reps", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--reps must be >= 1" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "bench", "pq-threads", "--label", "../x"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--label must be 1-40 letters" in r.stderr
+
+
+def test_a_labelled_run_is_kept_beside_the_main_one(tmp_path, monkeypatch):
+    """--label NAME writes <scenario>@NAME.json and leaves the main run alone; the
+    page lists both machines and shows the kept run's table under the scenario."""
+    from bench import common, report
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(common, "LABEL", None)
+
+    def run(cpu, n, rate):
+        hdr = {"command": "python -m bench pq-threads", "date": "2026-01-01", "cpu": cpu,
+               "cpu_count": n, "python": "3.11", "numpy": "2", "reps": 1}
+        return hdr, [{"competitor": "mq-nogil", "workers": 1, "min": rate, "median": rate,
+                      "max": rate, "rates": [rate]}]
+    common.write_json("pq-threads", *run("Main CPU", 2, 5e6))
+    common.set_label("box-b")
+    common.write_json("pq-threads", *run("Box B CPU", 4, 7e6))
+    assert json.loads((tmp_path / "pq-threads.json").read_text())["header"]["cpu"] == "Main CPU"
+    assert [(lab, d["header"]["cpu"]) for lab, d in common.labelled_results("pq-threads")] == [
+        ("box-b", "Box B CPU")]
+    page = report.page(tmp_path)
+    assert "| Box B CPU | 4 |" in page and "pq-threads@box-b |" in page
+    main, kept = page.split("### The same, kept as `box-b` (Box B CPU, 4 CPUs)")
+    assert "| mq-nogil | 5.00 M" in main and "| mq-nogil | 7.00 M" in kept
+    for bad in ("", "a/b", "@x", "x" * 41):
+        with pytest.raises(ValueError, match="label must be"):
+            common.set_label(bad)
 
 
 def test_demo_consumer_keeps_the_item_found_after_done():
