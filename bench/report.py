@@ -239,7 +239,8 @@ SCENARIOS = (
     Scenario("hogwild", "Hogwild SGD", (
         "`make_rcv1_like(200_000, 50_000)`, log loss, alpha 1e-4, 'optimal' learning rate, 5 "
         "epochs. Competitors: scikit-learn's `SGDClassifier` (one epoch per `partial_fit`); "
-        "the kit's Hogwild on threads and on processes as a `fit` of 10 or more epochs runs "
+        "the kit's Hogwild on threads and on processes (the calling process is worker 0, "
+        "the others are forked per fit) as a `fit` of 10 or more epochs runs "
         "it (`hot_features='auto'`: with several workers every feature buffered per "
         "worker, the rows read in place; on wider data the most frequent ones, in a copy "
         "of the rows timed apart); "
