@@ -57,6 +57,7 @@ import mmap
 import os
 import pickle
 import sys
+import threading
 import traceback
 
 import numpy as np
@@ -314,6 +315,16 @@ def _serve(conn, wid, payload, start_method="fork"):
         exit_now()
 
 
+def _reap(procs, timeout=5.0):
+    """Wait for the stopped worker processes to exit; kill any still alive after
+    ``timeout`` seconds."""
+    for p in procs:
+        p.join(timeout=timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 class WorkerError(RuntimeError):
     """A Hogwild worker process raised or died."""
 
@@ -346,18 +357,23 @@ class SharedWorkers:
         self.start_method = check_start_method(start_method)
         self.driver_works = bool(driver_works)
         self.procs, self.conns = [], []
+        self.idle = True        # no run in flight (see close)
         self.seg, self.views = shared_arrays(arrays)
         self._step, self._static = step, static
         self._adopted = self._shipment = None
 
-    def adopt(self, obj, attrs):
+    def adopt(self, obj, attrs, scratch=()):
         """Copy obj's arrays ``attrs`` ({view name: attribute name}) into the shared
         views and point the attributes at the views; :meth:`close` copies the views
-        back into the original arrays and points the attributes at them again."""
+        back into the original arrays and points the attributes at them again. The
+        attributes named in ``scratch`` hold buffers whose contents do not outlive
+        a call (every use writes them first): they are pointed at the views and back
+        without either copy (after a fork, writing the original's pages copies them)."""
         private = {a: getattr(obj, a) for a in attrs.values()}
         for key, a in attrs.items():
-            self.views[key][...] = private[a]
-        self._adopted = (obj, attrs, private)
+            if a not in scratch:
+                self.views[key][...] = private[a]
+        self._adopted = (obj, attrs, private, frozenset(scratch))
         for key, a in attrs.items():
             setattr(obj, a, self.views[key])
 
@@ -388,6 +404,7 @@ class SharedWorkers:
         results. Raises :class:`WorkerError` if one raised or died. With
         ``driver_works`` the caller runs worker 0's share in between."""
         first = int(self.driver_works)
+        self.idle = False
         for w, conn in enumerate(self.conns, start=first):
             conn.send(("run", *args_of(w)))
         errors, results = [], [None] * (len(self.conns) + first)
@@ -416,28 +433,36 @@ class SharedWorkers:
         if errors:
             raise WorkerError("Hogwild worker failure; training stopped and shared memory "
                               "released.\n" + "\n".join(errors))
+        self.idle = True
         return results
 
     def close(self):
         """Stop the workers (killing any that do not stop within 5 s), copy the
-        adopted arrays back and unlink the segments. Idempotent."""
+        adopted arrays back and unlink the segments. Idempotent.
+
+        When every worker has answered its last run (``self.idle``), none will touch
+        the segment again, so the workers' exits (a forked child's teardown of its
+        copy of a large address space takes milliseconds) are waited for by a
+        background thread instead of the caller; otherwise (a run failed or was
+        interrupted) the caller waits for them before copying anything back."""
         for conn in self.conns:
             try:
                 conn.send(("stop",))
             except Exception:
                 pass
-        for p in self.procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        if self.idle and self.procs:
+            threading.Thread(target=_reap, args=(self.procs,), daemon=True,
+                             name="sgd_shm-reaper").start()
+        else:
+            _reap(self.procs)
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
         if self._adopted is not None:
-            obj, attrs, private = self._adopted
+            obj, attrs, private, scratch = self._adopted
             for key, a in attrs.items():
-                private[a][...] = self.views[key]
+                if a not in scratch:
+                    private[a][...] = self.views[key]
                 setattr(obj, a, private[a])
             self._adopted = None
         self.views = {}
@@ -493,7 +518,7 @@ class ProcessPool:
                   ((n + 1,), np.float64), ((n,), np.float64), ((n + 1,), np.float64),
                   ((LINE_WORDS,), np.int64),
                   ((n_workers, sgd.staleness.shape[0] + LINE_WORDS), np.int64),
-                  ((n_workers + 1, k, prob.hot_feat.shape[0]), np.float64),
+                  (sgd._Wh.shape, np.float64),
                   (sgd.A.shape, np.float64), (sgd.Ab.shape, np.float64),
                   (sgd._avg.shape, np.float64),     # averaging (empty without)
                   ((4 * n_workers + 1,), np.int64), ((K.N_FPARAMS,), np.float64)]
@@ -503,7 +528,8 @@ class ProcessPool:
         try:
             self.pool.adopt(sgd, {"W": "W", "b": "b", "q": "q", "V": "V", "order": "_perm",
                                   "scale": "_scale", "eta": "_eta", "cum": "_cum", "A": "A",
-                                  "Ab": "Ab", "avg": "_avg"})
+                                  "Ab": "Ab", "avg": "_avg", "Wh": "_Wh"},
+                            scratch=("_scale", "_eta", "_cum", "_avg", "_Wh"))  # (_tables)
             self.pool.start(n_workers)
         except BaseException:
             self.close()
@@ -516,7 +542,8 @@ class ProcessPool:
         seeds[w] unless it is -1; ``Wh`` (the hot block and the workers' published
         steps on it, see _kernels) goes through the segment."""
         v = self.pool.views
-        v["Wh"][...] = Wh
+        if Wh is not v["Wh"]:                # (the driver's buffer is the view itself)
+            v["Wh"][...] = Wh
         K.fresh_progress(len(lo), v["progress"])
         v["hists"][...] = 0
         v["iargs"][...] = np.concatenate([lo, hi, parts, seeds])
@@ -526,7 +553,8 @@ class ProcessPool:
                 outs[w] = out
         finally:
             hists += v["hists"][:, :hists.shape[1]]
-            Wh[...] = v["Wh"]
+            if Wh is not v["Wh"]:
+                Wh[...] = v["Wh"]
 
     def close(self):
         self.pool.close()

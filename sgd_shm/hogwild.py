@@ -464,6 +464,7 @@ class HogwildSGD:
         self.shuffle = bool(shuffle)
         self._perm = np.empty(0, dtype=np.int64)      # the order of the samples (_split)
         self._eta = self._scale = self._cum = np.empty(0)   # schedule tables (_tables)
+        self._Wh = np.empty((0, 0, 0))                 # the hot block's buffer (_hot_buffer)
         self.ip = np.zeros(K.N_IPARAMS, dtype=np.int64)
         self.ip[K.I_LOSS] = K.LOSSES[loss]
         self.ip[K.I_LR] = K.LEARNING_RATES[learning_rate]
@@ -530,6 +531,7 @@ class HogwildSGD:
         self._set_hot(prob)                 # the workers get ip as it is at their start
         self._split(prob.n_samples, prob.rows)   # the pool moves these into shared memory
         self._tables(prob.n_samples)
+        self._hot_buffer(prob)
         self._pool = ProcessPool(self, prob, max(1, min(self.n_workers, prob.n_samples)),
                                  self.start_method)
         self._pool_prob = prob
@@ -587,7 +589,8 @@ class HogwildSGD:
             fp[K.F_AVG_FROM] = a0
             # the hot block travels as Wh[0], and each worker publishes its steps on
             # it in Wh[1 + w] (see _kernels)
-            Wh = np.zeros((nw + 1, self.W.shape[0], prob.hot_feat.shape[0] if hot else 0))
+            Wh = self._hot_buffer(prob)
+            Wh[...] = 0.0
             if hot:
                 Wh[0] = self.W[:, prob.hot_feat]
             self._run_segment(prob, lo, hi, bounds, seeds if g0 == 0 else no_shuffle, fp,
@@ -658,11 +661,23 @@ class HogwildSGD:
 
     def _tables(self, n):
         """The epoch's schedule buffers (step sizes, L2 scales, L1 totals; see
-        ``_kernels.segment``), allocated once for n samples instead of every epoch."""
+        ``_kernels.segment``), allocated once for n samples instead of every epoch.
+        Scratch: every epoch writes them before it reads them, so the processes pool
+        moves them into its segment without copying their contents either way."""
         if self._eta.shape[0] != n:
             self._eta, self._scale, self._cum = np.empty(n), np.empty(n + 1), np.empty(n + 1)
             self._avg = np.empty(n + 1 if self.average else 0)
         return self._eta, self._scale, self._cum
+
+    def _hot_buffer(self, prob):
+        """The (workers + 1, K, H) buffer of the hot block (H = 0 without one), kept
+        while its shape stays; a scratch buffer like the tables (every segment zeroes
+        it first), which the processes pool places in its shared segment."""
+        nw = max(1, min(self.n_workers, prob.n_samples))
+        shape = (nw + 1, self.W.shape[0], prob.hot_feat.shape[0] if self._set_hot(prob) else 0)
+        if self._Wh.shape != shape:
+            self._Wh = np.zeros(shape)
+        return self._Wh
 
     def _set_hot(self, prob) -> bool:
         """Whether the workers buffer the hot coordinates of ``prob`` (sparse data

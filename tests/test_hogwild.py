@@ -1,6 +1,7 @@
 """Hogwild SGD: the kernel against a serial oracle, accuracy against scikit-learn,
 scikit-learn's estimator checks, and bad input."""
 import math
+import time
 import warnings
 
 import numpy as np
@@ -719,12 +720,55 @@ def test_shared_workers_caller_is_worker_zero(no_shm_leak):
             assert len(pool.procs) == children
             for _ in range(4):
                 assert pool.run(lambda w: (w * 10,)) == [0, 1, 2]
-            pids, children = pool.views["pid"].copy(), {p.pid for p in pool.procs}
+            pids, procs = pool.views["pid"].copy(), list(pool.procs)
             assert (pool.views["runs"] == 4).all()
         finally:
             pool.close()
         assert len(set(pids)) == 3 and (pids[0] == os.getpid()) == driver_works
-        assert set(pids) - {os.getpid()} == children
+        assert set(pids) - {os.getpid()} == {p.pid for p in procs}
+        deadline = time.monotonic() + 30       # idle workers: reaped in the background
+        while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [p.exitcode for p in procs] == [0] * children
+
+
+def test_shared_workers_close_after_a_failed_run_waits_for_the_workers(no_shm_leak):
+    """A run that failed may leave a worker inside its step: close() then waits for
+    (or kills) every worker before it copies the arrays back and returns."""
+    from sgd_shm._procs import SharedWorkers, WorkerError
+    pool = SharedWorkers({"pid": ((2,), np.int64), "runs": ((2,), np.int64)},
+                         _record_pid, None, driver_works=True)
+    try:
+        pool.start(2)
+        with pytest.raises(WorkerError, match="worker 1 raised"):
+            pool.run(lambda w: (-w,))                 # worker 1 raises, worker 0 not
+        procs = list(pool.procs)
+    finally:
+        pool.close()
+    assert not pool.idle and [p.is_alive() for p in procs] == [False]
+
+
+def test_shared_workers_adopt_copies_all_but_scratch(no_shm_leak):
+    """adopt() points the attributes at the shared views, copying the arrays in and
+    (at close) back out, except the scratch ones: those get their private array back
+    untouched, and their view starts as the fresh segment does (zeros)."""
+    from types import SimpleNamespace
+
+    from sgd_shm._procs import SharedWorkers
+    obj = SimpleNamespace(kept=np.arange(4.0), tmp=np.full(4, 7.0))
+    kept, tmp = obj.kept, obj.tmp
+    pool = SharedWorkers({"k": ((4,), np.float64), "t": ((4,), np.float64)}, _record_pid,
+                         None)
+    try:
+        pool.adopt(obj, {"k": "kept", "t": "tmp"}, scratch=("tmp",))
+        assert obj.kept is pool.views["k"] and obj.tmp is pool.views["t"]
+        assert obj.kept.tolist() == [0, 1, 2, 3] and obj.tmp.tolist() == [0] * 4
+        obj.kept += 1
+        obj.tmp[...] = 5
+    finally:
+        pool.close()
+    assert obj.kept is kept and obj.tmp is tmp
+    assert kept.tolist() == [1, 2, 3, 4] and tmp.tolist() == [7] * 4
 
 
 def _record_pid(wid, views, static, x):
@@ -732,6 +776,8 @@ def _record_pid(wid, views, static, x):
     import os
     views["pid"][wid] = os.getpid()
     views["runs"][wid] += 1
+    if x < 0:
+        raise ValueError(f"worker {wid} got {x}")
     return x // 10
 
 
