@@ -325,6 +325,25 @@ def _reap(procs, timeout=5.0):
             p.join()
 
 
+_REAPERS = []       # background _reap threads of closed pools (see SharedWorkers.close)
+
+
+def _reap_later(procs):
+    """_reap in a background thread."""
+    t = threading.Thread(target=_reap, args=(procs,), daemon=True, name="sgd_shm-reaper")
+    t.start()
+    _REAPERS.append(t)
+
+
+def _join_reapers():
+    """Wait for the reapers of earlier pools, so that no thread of ours runs when a
+    pool forks (forking a multi-threaded process can deadlock the child; Python
+    3.12+ warns). Their workers were told to stop when their pool closed, so this
+    usually finds them gone."""
+    while _REAPERS:
+        _REAPERS.pop().join()
+
+
 class WorkerError(RuntimeError):
     """A Hogwild worker process raised or died."""
 
@@ -383,6 +402,7 @@ class SharedWorkers:
         import multiprocess as mp          # here: importing the estimators stays cheap
         ctx = mp.get_context(self.start_method)
         first = int(self.driver_works)     # the first worker id that is a process
+        _join_reapers()
         try:
             payload = (self._step, self.views, self._static)
             if self.start_method != "fork" and n_workers > first:
@@ -451,8 +471,7 @@ class SharedWorkers:
             except Exception:
                 pass
         if self.idle and self.procs:
-            threading.Thread(target=_reap, args=(self.procs,), daemon=True,
-                             name="sgd_shm-reaper").start()
+            _reap_later(self.procs)
         else:
             _reap(self.procs)
         for conn in self.conns:

@@ -708,15 +708,21 @@ def test_processes_backend_worker_killed_is_reported_and_released(monkeypatch, n
 def test_shared_workers_caller_is_worker_zero(no_shm_leak):
     """driver_works=True: n_workers - 1 processes, the caller runs worker 0's share
     in run(), every worker's share runs exactly once per run, each in its own
-    process; without it every worker is a process."""
+    process; without it every worker is a process. Idle workers are reaped in the
+    background after close(), and before the next pool forks."""
     import os
 
+    from sgd_shm import _procs
     from sgd_shm._procs import SharedWorkers
+    earlier = []
     for driver_works, children in ((True, 2), (False, 3)):
         pool = SharedWorkers({"pid": ((3,), np.int64), "runs": ((3,), np.int64)},
                              _record_pid, None, driver_works=driver_works)
         try:
             pool.start(3)
+            # the earlier pool's workers were reaped before this one forked
+            assert [p.exitcode for p in earlier] == [0] * len(earlier)
+            assert not _procs._REAPERS
             assert len(pool.procs) == children
             for _ in range(4):
                 assert pool.run(lambda w: (w * 10,)) == [0, 1, 2]
@@ -726,10 +732,11 @@ def test_shared_workers_caller_is_worker_zero(no_shm_leak):
             pool.close()
         assert len(set(pids)) == 3 and (pids[0] == os.getpid()) == driver_works
         assert set(pids) - {os.getpid()} == {p.pid for p in procs}
-        deadline = time.monotonic() + 30       # idle workers: reaped in the background
-        while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert [p.exitcode for p in procs] == [0] * children
+        earlier = procs
+    deadline = time.monotonic() + 30           # idle workers: reaped in the background
+    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
 
 
 def test_shared_workers_close_after_a_failed_run_waits_for_the_workers(no_shm_leak):

@@ -118,14 +118,15 @@ def test_hogwild_processes_count_every_update_once(method, cancer, no_shm_leak):
     np.testing.assert_allclose(sgd.W[0], 1e-6 * (Xs.T @ ys), rtol=1e-9, atol=1e-15)
 
 
-def _kill_first_attached_child(pids):
+def _kill_first_attached_child(pids, earlier=()):
     """SIGKILL the first worker process once it has a relaxed segment mapped (it is
-    in the pool, about to run or running), and record its pid. (Read from /proc: the
-    multiprocess bookkeeping is not safe to walk from a second thread.)"""
+    in the pool, about to run or running), and record its pid; processes in
+    ``earlier`` (an earlier test's workers, still exiting) are left alone. (Read from
+    /proc: the multiprocess bookkeeping is not safe to walk from a second thread.)"""
     deadline = time.time() + 60
     while time.time() < deadline:
         for pid in _descendants(os.getpid()):
-            if _is_worker(pid):
+            if pid not in earlier and _is_worker(pid):
                 os.kill(pid, signal.SIGKILL)
                 pids.append(pid)
                 return
@@ -137,7 +138,8 @@ def test_hogwild_worker_sigkilled_under_spawn(cancer, no_shm_leak):
     clf = HogwildClassifier(n_workers=2, backend="processes", start_method="spawn",
                             max_iter=20_000, tol=None, random_state=0)
     killed = []
-    killer = threading.Thread(target=_kill_first_attached_child, args=(killed,))
+    killer = threading.Thread(target=_kill_first_attached_child,
+                              args=(killed, set(_descendants(os.getpid()))))
     killer.start()
     try:
         with pytest.raises(WorkerError, match="died"):
