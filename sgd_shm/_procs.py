@@ -268,7 +268,8 @@ class Shipment:
         return (_land, (self.blob,))
 
     def close(self):
-        """Unlink the segment of copied arrays (after the children are done)."""
+        """Unlink the segment of copied arrays (after the children attached it: each
+        keeps its mapping until it exits)."""
         if self.seg is not None:
             self.seg.close()
             self.seg = None
