@@ -528,11 +528,11 @@ class HogwildSGD:
             yield self
             return
         from sgd_shm._procs import ProcessPool
-        self._set_hot(prob)                 # the workers get ip as it is at their start
+        hot = self._set_hot(prob)           # the workers get ip as it is at their start
         self._split(prob.n_samples, prob.rows)   # the pool moves these into shared memory
         self._tables(prob.n_samples)
-        self._hot_buffer(prob)
-        self._pool = ProcessPool(self, prob, max(1, min(self.n_workers, prob.n_samples)),
+        self._hot_buffer(prob, hot)
+        self._pool = ProcessPool(self, prob, self._workers_for(prob.n_samples),
                                  self.start_method)
         self._pool_prob = prob
         try:
@@ -558,7 +558,7 @@ class HogwildSGD:
 
     def _epoch(self, prob):
         n = prob.n_samples
-        nw = max(1, min(self.n_workers, n))
+        nw = self._workers_for(n)
         hot = self._set_hot(prob)
         self._split(n, prob.rows)
         bounds = np.linspace(0, n, nw + 1).astype(np.int64)
@@ -573,6 +573,7 @@ class HogwildSGD:
         fp = self.fp.copy()
         fp[K.F_NW] = nw
         eta, scale_buf, cum_buf = self._tables(n)
+        Wh = self._hot_buffer(prob, hot)
         K.epoch_etas(self.fp, self.ip, eta)
         g0 = 0
         while g0 < n:
@@ -589,7 +590,6 @@ class HogwildSGD:
             fp[K.F_AVG_FROM] = a0
             # the hot block travels as Wh[0], and each worker publishes its steps on
             # it in Wh[1 + w] (see _kernels)
-            Wh = self._hot_buffer(prob)
             Wh[...] = 0.0
             if hot:
                 Wh[0] = self.W[:, prob.hot_feat]
@@ -669,12 +669,16 @@ class HogwildSGD:
             self._avg = np.empty(n + 1 if self.average else 0)
         return self._eta, self._scale, self._cum
 
-    def _hot_buffer(self, prob):
-        """The (workers + 1, K, H) buffer of the hot block (H = 0 without one), kept
-        while its shape stays; a scratch buffer like the tables (every segment zeroes
-        it first), which the processes pool places in its shared segment."""
-        nw = max(1, min(self.n_workers, prob.n_samples))
-        shape = (nw + 1, self.W.shape[0], prob.hot_feat.shape[0] if self._set_hot(prob) else 0)
+    def _workers_for(self, n) -> int:
+        """How many workers run on n samples: n_workers, but at least 1, at most n."""
+        return max(1, min(self.n_workers, n))
+
+    def _hot_buffer(self, prob, hot):
+        """The (workers + 1, K, H) buffer of the hot block (H = 0 unless ``hot``, see
+        _set_hot), kept while its shape stays; a scratch buffer like the tables (every
+        segment zeroes it first), which the processes pool places in its segment."""
+        shape = (self._workers_for(prob.n_samples) + 1, self.W.shape[0],
+                 prob.hot_feat.shape[0] if hot else 0)
         if self._Wh.shape != shape:
             self._Wh = np.zeros(shape)
         return self._Wh
