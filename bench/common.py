@@ -113,7 +113,7 @@ def _ping_pong_player():
     kernel are loaded only by the benchmarks that measure the handoff)."""
     import numba as nb
 
-    from sgd_shm._intrinsics import load_relaxed, store_release
+    from sgd_shm.core.atomics import load_relaxed, store_release
 
     @nb.njit(nogil=True)
     def player(flag, me, other, k):

@@ -158,7 +158,7 @@ def _run_ps(X, y, comp, prob, seed, epochs):
     from sgd_shm.ps import train
     r = train(X, y, n_workers=WORKERS, policy="asp", compress=comp, epochs=epochs,
               max_seconds=3600, seed=seed, lr=prob["lr"], alpha=prob["alpha"], progress=False)
-    return _record(r, X, y, "version", r.updates, epochs)
+    return _record(r, X, y, "step", r.updates, epochs)
 
 
 def _run_eager(X, y, comp, prob, seed, epochs):

@@ -77,7 +77,7 @@ def _run_kit(prob, X, y, epochs, workers, backend, locked, seed):
 
 
 def _run_cxx(ref, X, y, epochs, workers, seed):
-    from sgd_shm import _kernels as K
+    from sgd_shm.hogwild import _kernels as K
     times, weights = ref.run(workers, epochs, seed, 1e-4, K.optimal_t0(1e-4, K.LOG))
     return times, [train_loss(X, y, coef, icpt) for coef, icpt in weights]
 

@@ -110,7 +110,7 @@ def _sklearn(data, hidden, batch, epochs, lr, mu, seed):
 
 
 def _hogwild(data, hidden, batch, epochs, lr, mu, seed, workers, partition):
-    from sgd_shm.mlp import HogwildTrainer
+    from sgd_shm.hogwild.mlp import HogwildTrainer
     from sgd_shm.models import MLP
     Xtr, Xte, ytr, yte = data
     classes, yi = np.unique(ytr, return_inverse=True)
@@ -134,7 +134,7 @@ def _hogwild(data, hidden, batch, epochs, lr, mu, seed, workers, partition):
 
 def _scaling_fit(X, y, spec, it, workers, backend, seed):
     """(seconds, training accuracy) of one whole ``HogwildMLPClassifier.fit``."""
-    from sgd_shm.mlp import HogwildMLPClassifier
+    from sgd_shm.hogwild.mlp import HogwildMLPClassifier
     _, _, hidden, batch, lr, mu = spec
     clf = HogwildMLPClassifier(hidden, batch_size=batch, learning_rate_init=lr, momentum=mu,
                                max_iter=it, n_iter_no_change=it + 1, n_workers=workers,
@@ -150,7 +150,7 @@ def _scaling_fit(X, y, spec, it, workers, backend, seed):
 def _scaling_epochs(X, y, spec, workers, backend, seed, epochs=4):
     """The median seconds of ``epochs`` HogwildTrainer epochs after an untimed one (the
     session, and with it the processes, started before)."""
-    from sgd_shm.mlp import HogwildTrainer
+    from sgd_shm.hogwild.mlp import HogwildTrainer
     from sgd_shm.models import MLP
     _, _, hidden, batch, lr, mu = spec
     model = MLP(X.shape[1], hidden, int(y.max()) + 1, alpha=1e-4)

@@ -57,7 +57,7 @@ SAMPLE_EVERY = 0.01
 def _curve(r, per_epoch):
     """(epochs, loss) from the coordinator's samples: under RPS a sample's version
     counts rounds; under ASP applied pushes (per_epoch: updates per epoch)."""
-    return {"epochs": [h["version"] / per_epoch for h in r.history],
+    return {"epochs": [h["step"] / per_epoch for h in r.history],
             "loss": [h["loss"] for h in r.history]}
 
 

@@ -30,9 +30,10 @@ from relaxed import __version__
 #: the estimators, imported on first use (PEP 562): scikit-learn, which they build on,
 #: takes about as long to import as the rest of the kit, and a worker process (spawned,
 #: a Ray actor, an MPI rank) that imports only the engine never needs it
-_LAZY = {"HogwildClassifier": "sgd_shm.estimators", "HogwildRegressor": "sgd_shm.estimators",
-         "DivergenceError": "sgd_shm.hogwild", "MatrixFactorization": "sgd_shm.mf",
-         "HogwildMLPClassifier": "sgd_shm.mlp"}
+_LAZY = {"HogwildClassifier": "sgd_shm.hogwild.estimators",
+         "HogwildRegressor": "sgd_shm.hogwild.estimators",
+         "DivergenceError": "sgd_shm.core.errors", "MatrixFactorization": "sgd_shm.hogwild.mf",
+         "HogwildMLPClassifier": "sgd_shm.hogwild.mlp"}
 
 
 def __getattr__(name):

@@ -390,3 +390,47 @@ def mlp_sgd_naive(X, y, sizes, w, steps, lr, alpha, momentum=0.0, nesterov=True)
         v[lo:hi] = momentum * v[lo:hi] - eta * g
         w[lo:hi] += momentum * v[lo:hi] - eta * g if nesterov else v[lo:hi]
     return w, losses
+
+
+def fixed_gradient_model(g):
+    """A sgd_shm Model whose every minibatch gradient is the vector ``g``: the
+    closed-form tests of the parameter server (after k pushes the weights moved by
+    exactly -lr * k * g). A user-defined Model, written against the contract only."""
+    import scipy.sparse as sp
+
+    from sgd_shm.models import Model
+
+    g = np.ascontiguousarray(g, dtype=np.float64)
+
+    class FixedGradient(Model):
+        n_outputs = 2
+        has_proba = False
+
+        def __init__(self):
+            self.n_features = self.n_params = g.shape[0]
+
+        def init(self, rng):
+            return np.zeros(self.n_params)
+
+        def prepare(self, X, y=None):
+            X = sp.csr_matrix(X) if sp.issparse(X) else np.asarray(X)
+            n = X.shape[0]
+            return (X, np.zeros(n, np.int64) if y is None else np.asarray(y))
+
+        def n_rows(self, data):
+            return data[1].shape[0]
+
+        def loss_grad(self, w, data, rows, grad, block=None):
+            grad[:] = g
+            return 0.0
+
+        def loss(self, w, data):
+            return 0.0
+
+        def decision_function(self, w, X):
+            return np.asarray(X @ w).ravel()
+
+        def predict(self, w, X):
+            return (self.decision_function(w, X) > 0).astype(np.int64)
+
+    return FixedGradient()

@@ -265,7 +265,7 @@ def test_cxx_reference_equals_the_kit_on_one_worker(tmp_path):
         pytest.skip("no C++ compiler")
     from bench.hogwild import train_loss
     from naive import record_orders
-    from sgd_shm import _kernels as K
+    from sgd_shm.hogwild import _kernels as K
     from sgd_shm.data import make_rcv1_like
     from sgd_shm.hogwild import HogwildSGD, Problem
     X, y = make_rcv1_like(3000, 300, random_state=0)

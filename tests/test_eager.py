@@ -107,24 +107,25 @@ def test_delays_and_imbalance_slow_sync(problem):
     assert slow.rounds < fast.rounds
 
 
-def test_dead_rank_raises_and_leaves_nothing(problem, monkeypatch):
-    import sgd_shm.eager.trainer as T
+def test_dead_rank_raises_and_leaves_nothing(problem):
+    from sgd_shm.models import Linear
     X, y = problem
     before = shm_names()
-    real = T.batch_grad
-    calls = []
-
-    def dying(*args):                      # the forked rank 1 kills itself mid-run
-        rows = args[6]                     # rank 1 of 3 owns the rows 1, 4, 7, ...
-        if os.getpid() != parent and rows[0] % 3 == 1:
-            calls.append(1)
-            if len(calls) == 30:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return real(*args)
     parent = os.getpid()
-    monkeypatch.setattr(T, "batch_grad", dying)
+
+    class Dying(Linear):                   # the forked rank 1 kills itself mid-run
+        calls = 0
+
+        def grad(self, w, data, rows, g, block=None):
+            if os.getpid() != parent and rows[0] % 3 == 1:   # rank 1 of 3: rows 1, 4, ...
+                Dying.calls += 1
+                if Dying.calls == 30:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            super().grad(w, data, rows, g, block)
+
     with pytest.raises(RankFailure, match="rank 1"):
-        train(X, y, n_workers=3, collective="sync", max_seconds=30, progress=False)
+        train(X, y, n_workers=3, collective="sync", max_seconds=30, progress=False,
+              model=Dying(X.shape[1]))
     assert new_segments(before) == set()
 
 

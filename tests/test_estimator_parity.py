@@ -16,7 +16,7 @@ from sklearn.linear_model import SGDClassifier, SGDRegressor
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import check_estimator
 
-import sgd_shm.estimators as E
+import sgd_shm.hogwild.estimators as E
 from naive import serial_sgd_epoch
 from sgd_shm import HogwildClassifier, HogwildRegressor
 from sgd_shm.hogwild import HogwildSGD, Problem

@@ -16,7 +16,7 @@ from sklearn.utils.estimator_checks import check_estimator
 
 from naive import record_orders, schedule_segments, serial_sgd_epoch
 from sgd_shm import DivergenceError, HogwildClassifier, HogwildRegressor
-from sgd_shm import _kernels as K
+from sgd_shm.hogwild import _kernels as K
 from sgd_shm.hogwild import HogwildSGD, Problem
 
 
@@ -101,7 +101,7 @@ def test_a_kept_layout_is_reused_and_trains_as_a_fresh_one():
     """hot_rows keeps the last layout: a second call on the same, unchanged matrix
     returns it without a copy; it equals a fresh build array for array, and one-worker
     epochs on it follow the serial oracle exactly as on the fresh one."""
-    from sgd_shm import hogwild
+    from sgd_shm.hogwild import engine as hogwild
     rng = np.random.default_rng(5)
     n, d = 80, 9
     Xd = rng.normal(size=(n, d)) * (rng.random((n, d)) < 0.5)
@@ -142,7 +142,7 @@ def test_a_kept_layout_is_rebuilt_when_the_matrix_changes_in_place():
     row boundary) from the one the kept layout was built from: the next call builds
     the rows of the changed matrix (in canonical form: moving a row boundary may leave
     a row out of order, which is summed in a copy)."""
-    from sgd_shm import hogwild
+    from sgd_shm.hogwild import engine as hogwild
     X = sp.random(200, 30, density=0.2, random_state=8, format="csr")
     X.data[:] = np.arange(1, X.nnz + 1)
     hogwild.clear_layout_cache()
@@ -173,7 +173,7 @@ def test_a_kept_layout_goes_with_its_matrix_and_never_changes_it():
     summed in a copy (the caller's unchanged) and that copy's layout is not kept."""
     import gc
 
-    from sgd_shm import hogwild
+    from sgd_shm.hogwild import engine as hogwild
     X = sp.random(100, 20, density=0.3, random_state=2, format="csr")
     hogwild.hot_rows(X, 5)
     assert hogwild._layout_cache is not None
@@ -199,7 +199,8 @@ def test_a_cleared_layout_is_freed_at_once_and_no_fit_keeps_it():
     import gc
     import weakref
 
-    from sgd_shm import HogwildClassifier, hogwild
+    from sgd_shm import HogwildClassifier
+    from sgd_shm.hogwild import engine as hogwild
     X = sp.random(400, 60, density=0.2, random_state=4, format="csr")
     s = X @ np.arange(60.0)
     y = (s > np.median(s)).astype(int)
@@ -321,7 +322,7 @@ def test_hot_features_auto_buffers_every_feature_where_a_copy_of_the_weights_fit
     past that, the hot-first copy's rule (the next test), which needs 4 *
     AUTO_HOT_FEATURES features; nothing with one worker, on dense or small data, with
     L1 or momentum, or with hot_features=0."""
-    from sgd_shm import hogwild
+    from sgd_shm.hogwild import engine as hogwild
     from sgd_shm.data import make_rcv1_like
     from sgd_shm.hogwild import AUTO_HOT_MIN_NNZ
     X, y = make_rcv1_like(12_000, 8192, density=0.0125, random_state=0)
@@ -360,7 +361,7 @@ def test_hot_features_auto_copies_the_hottest_rows_of_wide_data_in_long_fits():
     features, in a hot-first copy of the rows, in fits of AUTO_HOT_MIN_EPOCHS epochs
     or more, or in shorter fits of the matrix whose layout is kept; not in other
     shorter fits or partial_fit."""
-    from sgd_shm import hogwild
+    from sgd_shm.hogwild import engine as hogwild
     from sgd_shm.data import make_rcv1_like
     from sgd_shm.hogwild import AUTO_HOT_FEATURES, AUTO_HOT_MIN_EPOCHS, clear_layout_cache
     X, y = make_rcv1_like(12_000, 64 * 1024, density=0.0015, random_state=0)
@@ -395,7 +396,7 @@ def test_a_worker_takes_over_an_open_part_exactly_once(backend, open_part, monke
     n = X.shape[0]
     prob = Problem.from_xy(X, y[:, None], hot_features=400)
     run, fresh = K.run_worker, K.fresh_progress
-    from sgd_shm._intrinsics import LINE_WORDS
+    from sgd_shm.core.atomics import LINE_WORDS
 
     def only_worker_0(data, model, sched, params, report, wid):
         if wid == 0:
@@ -670,7 +671,7 @@ def test_processes_backend_worker_error_is_reported_and_released(monkeypatch, no
     process) stops the fit with a WorkerError naming the worker; nothing is left."""
     import os
 
-    from sgd_shm import _procs
+    from sgd_shm.hogwild import _pool as _procs
     parent, real = os.getpid(), _procs.worker_epoch
 
     def boom(*args):
@@ -691,7 +692,7 @@ def test_processes_backend_worker_killed_is_reported_and_released(monkeypatch, n
     import os
     import signal
 
-    from sgd_shm import _procs
+    from sgd_shm.hogwild import _pool as _procs
     parent, real = os.getpid(), _procs.worker_epoch
 
     def die(*args):
@@ -712,8 +713,8 @@ def test_shared_workers_caller_is_worker_zero(no_shm_leak):
     background after close(), and before the next pool forks."""
     import os
 
-    from sgd_shm import _procs
-    from sgd_shm._procs import SharedWorkers
+    from sgd_shm.core import launcher as _procs
+    from sgd_shm.core.launcher import SharedWorkers
     earlier = []
     for driver_works, children in ((True, 2), (False, 3)):
         pool = SharedWorkers({"pid": ((3,), np.int64), "runs": ((3,), np.int64)},
@@ -742,7 +743,7 @@ def test_shared_workers_caller_is_worker_zero(no_shm_leak):
 def test_shared_workers_close_after_a_failed_run_waits_for_the_workers(no_shm_leak):
     """A run that failed may leave a worker inside its step: close() then waits for
     (or kills) every worker before it copies the arrays back and returns."""
-    from sgd_shm._procs import SharedWorkers, WorkerError
+    from sgd_shm.core.launcher import SharedWorkers, WorkerError
     pool = SharedWorkers({"pid": ((2,), np.int64), "runs": ((2,), np.int64)},
                          _record_pid, None, driver_works=True)
     try:
@@ -761,7 +762,7 @@ def test_shared_workers_adopt_copies_all_but_scratch(no_shm_leak):
     untouched, and their view starts as the fresh segment does (zeros)."""
     from types import SimpleNamespace
 
-    from sgd_shm._procs import SharedWorkers
+    from sgd_shm.core.launcher import SharedWorkers
     obj = SimpleNamespace(kept=np.arange(4.0), tmp=np.full(4, 7.0))
     kept, tmp = obj.kept, obj.tmp
     pool = SharedWorkers({"k": ((4,), np.float64), "t": ((4,), np.float64)}, _record_pid,
@@ -1043,7 +1044,7 @@ def test_schedule_tables_equal_the_log_oracle(lr, eta0, alpha, t_start, n):
     """The per-epoch step-size and L2-scale tables (a running product in Numba)
     against the first implementation by logs and exponentials (tests/naive.py):
     the same segments, the same zeroing steps, scales to 1e-12."""
-    from sgd_shm import _kernels as K
+    from sgd_shm.hogwild import _kernels as K
     sgd = HogwildSGD(10, 1, loss="hinge", alpha=alpha, learning_rate=lr, eta0=eta0)
     sgd.fp[K.F_T_START] = t_start
     eta = K.epoch_etas(sgd.fp, sgd.ip, np.empty(n))

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from naive import serial_mf_epoch
-from sgd_shm import MatrixFactorization, _mf
+from sgd_shm import MatrixFactorization
+from sgd_shm.hogwild import _mf
 from sgd_shm.data import make_ratings
 
 
@@ -118,7 +119,7 @@ def test_processes_worker_failure_releases_everything(monkeypatch, no_shm_leak):
     import os
     import signal
 
-    from sgd_shm import _procs
+    from sgd_shm.hogwild import _pool as _procs
     X, y = make_ratings(200, 100, 5000, random_state=4)
     parent, real = os.getpid(), _procs.mf_epoch     # the caller is worker 0
 

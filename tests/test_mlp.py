@@ -15,8 +15,9 @@ from sklearn.utils import check_random_state
 from sklearn.utils.estimator_checks import check_estimator
 
 from naive import mlp_flat_naive, mlp_loss_grad_naive, mlp_sgd_naive, mlp_unflat_naive
-from sgd_shm import DivergenceError, HogwildMLPClassifier, _mlp
-from sgd_shm.mlp import HogwildTrainer
+from sgd_shm import DivergenceError, HogwildMLPClassifier
+from sgd_shm.models import _mlp
+from sgd_shm.hogwild.mlp import HogwildTrainer
 from sgd_shm.models import MLP, SoftmaxRegression, scratch
 
 
@@ -344,7 +345,7 @@ def test_processes_backend_under_spawn_trains_and_leaves_nothing(no_shm_leak):
 
 
 def test_a_failing_worker_process_is_reported_and_released(monkeypatch, no_shm_leak):
-    from sgd_shm._procs import WorkerError
+    from sgd_shm.core.launcher import WorkerError
 
     def boom(*args):
         raise RuntimeError("injected failure in an MLP worker")

@@ -317,7 +317,6 @@ def test_eager_mlp_under_mpi_equals_averaged_gradient_sgd(small, tmp_path):
     (dict(model=MLP(64, (4,), 4), loss="hinge"), ValueError, "loss"),
     (dict(model=MLP(64, (4,), 4), alpha=0.1), ValueError, "alpha"),
     (dict(model="mlp"), TypeError, "sgd_shm.models.Model"),
-    (dict(partition="blocks"), ValueError, "pass model="),
     (dict(partition="rows", model=MLP(64, (4,), 4)), ValueError, "partition"),
     (dict(partition="blocks", model=MLP(64, (4,), 4), compress="topk:0.1"), ValueError,
      "compress"),
@@ -347,9 +346,17 @@ def test_eager_bad_model_input(small, kw, exc, words):
         eager.train(X, y, **{"n_workers": 1, "max_seconds": 5, "progress": False, **kw})
 
 
-def test_linear_results_have_no_probabilities(small):
+def test_linear_results_have_probabilities_only_for_log_and_huber(small):
+    """predict_proba exists where the model gives probabilities: log loss's logistic
+    function; a hinge run has none (hasattr is False, the error names the way out)."""
+    from sgd_shm.models import Linear
     X, y = small
     r = ps.train(X, y == 3, n_workers=1, policy="bsp", epochs=1, progress=False)
+    assert isinstance(r.model, Linear) and r.decision_function(X).shape == (200,)
+    p = r.predict_proba(X)
+    np.testing.assert_allclose(p[:, 1], 1 / (1 + np.exp(-r.decision_function(X))))
+    np.testing.assert_allclose(p.sum(axis=1), 1.0)
+    h = ps.train(X, y == 3, n_workers=1, policy="bsp", epochs=1, loss="hinge", progress=False)
+    assert not hasattr(h, "predict_proba")
     with pytest.raises(AttributeError, match="decision_function"):
-        r.predict_proba(X)
-    assert r.model is None and r.decision_function(X).shape == (200,)
+        h.predict_proba(X)

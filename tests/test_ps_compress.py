@@ -9,6 +9,7 @@ import pytest
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import ParameterStore, WaitPolicy, load_checkpoint, train
 from sgd_shm.ps.store import LINE, store_release_py
+from tests.naive import fixed_gradient_model
 
 LR = 2.0 ** -10                          # powers of two: the updates are exact
 
@@ -110,7 +111,7 @@ def test_train_closed_form_with_sparse_messages(data, tmp_path, no_shm_leak):
     g = np.zeros(d)
     g[[3, 4, 200, 201, 202]] = [1.0, -0.5, 2.0, 0.25, -1.0]  # shards 0 and 3 of 8 (d=500)
     r = train(X, y, n_workers=2, policy="asp", max_seconds=0.5, seed=1, lr=LR,
-              _fixed_gradient=g, compress="topk:0.01", checkpoint=tmp_path / "end",
+              model=fixed_gradient_model(g), compress="topk:0.01", checkpoint=tmp_path / "end",
               checkpoint_every=100.0, progress=False)
     k = r.updates
     assert k == sum(w["pushes"] for w in r.workers) > 10

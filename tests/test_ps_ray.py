@@ -9,6 +9,7 @@ ray = pytest.importorskip("ray")
 
 from sgd_shm.data import make_rcv1_like  # noqa: E402
 from sgd_shm.ps import SSP, load_checkpoint, train  # noqa: E402
+from tests.naive import fixed_gradient_model
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def test_closed_form_on_ray(local_ray, data, n_workers, tmp_path):
     g = np.where(np.arange(d) % 3 == 0, 1.0, 0.5)
     lr = 2.0 ** -16
     r = train(X, y, n_workers=n_workers, policy="asp", backend="ray", max_seconds=1.0,
-              seed=1, lr=lr, _fixed_gradient=g, n_shards=4, checkpoint=tmp_path / "end",
+              seed=1, lr=lr, model=fixed_gradient_model(g), n_shards=4, checkpoint=tmp_path / "end",
               checkpoint_every=100.0, progress=False)
     k = r.updates
     assert r.backend == "ray"

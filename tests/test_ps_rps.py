@@ -14,7 +14,7 @@ import pytest
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import ParameterStore, load_checkpoint, train
 from sgd_shm.ps.worker import LOSS_STREAM
-from tests.naive import model_averaging_naive
+from tests.naive import fixed_gradient_model, model_averaging_naive
 
 P, S, ROUNDS, SEED, LR, ALPHA = 3, 4, 12, 5, 0.5, 1e-4
 SIGMAS = 6                                  # the binomial bound, in standard deviations
@@ -147,7 +147,7 @@ def test_lost_asp_push_is_missing_from_exactly_its_shards(data, tmp_path, no_shm
     g = np.where(np.arange(d) % 3 == 0, 1.0, 0.5)
     lr = 2.0 ** -16
     r = train(X, y, n_workers=2, policy="asp", drop=0.3, n_shards=4, max_seconds=0.5,
-              seed=2, lr=lr, _fixed_gradient=g, checkpoint=tmp_path / "end",
+              seed=2, lr=lr, model=fixed_gradient_model(g), checkpoint=tmp_path / "end",
               checkpoint_every=100.0, progress=False)
     ck = load_checkpoint(tmp_path / "end")
     b = np.linspace(0, d, 5).astype(np.int64)

@@ -4,7 +4,7 @@ coordinates exact; matrix factorization with one worker process equals the seria
 oracle and two workers train; the parameter server applies exactly epochs x batches
 minibatches and loses none; a worker SIGKILLed under spawn is reported and nothing
 is left in /dev/shm; forkserver workers exit when their coordinator is killed. Plus
-the unit under it all, :class:`sgd_shm._procs.Shipment`, and bad values.
+the unit under it all, :class:`sgd_shm.core.launcher.Shipment`, and bad values.
 (Spawned workers take a second or two to start: each test starts few pools.)"""
 import os
 import signal
@@ -23,8 +23,8 @@ from sklearn.preprocessing import StandardScaler
 from test_mf import replay_second_epoch_against_serial_oracle
 from test_ps_train import _running
 from sgd_shm import HogwildClassifier, MatrixFactorization
-from sgd_shm._procs import INLINE_BYTES, START_METHODS, Shipment, WorkerError, _land
-from sgd_shm._procs import shared_arrays
+from sgd_shm.core.launcher import INLINE_BYTES, START_METHODS, Shipment, WorkerError, _land
+from sgd_shm.core.launcher import shared_arrays
 from sgd_shm.data import make_ratings, make_rcv1_like
 from sgd_shm.hogwild import HogwildSGD, Problem
 from sgd_shm.ps import train
@@ -270,7 +270,7 @@ def test_worker_modules_leave_out_scikit_learn():
     use; the package's estimators still resolve, listed by dir()."""
     code = ("import sys\n"
             "import sgd_shm.ps, sgd_shm.ps.worker, sgd_shm.ps.ray_backend, sgd_shm.hogwild\n"
-            "import sgd_shm._procs, sgd_shm.eager, sgd_shm.collectives, sgd_shm.models\n"
+            "import sgd_shm.core.launcher, sgd_shm.eager, sgd_shm.collectives, sgd_shm.models\n"
             "print(sorted(m for m in ('sklearn', 'matplotlib') if m in sys.modules))\n"
             "import sgd_shm\n"
             "assert {'HogwildClassifier', 'MatrixFactorization'} <= set(dir(sgd_shm))\n"
@@ -279,7 +279,7 @@ def test_worker_modules_leave_out_scikit_learn():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[:2] == ["[]", "sgd_shm.estimators sgd_shm.ps.estimator"]
+    assert r.stdout.split("\n")[:2] == ["[]", "sgd_shm.hogwild.estimators sgd_shm.ps.estimator"]
     import sgd_shm
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         sgd_shm.Nope

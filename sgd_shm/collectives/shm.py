@@ -89,7 +89,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from relaxed import shm as _shm
-from sgd_shm._intrinsics import LINE_WORDS
+from sgd_shm.core.atomics import LINE_WORDS
 from sgd_shm.collectives.base import (AVERAGE, LATE, MAX_RANKS, CollectiveError,
                                       CollectiveTimeout, Communicator, RankFailure, _choice,
                                       _int_in, check_dtype, check_timeout, initiator)

@@ -118,8 +118,8 @@ def plot(runs, target, path=None, title="", *, fig=None):
     """Loss against seconds and against rounds, every run of every collective, drawn
     on ``fig`` (default: a new Figure outside pyplot; the backend is never touched);
     returns the Figure, after writing it to ``path`` when given."""
-    from sgd_shm.ps.plots import _figure
-    fig = _figure(fig, (11, 4.2))
+    from sgd_shm.core.results import figure
+    fig = figure(fig, (11, 4.2))
     a_t, a_r = fig.subplots(1, 2)
     for i, (c, rs) in enumerate(runs.items()):
         for j, r in enumerate(rs):

@@ -1,8 +1,9 @@
-"""``train``: data-parallel SGD of a linear model over an allreduce, a solo allreduce or a
+"""``train``: data-parallel SGD of a model (by default the linear
+:class:`sgd_shm.models.Linear`) over an allreduce, a solo allreduce or a
 majority allreduce (eager-SGD), on shared memory or MPI.
 
 Every rank holds a replica of the weights and its own share of the rows. A step of
-rank k is: take a minibatch of its rows, compute the gradient with the kit's kernel,
+rank k is: take a minibatch of its rows, compute the model's gradient (``model.grad``),
 combine it with the other ranks' through the round's collective (``op="mean"``),
 and apply ``w -= lr * mean``. Every rank applies every round's result in the same
 order, so the replicas stay identical (checked at the end). A rank that is behind
@@ -28,10 +29,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from sgd_shm._linear import binary_data
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE, check_timeout
-from sgd_shm.ps._grad import ModelResult, batch_grad, matrix_parts, mean_loss, model_data
-from sgd_shm.ps.config import LOSSES, _int_at_least, _positive
+from sgd_shm.core.errors import DivergenceError
+from sgd_shm.core.model import Model, blas_limited
+from sgd_shm.core.results import Result, held_out
+from sgd_shm.models.linear import model_or_linear
+from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, check_int,
+                                     check_number, check_eval_set, model_data, n_columns,
+                                     resolve_workers)
 
 __all__ = ["train", "EagerResult", "sleepers", "BACKENDS"]
 
@@ -41,13 +46,16 @@ DELAYS = ("exponential", "pareto")
 EVAL_ROWS = 4096
 
 
-@dataclass
-class EagerResult(ModelResult):
-    """What :func:`train` returns: the trained linear model and the run's record.
+@dataclass(repr=False)
+class EagerResult(Result):
+    """What :func:`train` returns: the trained model and the run's record (the fields
+    every trainer's result has are described in :mod:`sgd_shm.core.results`).
 
-    Model: ``coef_``, ``classes_``, ``decision_function``, ``predict``, ``score``.
-    Record: ``history`` (dicts with seconds, step, loss; rank 0's samples, a step is
-    a round), ``final_loss``, ``time_to_target`` (seconds, None if not reached),
+    Model: ``model``, ``coef_`` (its flat weights), ``classes_``,
+    ``decision_function``, ``predict``, ``score``, ``predict_proba`` where the model
+    has probabilities. Record: ``history`` (dicts with seconds, step, loss; rank 0's
+    samples, a step is a round), ``final_loss``, ``val_loss`` / ``val_score`` (on
+    ``eval_set``), ``time_to_target`` (seconds, None if not reached),
     ``rounds``, ``seconds`` (the longest rank's: a rank that stops on its own clock
     ends the run for all), ``participation`` (per rank, the fraction of rounds its
     gradient was in), ``late`` (per rank, rounds it arrived late for), ``skipped``
@@ -56,9 +64,7 @@ class EagerResult(ModelResult):
     over the ranks: ``bytes_sent`` (the gradients, or compressed messages, that made
     their round), ``bytes_dense`` (8 bytes per weight per gradient computed: what
     dense gradients would be), ``bytes_moved`` (the buffers the collectives combined,
-    per rank and round). With ``model=``: ``model``, ``coef_`` its flat weights,
-    ``classes_`` every class, and the predictions (``predict_proba`` too) go through
-    the model.
+    per rank and round).
     """
     collective: str
     history: list
@@ -81,8 +87,12 @@ class EagerResult(ModelResult):
     bytes_sent: int = 0
     bytes_dense: int = 0
     bytes_moved: int = 0
-    model: object = field(default=None, repr=False)
+    model: object = None
     momentum: float = 0.0
+    val_loss: float | None = None
+    val_score: float | None = None
+
+    _repr_fields = ("collective", "final_loss", "val_score", "rounds", "seconds")
 
 
 @dataclass(frozen=True)
@@ -96,9 +106,7 @@ class _Config:
     max_seconds: float
     target_loss: float | None
     max_rounds: int | None
-    loss: str
     lr: float
-    alpha: float
     batch_size: int
     sample_every: float
     depth: int
@@ -108,7 +116,8 @@ class _Config:
     progress: bool
     compress: object = None
     momentum: float = 0.0
-    model: object = None        # a sgd_shm.models.Model; None: the linear model
+    model: Model = None         # the model trained (sgd_shm.models.Linear by default)
+    callbacks: tuple = ()       # called with each of rank 0's history records; True stops
 
 
 def sleepers(seed, round_id, size, k):
@@ -124,16 +133,17 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
           imbalance=None, delay=None, max_seconds=5.0, target_loss=None, epochs=None,
           loss=None, lr=2.0, alpha=None, batch_size=64, sample_every=0.05,
           depth=8, timeout=None, seed=0, backend="shm", comm=None,
-          compress=None, progress=None, model=None, momentum=0.0) -> EagerResult:
-    """Train a linear model (L2-regularised ``loss``), or a ``model``, by
+          compress=None, progress=None, model=None, momentum=0.0, eval_set=None,
+          callbacks=None) -> EagerResult:
+    """Train a model (by default the linear model of ``loss`` and ``alpha``) by
     data-parallel SGD whose gradients are combined by ``collective``.
 
     Parameters (all keyword; defaults in brackets)
     ----------------------------------------------
-    X, y : CSR/dense matrix and binary labels (every rank passes the same data;
-        rank k trains on rows k, k + P, k + 2P, ...).
-    n_workers [4] : ranks: forked processes (``backend="shm"``); under MPI, the
-        size of ``comm`` (n_workers must match it, or be None).
+    X, y : CSR/dense matrix and labels (two classes for the linear model; every rank
+        passes the same data; rank k trains on rows k, k + P, k + 2P, ...).
+    n_workers [4] : ranks: forked processes (``backend="shm"``), -1: one per CPU;
+        under MPI, the size of ``comm`` (n_workers must match it, or be None).
     collective ["sync"] : "sync" (allreduce), "solo" or "majority".
     late ["carry"], average ["size"] : what a late gradient does ("drop" as fflib2,
         or "carry" into the rank's next contribution) and the divisor of the mean
@@ -145,103 +155,95 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
     max_seconds [5.0], target_loss [None], epochs [None] : stop after this long,
         once rank 0 sees the training loss (on up to 4096 rows) <= target_loss, or
         after this many passes over the data (rounds = epochs * rows / (P * batch)).
-    loss ["log_loss"], lr [2.0], alpha [1e-4], batch_size [64] : the model, a
-        constant step (applied to the mean of the round's gradients, so it can be
-        larger than a single worker's), L2, rows per rank per step. ``loss`` and
-        ``alpha`` default (None) to "log_loss" and 1e-4; a ``model`` brings its own.
+    loss [None: "log_loss"], lr [2.0], alpha [None: 1e-4], batch_size [64] : the
+        default linear model's loss and L2 (a ``model`` brings its own: leave them
+        out), a constant step (applied to the mean of the round's gradients, so it
+        can be larger than the parameter server's 0.5, which applies to each
+        worker's push), rows per rank per step.
     sample_every [0.05] : seconds between rank 0's loss samples.
     depth [8] : rounds a rank may fall behind before the others wait for it.
     timeout [None] : seconds a collective may wait (None: no limit; a dead rank is
         still reported).
-    seed [0], backend ["shm"] : "shm" or "mpi" (run under mpiexec; optional extra);
-        comm [None] : the MPI communicator (default COMM_WORLD).
+    seed [0] : an int >= 0 (every rank derives the same draws from it, so no fresh
+        entropy); backend ["shm"] : "shm" or "mpi" (run under mpiexec; optional
+        extra); comm [None] : the MPI communicator (default COMM_WORLD).
     compress [None] : a compressor (``sgd_shm.compress.TopK(ratio=0.001)``, RandomK,
         or a spec such as "topk:0.001") applied to each rank's gradient, with its
         error feedback; the messages travel as a sparse allgather. ``late="carry"``
         puts a message that missed its round back into the rank's memory.
-    progress [stderr is a terminal] : a progress bar (rank 0).
+    progress [stderr is a terminal] : a progress bar (rank 0), True or False.
     model [None] : a :class:`sgd_shm.models.Model` (e.g. ``MLP(n_features, (64,),
         n_classes)``) instead of the linear model: every replica starts at
         ``model.init(np.random.default_rng(seed))``, a rank's gradient is
-        ``model.loss_grad`` of its minibatch, the loss and L2 are the model's (leave
-        ``loss`` and ``alpha`` out), y may hold any ``model.n_outputs`` classes and
-        the result predicts through the model (multiclass).
+        ``model.grad`` of its minibatch, y may hold any ``model.n_outputs`` classes.
     momentum [0.0] : heavy-ball momentum in [0, 1) on the combined gradient: every
         replica keeps v = momentum * v - lr * mean and moves by v (0: w -= lr * mean).
+    eval_set [None] : (X_val, y_val): held-out data; ``val_loss`` and ``val_score``
+        (accuracy) of the result are the final model's on it.
+    callbacks [None] : a callable, or a sequence of them, called on rank 0 with each
+        history record (seconds, step, loss); one that returns True stops the run
+        (every rank stops after the round that carries rank 0's vote).
     """
-    if model is not None and (loss is not None or alpha is not None):
-        name = "loss" if loss is not None else "alpha"
-        raise ValueError(f"{name}: a model= run takes its loss and L2 from the model "
-                         "(e.g. MLP(..., alpha=...)); leave loss and alpha out")
+    model = model_or_linear(model, loss, alpha, n_columns(X))
     cfg, max_epochs = _config(n_workers, collective, late, average, imbalance, delay,
-                              max_seconds, target_loss, epochs,
-                              "log_loss" if loss is None else loss, lr,
-                              1e-4 if alpha is None else alpha, batch_size,
+                              max_seconds, target_loss, epochs, lr, batch_size,
                               sample_every, depth, timeout, seed, backend, comm, progress,
                               compress)
-    cfg = replace(cfg, momentum=_momentum(momentum), model=_model(model))
-    if cfg.model is None:
-        X, ys, classes = binary_data(X, y, cfg.n_workers)
-    else:
-        X, ys, classes = model_data(X, y, cfg.model, cfg.n_workers)
+    cfg = replace(cfg, momentum=_momentum(momentum), model=_model(model),
+                  callbacks=check_callbacks(callbacks))
+    X, ys, classes = model_data(X, y, cfg.model, cfg.n_workers)
+    evals = check_eval_set(eval_set, cfg.model, classes)
     if max_epochs is not None:
         per_round = cfg.n_workers * cfg.batch_size
         cfg = replace(cfg, max_rounds=max(1, math.ceil(max_epochs * X.shape[0] / per_round)))
     rng = np.random.default_rng(cfg.seed)
     eval_rows = np.sort(rng.choice(X.shape[0], min(EVAL_ROWS, X.shape[0]), replace=False))
-    d = X.shape[1] if cfg.model is None else cfg.model.n_params
+    d = cfg.model.n_params
     k = 0 if cfg.compress is None else message_capacity(cfg.compress, d)
-    if cfg.model is None:
-        job = _Job(cfg, matrix_parts(X), ys, d, (matrix_parts(X[eval_rows]), ys[eval_rows]), k)
-    else:
-        job = _Job(cfg, (), ys, d, (cfg.model.prepare(X[eval_rows], ys[eval_rows]),
-                                    np.arange(eval_rows.shape[0], dtype=np.int64)), k,
-                   cfg.model.prepare(X, ys))
+    job = _Job(cfg, d, cfg.model.prepare(X[eval_rows], ys[eval_rows]), k,
+               cfg.model.prepare(X, ys))
     _warm_up(job)
     if cfg.backend == "mpi":
         outs = _run_mpi(job, comm)
     else:
         outs = _run_shm(job)
-    return _result(cfg, outs, job, classes)
+    res = _result(cfg, outs, job, classes)
+    res.val_loss, res.val_score = held_out(cfg.model, res.coef_, evals)
+    return res
 
 
 # ---- argument checks -----------------------------------------------------------------
+def _positive(name, v):
+    return check_number(name, v, lo=0, lo_open=True)
+
+
 def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
-            target_loss, epochs, loss, lr, alpha, batch_size, sample_every, depth, timeout,
+            target_loss, epochs, lr, batch_size, sample_every, depth, timeout,
             seed, backend, comm, progress, compress):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
+    check_choice("backend", backend, BACKENDS)
     if comm is not None and backend != "mpi":
         raise ValueError("comm: an MPI communicator needs backend='mpi'")
     if backend == "mpi":
         n_workers = _mpi_size(n_workers, comm)
     else:
-        n_workers = _int_at_least("n_workers", n_workers)
+        n_workers = resolve_workers(n_workers)
     for name, v, opts in (("collective", collective, KINDS), ("late", late, LATE),
-                          ("average", average, AVERAGE), ("loss", loss, tuple(LOSSES))):
-        if v not in opts:
-            raise ValueError(f"{name}: must be one of {opts}, got {v!r}")
-    if alpha is None or isinstance(alpha, bool) or not (
-            isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha: must be a finite number >= 0, got {alpha!r}")
-    if target_loss is not None and not (isinstance(target_loss, (int, float))
-                                        and not isinstance(target_loss, bool)
-                                        and np.isfinite(target_loss)):
-        raise ValueError(f"target_loss: must be a finite number or None, got {target_loss!r}")
+                          ("average", average, AVERAGE)):
+        check_choice(name, v, opts)
     if epochs is not None:
         epochs = _positive("epochs", epochs)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: must be an int >= 0, got {seed!r}")
     cfg = _Config(n_workers=n_workers, collective=collective, late=late, average=average,
                   imbalance=_imbalance(imbalance, n_workers), delay=_delay(delay),
                   max_seconds=_positive("max_seconds", max_seconds),
-                  target_loss=None if target_loss is None else float(target_loss),
-                  max_rounds=None, loss=loss, lr=_positive("lr", lr), alpha=float(alpha),
-                  batch_size=_int_at_least("batch_size", batch_size),
+                  target_loss=None if target_loss is None else check_number("target_loss",
+                                                                             target_loss),
+                  max_rounds=None, lr=_positive("lr", lr),
+                  batch_size=check_int("batch_size", batch_size),
                   sample_every=_positive("sample_every", sample_every),
-                  depth=_int_at_least("depth", depth), timeout=check_timeout("timeout", timeout),
-                  seed=int(seed), backend=backend,
-                  progress=sys.stderr.isatty() if progress is None else bool(progress),
+                  depth=check_int("depth", depth), timeout=check_timeout("timeout", timeout),
+                  seed=check_int("seed", seed, lo=0), backend=backend,
+                  progress=sys.stderr.isatty() if progress is None else check_bool(
+                      "progress", progress),
                   compress=_compressor(compress))
     return cfg, epochs
 
@@ -255,8 +257,7 @@ def _momentum(momentum):
 
 
 def _model(model):
-    from sgd_shm.models import Model
-    if model is not None and not isinstance(model, Model):
+    if not isinstance(model, Model):
         raise TypeError(f"model: expected a sgd_shm.models.Model (e.g. MLP(n_features, "
                         f"(64,), n_outputs)), got {type(model).__name__}; leave model=None "
                         "for the linear model")
@@ -322,35 +323,23 @@ def _delay(delay):
 @dataclass
 class _Job:
     cfg: _Config
-    X: tuple                   # matrix_parts of the training rows
-    ys: np.ndarray
-    d: int
-    evaluation: tuple          # (matrix_parts, labels) of the loss sample; a model's:
-                               # (its prepared sample, the sample's rows)
+    d: int                     # the length of the weight vector
+    evaluation: object         # the model's prepared loss sample
     k: int = 0                 # entries of a compressed message (0: dense)
-    data: object = None        # a model's prepared training data
+    data: object = None        # the model's prepared training data
 
     def init(self):
-        """The replicas' first weights: zeros, or ``model.init`` from the seed."""
-        model = self.cfg.model
-        if model is None:
-            return np.zeros(self.d)
-        return model.init(np.random.default_rng(self.cfg.seed))
+        """The replicas' first weights: ``model.init`` from the seed (the linear
+        model's are zeros)."""
+        return self.cfg.model.init(np.random.default_rng(self.cfg.seed))
 
     def gradient(self, rows, w, g):
-        """The minibatch gradient at ``w`` into ``g`` (the linear loss's or the model's)."""
-        cfg = self.cfg
-        if cfg.model is None:
-            batch_grad(LOSSES[cfg.loss], *self.X, self.ys, rows, w, cfg.alpha, g)
-        else:
-            cfg.model.loss_grad(w, self.data, rows, g)
+        """The model's minibatch gradient at ``w`` into ``g``."""
+        self.cfg.model.grad(w, self.data, rows, g)
 
     def loss(self, w):
         """The training loss on the fixed sample."""
-        cfg, (parts, ys) = self.cfg, self.evaluation
-        if cfg.model is None:
-            return float(mean_loss(LOSSES[cfg.loss], *parts, ys, w, cfg.alpha))
-        return cfg.model.loss_grad(w, parts, ys, np.empty(self.d))
+        return self.cfg.model.loss(w, self.evaluation)
 
     @property
     def comm_args(self):
@@ -367,7 +356,8 @@ def _warm_up(job):
     """Compile (or load from Numba's cache) the kernels before the ranks start, so
     that no rank compiles on its first step."""
     w = np.zeros(job.d)
-    job.gradient(np.arange(min(2, job.ys.size), dtype=np.int64), w, np.empty(job.d))
+    n = job.cfg.model.n_rows(job.data)
+    job.gradient(np.arange(min(2, n), dtype=np.int64), w, np.empty(job.d))
     job.loss(w)
 
 
@@ -381,7 +371,7 @@ class _Rank:
         self.w = job.init()
         self.v = np.zeros(job.d) if cfg.momentum > 0 else None
         self.exchange = make_exchange(comm, job)
-        self.rows = np.arange(self.k, job.ys.size, self.P, dtype=np.int64)
+        self.rows = np.arange(self.k, cfg.model.n_rows(job.data), self.P, dtype=np.int64)
         self.rng = np.random.default_rng([cfg.seed, self.k, 0x5EED])
         self.order, self.pos = self.rng.permutation(self.rows), 0
         self.history, self.skipped = [], 0
@@ -431,7 +421,7 @@ class _Rank:
             self.v -= cfg.lr * ex.unpack(res)
             self.w += self.v
         if not math.isfinite(self.w[0]):
-            raise FloatingPointError(f"training diverged at round {r}; lower lr (got {cfg.lr})")
+            raise DivergenceError(f"training diverged at round {r}; lower lr (got {cfg.lr})")
         return buf[-1] > 0
 
 
@@ -550,10 +540,7 @@ class _SparseExchange:
 def rank_main(comm, job):
     """One rank's whole run; returns its record (rank 0: with the history). A model's
     matrix products run on one BLAS thread per rank (the ranks share the cores)."""
-    if job.cfg.model is None:
-        return _rank_run(comm, job)
-    from sgd_shm.models import one_blas_thread
-    with one_blas_thread():
+    with blas_limited(job.cfg.model):
         return _rank_run(comm, job)
 
 
@@ -575,8 +562,10 @@ def _rank_run(comm, job):
         if me.k == 0 and (time.perf_counter() - t0 >= next_sample or stop):
             now = time.perf_counter() - t0
             cur = me.loss()
-            me.history.append({"seconds": now, "step": r, "loss": cur})
+            record = {"seconds": now, "step": r, "loss": cur}
+            me.history.append(record)
             target_hit = target_hit or (cfg.target_loss is not None and cur <= cfg.target_loss)
+            target_hit = any([bool(cb(dict(record))) for cb in cfg.callbacks]) or target_hit
             next_sample = now + cfg.sample_every
             if bar is not None:
                 bar.n = round(min(now, cfg.max_seconds), 1)

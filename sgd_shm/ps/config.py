@@ -6,25 +6,22 @@ the server trusts the :class:`TrainConfig` it returns.
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sgd_shm import _kernels as K
-from sgd_shm._procs import check_start_method
+from sgd_shm.core.launcher import check_start_method
+from sgd_shm.core.model import Model
+from sgd_shm.core.validation import (check_bool, check_callbacks, check_int, check_number,
+                                     check_seed, resolve_workers)
 from sgd_shm.ps.policies import Policy, make_policy
 from sgd_shm.ps.store import WaitPolicy
 
-LOSSES = {"log_loss": K.LOG, "hinge": K.HINGE, "modified_huber": K.MODIFIED_HUBER,
-          "squared_error": K.SQUARED}
 PROFILES = ("none", "straggler", "hetero")
 BACKENDS = ("shm", "ray")
 PARTITIONS = (None, "blocks")
-#: arguments of the linear model that a ``model=`` run takes from the model instead
-LINEAR_ONLY = ("loss", "alpha")
 
 
 @dataclass(frozen=True)
@@ -34,9 +31,7 @@ class TrainConfig:
     factors: np.ndarray                 # compute-time stretch per worker
     max_seconds: float
     target_loss: float | None
-    loss: str
     lr: float
-    alpha: float
     batch_size: int
     n_shards: int
     sample_every: float
@@ -54,29 +49,18 @@ class TrainConfig:
     epochs: int | None = None           # work budget: epochs * (total minibatches)
     drop: float | None = None           # message loss probability; None: reliable links
     start_method: str = "fork"          # how the shm backend starts its worker processes
-    model: object = None                # a sgd_shm.models.Model; None: the linear model
+    model: Model = None                 # the model trained (sgd_shm.models.Linear by default)
     partition: str | None = None        # "blocks": each worker pushes only its own blocks
+    callbacks: tuple = ()               # called with each history record; True stops
 
     @property
     def lossy(self) -> bool:
         """True when messages are emulated as lossy (``drop`` given, or RPS)."""
         return self.drop is not None
 
-    @property
-    def loss_code(self) -> int:
-        return LOSSES[self.loss]
-
-
-def _int_at_least(name, v, lo=1):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise ValueError(f"{name}: must be an int >= {lo}, got {v!r}")
-    return int(v)
-
 
 def _positive(name, v):
-    if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-        raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
-    return float(v)
+    return check_number(name, v, lo=0, lo_open=True)
 
 
 def factors_of(slowdown, n_workers):
@@ -182,20 +166,17 @@ def _wait(wait):
     return wait
 
 
-def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
-                target_loss=None, loss="log_loss", lr=0.5, alpha=1e-4, batch_size=64,
-                staleness=None, n_shards=8, sample_every=0.02, window=0.5,
-                detect_factor=2.0, transient=None, faults=None, checkpoint=None,
-                checkpoint_every=5.0, resume=None, wait=None, seed=None, progress=None,
-                backend="shm", address=None, compress=None, epochs=None,
-                drop=None, start_method="fork", model=None, partition=None) -> TrainConfig:
-    """A :class:`TrainConfig` from :func:`sgd_shm.ps.train`'s keyword arguments."""
+def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, batch_size,
+                staleness, n_shards, sample_every, window, detect_factor, transient, faults,
+                checkpoint, checkpoint_every, resume, wait, seed, progress, backend, address,
+                compress, epochs, drop, start_method, model, partition,
+                callbacks) -> TrainConfig:
+    """A :class:`TrainConfig` from :func:`sgd_shm.ps.train`'s arguments (``model``
+    already made: the trainer builds the default linear model from ``loss`` and
+    ``alpha``)."""
+    n_workers = resolve_workers(n_workers)
     pol = make_policy(policy, staleness=staleness, window=window, detect_factor=detect_factor)
     _model(model, partition, pol, compress, drop)
-    if loss not in LOSSES:
-        raise ValueError(f"loss: must be one of {tuple(LOSSES)}, got {loss!r}")
-    if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
-        raise ValueError(f"n_workers: must be an int >= 1, got {n_workers!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
     if address is not None and backend != "ray":
@@ -204,32 +185,28 @@ def make_config(*, n_workers=4, policy="saps", slowdown=None, max_seconds=5.0,
     _start_method(start_method, backend)
     _positive("window", window)                   # checked for every policy, used by SaPS
     _positive("detect_factor", detect_factor)
-    if alpha is None or isinstance(alpha, bool) or not (
-            isinstance(alpha, (int, float)) and np.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha: must be a finite number >= 0, got {alpha!r}")
     return TrainConfig(
         n_workers=n_workers, policy=pol.bind(n_workers),
         factors=factors_of(slowdown, n_workers), max_seconds=_positive("max_seconds", max_seconds),
-        target_loss=target_loss, loss=loss, lr=_positive("lr", lr), alpha=float(alpha),
-        batch_size=_int_at_least("batch_size", batch_size),
-        n_shards=_int_at_least("n_shards", n_shards),
+        target_loss=None if target_loss is None else check_number("target_loss", target_loss),
+        lr=_positive("lr", lr), batch_size=check_int("batch_size", batch_size),
+        n_shards=check_int("n_shards", n_shards),
         sample_every=_positive("sample_every", sample_every),
         transient=transient_of(transient), faults=_faults(faults, n_workers),
         checkpoint=_checkpoint_path(checkpoint),
         checkpoint_every=_positive("checkpoint_every", checkpoint_every),
-        resume=None if resume is None else os.fspath(resume), wait=_wait(wait), seed=seed,
-        progress=_progress(progress), backend=backend, address=address,
-        compress=_compress(compress),
-        epochs=None if epochs is None else _int_at_least("epochs", epochs),
+        resume=None if resume is None else os.fspath(resume), wait=_wait(wait),
+        seed=check_seed("seed", seed), progress=_progress(progress), backend=backend,
+        address=address, compress=_compress(compress),
+        epochs=None if epochs is None else check_int("epochs", epochs),
         drop=_drop(drop, pol, compress), start_method=start_method, model=model,
-        partition=partition)
+        partition=partition, callbacks=check_callbacks(callbacks))
 
 
 def _model(model, partition, pol, compress, drop):
-    """Check ``model`` (None or a :class:`sgd_shm.models.Model`) and ``partition``
-    (None or "blocks": a model's blocks, one set per worker, pushed alone)."""
-    from sgd_shm.models import Model
-    if model is not None and not isinstance(model, Model):
+    """Check ``model`` (a :class:`sgd_shm.models.Model`) and ``partition`` (None or
+    "blocks": a model's blocks, one set per worker, pushed alone)."""
+    if not isinstance(model, Model):
         raise TypeError(f"model: expected a sgd_shm.models.Model (e.g. MLP(n_features, "
                         f"(64,), n_outputs)), got {type(model).__name__}; leave model=None "
                         "for the linear model")
@@ -238,10 +215,6 @@ def _model(model, partition, pol, compress, drop):
         raise ValueError(f"partition: must be one of {PARTITIONS}, got {partition!r}")
     if partition is None:
         return
-    if model is None:
-        raise ValueError("partition: 'blocks' partitions a model's coordinate blocks among "
-                         "the workers; pass model= (e.g. sgd_shm.models.MLP) or leave "
-                         "partition=None")
     for name, bad, why in (("compress", compress is not None, "a block is pushed whole"),
                            ("drop", drop is not None, "a block's push is not split by server"),
                            ("policy", pol.replicated, f"policy {pol.name!r} averages whole "
@@ -267,4 +240,4 @@ def _start_method(start_method, backend):
 def _progress(progress):
     if progress is None:
         return sys.stderr.isatty()
-    return bool(progress)
+    return check_bool("progress", progress)

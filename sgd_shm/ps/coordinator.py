@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sgd_shm.core.errors import DivergenceError
 from sgd_shm.ps.checkpoint import save_checkpoint
 from sgd_shm.ps.store import DEAD, FLAGGED
 
@@ -90,7 +91,7 @@ class Coordinator:
 
     def _dead(self, k, how, lr):
         if how == "diverged":
-            raise FloatingPointError(
+            raise DivergenceError(
                 f"training diverged: worker {k}'s gradient is NaN or inf after "
                 f"{self.backend.version()} updates; lower lr (now {lr}) or raise alpha")
         if how != "killed":
@@ -113,9 +114,10 @@ class Coordinator:
         """One sample; True when the run should stop."""
         w, v = self.backend.pull()
         cur = self.evaluate(w)
-        self.history.append({"seconds": self.t_off + now, "version": v, "loss": cur})
+        record = {"seconds": self.t_off + now, "step": v, "loss": cur}
+        self.history.append(record)
         if not np.isfinite(cur):
-            raise FloatingPointError(f"training diverged: the loss is {cur} after {v} "
+            raise DivergenceError(f"training diverged: the loss is {cur} after {v} "
                                      f"updates; lower lr (now {cfg.lr}) or raise alpha")
         if bar is not None:
             bar.n = round(min(now, cfg.max_seconds), 1)
@@ -128,10 +130,11 @@ class Coordinator:
         for k, how in self.backend.poll().items():
             self._dead(k, how, cfg.lr)
         self.policy.on_sample(SampleView(now, self))
+        stop = any([bool(cb(dict(record))) for cb in cfg.callbacks])   # every one is called
         if cfg.target_loss is not None and cur <= cfg.target_loss and self.t_target is None:
             self.t_target = self.t_off + now
             return True
-        return now >= cfg.max_seconds or len(self.killed) == self.n_workers
+        return stop or now >= cfg.max_seconds or len(self.killed) == self.n_workers
 
     def run(self, cfg, meta, t0, bar=None):
         """Sample until the run stops; ``t0`` (``time.perf_counter()``) is when the

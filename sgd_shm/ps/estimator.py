@@ -24,20 +24,23 @@ __all__ = ["ParameterServerClassifier"]
 
 class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
     """Binary linear classifier trained by :func:`sgd_shm.ps.train`; the parameters
-    are ``train``'s (``random_state`` is its ``seed``). ``fit`` trains for
-    ``max_seconds`` or until ``target_loss``, so two fits are not identical.
-    ``start_method`` ("fork", "spawn", "forkserver") is how backend "shm" starts its
-    workers (see :func:`sgd_shm.ps.train`)."""
+    are ``train``'s (``random_state`` is its ``seed``). ``fit`` runs ``max_iter``
+    epochs (passes over the data, the run's work budget), so a fit does not depend
+    on the machine's load; with one worker and a fixed ``random_state`` two fits give
+    the same model. ``max_seconds`` (None: no limit) and ``target_loss`` stop it
+    earlier. ``start_method`` ("fork", "spawn", "forkserver") is how backend "shm"
+    starts its workers (see :func:`sgd_shm.ps.train`)."""
 
     def __init__(self, *, loss="log_loss", policy="saps", n_workers=2, backend="shm",
-                 address=None, max_seconds=2.0, target_loss=None, lr=0.5, alpha=1e-4,
-                 batch_size=64, staleness=None, n_shards=8, slowdown=None,
+                 address=None, max_iter=5, max_seconds=None, target_loss=None, lr=0.5,
+                 alpha=1e-4, batch_size=64, staleness=None, n_shards=8, slowdown=None,
                  start_method="fork", random_state=None):
         self.loss = loss
         self.policy = policy
         self.n_workers = n_workers
         self.backend = backend
         self.address = address
+        self.max_iter = max_iter
         self.max_seconds = max_seconds
         self.target_loss = target_loss
         self.lr = lr
@@ -53,10 +56,14 @@ class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64)
         params = self.get_params()
         seed = params.pop("random_state")
+        params["epochs"] = params.pop("max_iter")
+        if params["max_seconds"] is None:
+            params["max_seconds"] = _NO_LIMIT
         self.result_ = train(X, y, seed=seed, progress=False, **params)
         self.coef_ = self.result_.coef_[None, :]
         self.intercept_ = np.zeros(1)
         self.classes_ = self.result_.classes_
+        self.n_iter_ = self.max_iter
         return self
 
     def decision_function(self, X):
@@ -66,3 +73,7 @@ class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
 
     def predict(self, X):
         return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
+
+
+#: the wall-clock limit of a fit with max_seconds=None: a year (the epochs stop it)
+_NO_LIMIT = 365 * 24 * 3600.0

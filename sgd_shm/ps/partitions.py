@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from relaxed import MultiQueue
-from sgd_shm._procs import shared_arrays
+from sgd_shm.core.launcher import shared_arrays
 from sgd_shm.ps.store import LINE, _cas_py, fetch_add_py
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sgd_shm.core.results import figure
+
 __all__ = ["plot_losses", "curves_of"]
 
 def _flag_intervals(events, end):
@@ -41,7 +43,7 @@ def plot_losses(curves, target, path=None, title="", n_workers=None, *, fig=None
     Draws on ``fig`` (a matplotlib Figure, e.g. ``plt.figure()`` to show it in a
     notebook; default: a new ``Figure`` outside pyplot) and returns it; with ``path``
     it also writes the figure there (PNG, 100 dpi). Never touches the backend."""
-    fig = _figure(fig, (11, 7.5))
+    fig = figure(fig, (11, 7.5))
     axes = fig.subplots(2, 2)
     (a_t, a_u), (a_h, a_d) = axes
     colors = {}
@@ -90,22 +92,11 @@ def plot_losses(curves, target, path=None, title="", n_workers=None, *, fig=None
     return fig
 
 
-def _figure(fig, size):
-    """``fig`` if given (checked), else a new Figure of ``size`` inches outside pyplot."""
-    from matplotlib.figure import Figure      # no pyplot: the caller's backend is left alone
-    if fig is None:
-        return Figure(figsize=size)
-    if not isinstance(fig, Figure):
-        raise TypeError(f"fig must be a matplotlib.figure.Figure (e.g. plt.figure()), got "
-                        f"{type(fig).__name__}; pass fig=None for a new one")
-    return fig
-
-
 def curves_of(results):
     """The ``plot_losses`` input for {policy: TrainResult}."""
     return {pol: {"seconds": [h["seconds"] for h in r.history],
                   "loss": [h["loss"] for h in r.history],
-                  "updates": [h["version"] for h in r.history],
+                  "updates": [h["step"] for h in r.history],
                   "detections": r.detections, "events": r.events,
                   "staleness_hist": np.sum(r.staleness_hist, axis=0).tolist()}
             for pol, r in results.items()}

@@ -346,13 +346,13 @@ class _Worker:
     def warm(self, job):
         """Import and compile (or load from Numba's cache) the gradient kernel (and the
         compressor's) before the clock starts; returns this actor's node id."""
-        if job.model is not None:                # one BLAS thread per worker actor
+        if job.model.uses_blas:                  # one BLAS thread per worker actor
             from sgd_shm.models import one_blas_thread
             one_blas_thread()
         warm(job)
         if job.compressor is not None:
-            job.compressor.memory(job.n_features, np.float64).step(
-                np.random.default_rng(0).standard_normal(job.n_features))
+            job.compressor.memory(job.n_params, np.float64).step(
+                np.random.default_rng(0).standard_normal(job.n_params))
         return ray.get_runtime_context().get_node_id()
 
     def run(self, hub, shards, bounds, lr, job, k, seed):

@@ -19,7 +19,7 @@ worker has passed the next barrier and so finished reading it.
 
 Start methods (``train(start_method=...)``): under "fork" (the default, fastest) the
 workers inherit the link (store, partitions, mailbox) and the job (the data). Under
-"spawn" and "forkserver" they get both in a :class:`sgd_shm._procs.Shipment`: the
+"spawn" and "forkserver" they get both in a :class:`sgd_shm.core.launcher.Shipment`: the
 store and the queues re-attach by name, the partitions' and the mailbox's arrays are
 re-created as views of their segments, and the data (X, labels, the minibatches'
 rows) is copied once into a segment of its own. Either way :meth:`ShmBackend.start`
@@ -41,7 +41,7 @@ import time
 import multiprocess as mp
 import numpy as np
 
-from sgd_shm._procs import Shipment, check_start_method, exit_now, shared_arrays
+from sgd_shm.core.launcher import Shipment, check_start_method, exit_now, shared_arrays
 from sgd_shm.ps.partitions import Partitions
 from sgd_shm.ps.policies import server_average
 from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy, _cas_py, store_release_py
@@ -200,11 +200,11 @@ def _process_main(payload, k, seed, start_method, lifeline=None):
     link, job, ready = payload
     if lifeline is not None:
         link.lifeline = lifeline
-    if job.model is not None:                # its matrix products: one BLAS thread each
+    if job.model.uses_blas:                  # its matrix products: one BLAS thread each
         from sgd_shm.models import one_blas_thread
         one_blas_thread()
     if start_method != "fork":               # load the kernels now, not in the first step
-        warm_up(job.compressor, job.n_features)
+        warm_up(job.compressor, job.n_params)
         warm(job)
     ready[k * LINE] = 1
     while not ready[len(ready) - LINE]:
@@ -258,7 +258,7 @@ class ShmBackend:
     def start(self, job, seeds, lr, wait: WaitPolicy, ready_timeout=120.0):
         """Start the workers with ``start_method`` and return once each one is ready
         (or has ended; at most ``ready_timeout`` seconds), after giving them the go."""
-        warm_up(job.compressor, job.n_features)     # spawned workers load it from the cache
+        warm_up(job.compressor, job.n_params)     # spawned workers load it from the cache
         link = ShmLink(self.store, self.parts, lr, wait, os.getpid(), self.mail)
         ctx = mp.get_context(self.start_method)
         payload = (link, job, self.ready)

@@ -71,7 +71,7 @@ import numpy as np
 from numba import njit
 
 from relaxed import shm as _shm
-from sgd_shm._intrinsics import LINE_WORDS, cas_acquire, fetch_add, load_relaxed, store_release
+from sgd_shm.core.atomics import LINE_WORDS, cas_acquire, fetch_add, load_relaxed, store_release
 
 KIND_PS = 4
 #: int64 words per padded slot (a cache line as the compiled core pads it); a segment

@@ -1,5 +1,5 @@
-"""``train``: a linear model, or any :class:`sgd_shm.models.Model` (``model=``),
-trained by worker processes on a parameter server.
+"""``train``: any :class:`sgd_shm.models.Model` (by default the linear
+:class:`sgd_shm.models.Linear`) trained by workers on a parameter server.
 
 The parts, each a module with one job: :mod:`~sgd_shm.ps.config` (validated
 arguments), :mod:`~sgd_shm.ps.partitions` (rows, minibatches and their queues),
@@ -12,17 +12,17 @@ and :mod:`~sgd_shm.ps.plots`. This module wires them together and returns a
 """
 from __future__ import annotations
 
-import contextlib
-import inspect
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sgd_shm._linear import binary_data
-from sgd_shm.ps._grad import ModelResult, matrix_parts, mean_loss, model_data
+from sgd_shm.core.model import blas_limited
+from sgd_shm.core.results import Result, held_out
+from sgd_shm.core.validation import check_eval_set, model_data, n_columns
 from sgd_shm.ps.checkpoint import load_checkpoint
-from sgd_shm.ps.config import LINEAR_ONLY, make_config
+from sgd_shm.models.linear import model_or_linear
+from sgd_shm.ps.config import make_config
 from sgd_shm.ps.coordinator import Coordinator
 from sgd_shm.ps.partitions import Batches
 from sgd_shm.ps.worker import MESSAGE_FIELDS, Job, warm
@@ -30,14 +30,19 @@ from sgd_shm.ps.worker import MESSAGE_FIELDS, Job, warm
 __all__ = ["train", "TrainResult"]
 
 
-@dataclass
-class TrainResult(ModelResult):
-    """What :func:`train` returns: the trained linear model and the run's record.
+@dataclass(repr=False)
+class TrainResult(Result):
+    """What :func:`train` returns: the trained model and the run's record (the fields
+    every trainer's result has are described in :mod:`sgd_shm.core.results`).
 
-    Model: ``coef_`` (the final weights), ``classes_`` (the two labels; the second is
-    the positive class), ``decision_function(X)``, ``predict(X)``, ``score(X, y)``.
+    Model: ``model`` (the :class:`sgd_shm.models.Model` trained: the default
+    ``Linear`` or the ``model=`` given), ``coef_`` (its final flat weights),
+    ``classes_`` (class index i is ``classes_[i]``; for the linear model the second is
+    the positive class), ``decision_function(X)``, ``predict(X)``, ``score(X, y)``,
+    ``predict_proba(X)`` where the model has probabilities.
 
-    Record: history: dicts (seconds, version, loss), one per sample; detections:
+    Record: history: dicts (seconds, step, loss), one per sample, ``step`` the global
+    version (pushes applied in full); ``val_loss`` / ``val_score`` on ``eval_set``; detections:
     (seconds, worker), the first time each worker was flagged; events: (seconds,
     worker, flagged) every flag change; workers: per-worker slot dicts (pushes,
     dropped, stolen, spells, staleness_sum, slowdown, ...); staleness_hist: per
@@ -50,10 +55,7 @@ class TrainResult(ModelResult):
     bytes_dense: what the pushes sent, and what they would have sent dense (equal
     without a compressor).
 
-    A run of a ``model=`` (:class:`sgd_shm.models.Model`): ``model``; ``coef_`` holds
-    its flat weights, ``classes_`` every class (class index i is ``classes_[i]``), and
-    ``decision_function`` / ``predict_proba`` / ``predict`` / ``score`` go through
-    the model (multiclass); ``partition`` is "blocks" or None.
+    ``partition`` is "blocks" or None.
 
     Message loss (``drop=``, and every RPS run): drop: the probability p, or None
     for reliable links; messages: {"drop", "seed" (the loss coins' seed, see
@@ -83,8 +85,13 @@ class TrainResult(ModelResult):
     epochs: int | None = None
     drop: float | None = None
     messages: dict | None = None
-    model: object = field(default=None, repr=False)
+    model: object = None
     partition: str | None = None
+    val_loss: float | None = None
+    val_score: float | None = None
+
+    _repr_fields = ("policy", "final_loss", "val_score", "updates", "seconds")
+    _derived = ("updates", "mean_staleness", "bytes_sent", "bytes_dense", "observed_drop")
 
     @property
     def observed_drop(self) -> float | None:
@@ -108,7 +115,8 @@ class TrainResult(ModelResult):
 
     @property
     def updates(self) -> int:
-        return self.history[-1]["version"] if self.history else 0
+        """Pushes applied in full (the global version at the end)."""
+        return self.history[-1]["step"] if self.history else 0
 
     @property
     def mean_staleness(self) -> float:
@@ -127,26 +135,15 @@ def _resume_point(cfg, d):
     return ckpt
 
 
-def _fixed(grad, d):
-    if grad is None:
-        return None
-    fixed = np.ascontiguousarray(grad, dtype=np.float64)
-    if fixed.shape != (d,):
-        raise ValueError(f"_fixed_gradient: expected shape ({d},), got {fixed.shape}")
-    return fixed
-
-
 def _n_shards(cfg, d, ckpt):
-    """Shards of the run: n_shards, at most one per weight. With message loss or RPS
-    a shard is a server of the experiment, so more shards than weights is an error
-    there rather than cut down silently."""
+    """Shards of the run: n_shards, each owning one weight at least (more shards than
+    weights is an error, not cut down silently)."""
     if ckpt is not None:
         return len(ckpt["shard_versions"])
-    if cfg.lossy and cfg.n_shards > d:
-        raise ValueError(f"n_shards: {cfg.n_shards} shards for {d} weights; with "
-                         f"policy={cfg.policy.name!r} and drop={cfg.drop} every shard is a "
-                         f"server that must own at least one weight; use n_shards <= {d}")
-    return min(cfg.n_shards, d)
+    if cfg.n_shards > d:
+        raise ValueError(f"n_shards: {cfg.n_shards} shards for {d} weights; every shard "
+                         f"must own at least one weight; use n_shards <= {d}")
+    return cfg.n_shards
 
 
 def _backend(cfg, d, batches, rng, ckpt, budget, init=None):
@@ -199,14 +196,21 @@ def _progress_bar(cfg, label):
                 leave=False)
 
 
-def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
-    """Train a linear model (L2-regularised ``loss``) with ``n_workers`` workers on a
-    parameter server under ``policy``; every rule is in the modules named above.
+def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
+          detect_factor=2.0, slowdown=None, transient=None, max_seconds=5.0, epochs=None,
+          target_loss=None, loss=None, lr=0.5, alpha=None, batch_size=64, n_shards=8,
+          sample_every=0.02, faults=None, checkpoint=None, checkpoint_every=5.0, resume=None,
+          wait=None, backend="shm", address=None, start_method="fork", seed=0, progress=None,
+          compress=None, drop=None, model=None, partition=None, eval_set=None,
+          callbacks=None) -> TrainResult:
+    """Train a model (by default the linear model of ``loss`` and ``alpha``) with
+    ``n_workers`` workers on a parameter server under ``policy``; every rule is in the
+    modules named above.
 
     Parameters (all keyword; defaults in brackets)
     ----------------------------------------------
-    X, y : CSR/dense matrix and binary labels.
-    n_workers [4] : worker processes (``backend="shm"``) or Ray actors.
+    X, y : CSR/dense matrix and labels (two classes for the linear model).
+    n_workers [4] : worker processes (``backend="shm"``) or Ray actors; -1: one per CPU.
     policy ["saps"] : "bsp", "asp", "ssp", "saps", "rps", or a
         :class:`sgd_shm.ps.Policy` instance (e.g. ``SSP(staleness=2)`` or a user's
         subclass).
@@ -222,8 +226,11 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
         ``factor``; counted in the slots.
     max_seconds [5.0], target_loss [None] : stop after this long (this call), or
         once the training loss (on up to 4096 rows) is <= target_loss.
-    loss ["log_loss"] : "log_loss", "hinge", "modified_huber" or "squared_error".
-    lr [0.5], alpha [1e-4], batch_size [64] : constant step, L2, rows per minibatch.
+    loss [None: "log_loss"] : "log_loss", "hinge", "modified_huber" or "squared_error"
+        (the default :class:`sgd_shm.models.Linear`).
+    lr [0.5], alpha [None: 1e-4], batch_size [64] : constant step (applied to each
+        push, one worker's gradient: smaller than eager-SGD's 2.0, which applies to
+        the mean of every rank's), L2 of the linear model, rows per minibatch.
     n_shards [8], sample_every [0.02] : weight shards; the coordinator's period.
     faults [None] : {worker: seconds}: kill that worker (SIGKILL, or ``ray.kill``)
         that long into the run; reported in ``.killed``; BSP/SSP stop waiting for
@@ -240,7 +247,8 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
         (for a parent that runs threads, which Python 3.12+ warns about forking, or
         a platform without a safe fork; the data is copied once into shared memory
         and each worker takes about a second to start, before the clock starts).
-    seed [None], progress [stderr is a terminal] : seed; a progress bar.
+    seed [0], progress [stderr is a terminal] : seed (an int >= 0, or None for fresh
+        entropy); a progress bar (True or False).
     compress [None] : gradient compression (:mod:`sgd_shm.compress`): a compressor
         object or its spec ("topk:0.001", "randomk:0.01", "threshold:0.001",
         "qsgd:4", "dense"); None pushes dense gradients (the plain path). Each
@@ -285,75 +293,49 @@ def train(X, y, *, _fixed_gradient=None, **kwargs) -> TrainResult:
         draws one of its blocks uniformly, computes that block's gradient only and
         pushes just that block (the shards it does not reach see nothing). Not with
         ``compress``, ``drop`` or RPS.
-    _fixed_gradient : tests: every worker pushes this vector instead of a gradient.
+    eval_set [None] : (X_val, y_val): held-out data; the result's ``val_loss`` and
+        ``val_score`` (accuracy) are the final model's on it.
+    callbacks [None] : a callable, or a sequence of them, called with each history
+        record (a dict: seconds, step, loss) as the coordinator samples it; a callback
+        that returns True stops the run (as ``target_loss`` does).
     """
-    unknown = sorted(set(kwargs) - set(inspect.signature(make_config).parameters))
-    if unknown:
-        raise TypeError(f"train() got unexpected keyword arguments {unknown}; see "
-                        "help(sgd_shm.ps.train)")
-    given = [a for a in LINEAR_ONLY if a in kwargs]
-    if kwargs.get("model") is not None and given:
-        raise ValueError(f"{given[0]}: a model= run takes its loss and L2 from the model "
-                         f"(e.g. MLP(..., alpha=...)); leave {' and '.join(given)} out")
-    cfg = make_config(**kwargs)
+    args = {k: v for k, v in locals().items() if k not in ("X", "y", "loss", "alpha",
+                                                          "eval_set")}
+    args["model"] = model_or_linear(model, loss, alpha, n_columns(X))
+    cfg = make_config(**args)
     rng = np.random.default_rng(cfg.seed)
-    if cfg.model is None:
-        prob = _linear_problem(cfg, X, y, rng)
-    else:
-        prob = _model_problem(cfg, X, y, rng)
+    prob = _problem(cfg, X, y, rng)
+    evals = check_eval_set(eval_set, cfg.model, prob["classes"])
     d = prob["d"]
-    fixed = _fixed(_fixed_gradient, d)
     ckpt = _resume_point(cfg, d)
     batches = Batches.draw(prob["n"], cfg.n_workers, cfg.batch_size, rng)
     budget = _budget(cfg, batches)
     blocks = None if cfg.partition is None else cfg.model.blocks(cfg.n_workers)
-    init = None if cfg.model is None or ckpt is not None else cfg.model.init(rng)
+    init = None if ckpt is not None else cfg.model.init(rng)
     backend = _backend(cfg, d, batches, rng, ckpt, budget, init)
     try:
-        job = Job(prob["parts"], prob["ys"], d, batches, cfg.policy, cfg.lr, prob["alpha"],
-                  cfg.loss_code, cfg.factors, cfg.transient, fixed, cfg.compress, budget,
-                  cfg.drop, model=cfg.model, data=prob["data"], blocks=blocks)
-        with _blas_limited(cfg.model):
-            return _run(cfg, job, backend, prob["evaluate"], rng, ckpt, prob["classes"], d)
+        job = Job(cfg.model, prob["data"], d, batches, cfg.policy, cfg.lr, cfg.factors,
+                  cfg.transient, cfg.compress, budget, cfg.drop, blocks=blocks)
+        with blas_limited(cfg.model):
+            res = _run(cfg, job, backend, prob["evaluate"], rng, ckpt, prob["classes"], d)
+            res.val_loss, res.val_score = held_out(cfg.model, res.coef_, evals)
+            return res
     finally:
         backend.close()
 
 
-def _linear_problem(cfg, X, y, rng):
-    """The data, the kernel parts and the loss sample of a linear run."""
-    X, ys, classes = binary_data(X, y, cfg.n_workers)
-    eval_rows = np.sort(rng.choice(X.shape[0], min(4096, X.shape[0]), replace=False))
-    Xe, ye = matrix_parts(X[eval_rows]), ys[eval_rows]
-
-    def evaluate(w):
-        return float(mean_loss(cfg.loss_code, *Xe, ye, w, cfg.alpha))
-    return {"d": X.shape[1], "n": X.shape[0], "parts": matrix_parts(X), "ys": ys,
-            "classes": classes, "alpha": cfg.alpha, "data": None, "evaluate": evaluate}
-
-
-def _model_problem(cfg, X, y, rng):
-    """The data (``model.prepare``) and the loss sample of a ``model=`` run: the
-    model's loss (with its L2) on up to 4096 rows, drawn as for a linear run."""
+def _problem(cfg, X, y, rng):
+    """The data (``model.prepare``) and the loss sample of a run: the model's loss
+    (with its L2) on up to 4096 rows."""
     model = cfg.model
     X, yi, classes = model_data(X, y, model, cfg.n_workers)
     eval_rows = np.sort(rng.choice(X.shape[0], min(4096, X.shape[0]), replace=False))
     sample = model.prepare(X[eval_rows], yi[eval_rows])
-    every = np.arange(eval_rows.shape[0], dtype=np.int64)
-    buf = np.empty(model.n_params)
 
     def evaluate(w):
-        return model.loss_grad(w, sample, every, buf)
-    return {"d": model.n_params, "n": X.shape[0], "parts": (), "ys": yi, "classes": classes,
-            "alpha": model.alpha, "data": model.prepare(X, yi), "evaluate": evaluate}
-
-
-def _blas_limited(model):
-    """BLAS on one thread while a model's workers run (the coordinator's loss samples
-    call it beside them); nothing for the linear model."""
-    if model is None:
-        return contextlib.nullcontext()
-    from sgd_shm.models import one_blas_thread
-    return one_blas_thread()
+        return model.loss(w, sample)
+    return {"d": model.n_params, "n": X.shape[0], "classes": classes,
+            "data": model.prepare(X, yi), "evaluate": evaluate}
 
 
 def _loss_seed(cfg, rng):
@@ -382,8 +364,8 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
     evaluate(np.zeros(d))
     warm(job)
     meta = {"policy": cfg.policy.name, "n_workers": cfg.n_workers,
-            "n_samples": int(job.ys.shape[0]), "n_features": int(d),
-            "loss": cfg.loss if cfg.model is None else type(cfg.model).__name__}
+            "n_samples": int(job.model.n_rows(job.data)), "n_features": int(d),
+            "loss": getattr(cfg.model, "loss_name", type(cfg.model).__name__)}
     kind = (Coordinator if job.budget is None else
             _RoundsCoordinator if cfg.policy.replicated else _BudgetCoordinator)
     coord = kind(backend, cfg.policy, evaluate, cfg.n_workers,
@@ -412,7 +394,7 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
         if messages is not None:
             sl.update(messages["per_worker"][k])
     final = evaluate(w)
-    coord.history.append({"seconds": coord.t_off + now, "version": v, "loss": final})
+    coord.history.append({"seconds": coord.t_off + now, "step": v, "loss": final})
     resumed = None if ckpt is None else {"seconds": ckpt["seconds"], "version": ckpt["version"],
                                         "path": cfg.resume}
     return TrainResult(cfg.policy.name, coord.history, coord.detections, workers, final,

@@ -21,8 +21,9 @@ kept whole): the same as ``memory.step(g)`` followed by ``memory.keep(msg)`` and
 taking ``g`` back out, so error feedback conserves the mass of every applied
 minibatch and counts no minibatch twice.
 
-With a model (``train(..., model=...)``, a :class:`sgd_shm.models.Model`), the
-gradient is ``model.loss_grad`` of the minibatch at the pulled weights; with
+The gradient is the model's (``job.model``, a :class:`sgd_shm.models.Model`: the
+default linear model, or ``train(..., model=...)``): ``model.grad`` of the minibatch
+at the pulled weights; with
 ``partition="blocks"`` (block variable partitioning, Kungurtsev et al.,
 arXiv:1905.11845) worker k draws one of its own blocks (``job.blocks``, from
 ``model.blocks``) uniformly each step, computes that block's gradient only and pushes
@@ -91,7 +92,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sgd_shm.ps._grad import batch_grad
 from sgd_shm.ps.store import FLAGGED
 
 #: a worker's exit code when its gradient is NaN or inf (the coordinator reports it)
@@ -104,26 +104,21 @@ class Diverged(Exception):
 
 @dataclass
 class Job:
-    """What every worker of a run needs besides its link: the data (kernel parts of X,
-    labels in {-1, +1}; with a model, its prepared data and class indices), the
-    minibatches, the step, the policy (bound to the run) and the straggler emulation."""
-    X: tuple
-    ys: np.ndarray
-    n_features: int
+    """What every worker of a run needs besides its link: the model and its prepared
+    data, the minibatches, the step, the policy (bound to the run) and the straggler
+    emulation."""
+    model: object                 # a sgd_shm.models.Model
+    data: object                  # model.prepare(X, y): what model.grad reads
+    n_params: int                 # the length of the weight vector
     batches: object               # partitions.Batches
     policy: object                # policies.Policy, bound
     lr: float
-    alpha: float
-    loss: int
     factors: np.ndarray           # compute-time stretch per worker (>= 1)
     transient: tuple | None       # (spells per second, factor, seconds)
-    fixed_grad: np.ndarray | None  # tests: pushed instead of a gradient
     compressor: object = None     # sgd_shm.compress compressor; None: dense pushes
     budget: int | None = None     # minibatch applications of the run (epochs=); RPS: rounds
     drop: float | None = None     # message loss probability; None: reliable links
     loss_seed: int = 0            # the run's seed of the loss coins (see Losses)
-    model: object = None          # a sgd_shm.models.Model; None: the linear loss above
-    data: object = None           # model.prepare(X, y): what model.loss_grad reads
     blocks: tuple | None = None   # partition="blocks": (bounds, owners) of model.blocks
 
 
@@ -131,11 +126,8 @@ def warm(job):
     """Compile (or load from Numba's cache) the gradient kernel of ``job`` in this
     process, on its first minibatch (at zero weights, into a scratch buffer)."""
     rows = job.batches.rows_of(0, 0)
-    w = np.zeros(job.n_features)
-    if job.model is not None:
-        job.model.loss_grad(w, job.data, rows, np.empty_like(w))
-    else:
-        batch_grad(job.loss, *job.X, job.ys, rows, w, job.alpha, np.empty_like(w))
+    w = np.zeros(job.n_params)
+    job.model.grad(w, job.data, rows, np.empty_like(w))
 
 
 #: the stream of worker k's loss coins: ``np.random.default_rng([loss_seed, k, LOSS_STREAM])``
@@ -230,15 +222,9 @@ def _wait_gate(link, job, k, my_pushes):
 
 
 def _gradient(job, p, j, w, g, block=None):
-    """The minibatch gradient at ``w`` into ``g``: the model's (of ``block`` only, a
-    (lo, hi) range, when given) or the linear loss's."""
-    if job.fixed_grad is not None:
-        return job.fixed_grad
-    rows = job.batches.rows_of(p, j)
-    if job.model is not None:
-        job.model.loss_grad(w, job.data, rows, g, block)
-    else:
-        batch_grad(job.loss, *job.X, job.ys, rows, w, job.alpha, g)
+    """The model's minibatch gradient at ``w`` into ``g`` (of ``block`` only, a
+    (lo, hi) range, when given)."""
+    job.model.grad(w, job.data, job.batches.rows_of(p, j), g, block)
     return g
 
 
@@ -342,7 +328,7 @@ def run_worker(link, job, k, seed):
     spells = _Spells(job.transient, rng)
     policy = job.policy
     memory = None if job.compressor is None else job.compressor.memory(
-        job.n_features, np.float64, stream=k)          # worker k draws from (seed, k)
+        job.n_params, np.float64, stream=k)          # worker k draws from (seed, k)
     losses = view = None
     if job.drop is not None:             # the worker starts from the initial weights
         losses = Losses(job.drop, job.loss_seed, k, len(link.bounds) - 1)

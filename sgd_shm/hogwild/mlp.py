@@ -42,11 +42,11 @@ from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from sgd_shm import _mlp
-from sgd_shm._intrinsics import LINE_WORDS, read_only_fields
-from sgd_shm._procs import check_start_method
-from sgd_shm.estimators import _check_param, resolve_workers
-from sgd_shm.hogwild import DivergenceError, run_workers
+from sgd_shm.models import _mlp
+from sgd_shm.core.atomics import LINE_WORDS, read_only_fields
+from sgd_shm.core.launcher import check_start_method
+from sgd_shm.hogwild.estimators import _check_param, resolve_workers
+from sgd_shm.hogwild.engine import DivergenceError, run_workers
 from sgd_shm.models import MLP, one_blas_thread, scratch
 
 __all__ = ["HogwildMLPClassifier", "HogwildTrainer"]
@@ -62,7 +62,7 @@ _CHILD = {"limited": False, "scratch": {}}
 
 
 def _mlp_step(wid, v, static, lo, hi, lr, mu, nesterov):
-    """A worker process's share of an epoch (``_procs.SharedWorkers`` step)."""
+    """A worker process's share of an epoch (``core.launcher.SharedWorkers`` step)."""
     net, data, batch, blocks, owned = static
     # arrived writeable from shared memory: read-only, as in the parent (one compile)
     net, data = read_only_fields(net), read_only_fields(data)
@@ -129,7 +129,7 @@ class HogwildTrainer:
                 finally:
                     del self._scratch
                 return
-            from sgd_shm._procs import SharedWorkers
+            from sgd_shm.core.launcher import SharedWorkers
             n = data.y.shape[0]
             arrays = {"w": (self.w.shape, np.float64), "V": (self.V.shape, np.float64),
                       "rng": (self.rng.shape, np.uint64), "order": ((n,), np.int64)}

@@ -31,8 +31,8 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from sgd_shm import _kernels as K
-from sgd_shm._procs import check_start_method
+from sgd_shm.hogwild import _kernels as K
+from sgd_shm.core.launcher import check_start_method
 from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem, auto_hot_features
 
 __all__ = ["HogwildClassifier", "HogwildRegressor"]

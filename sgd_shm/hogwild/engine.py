@@ -37,9 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from sgd_shm import _kernels as K
-from sgd_shm._intrinsics import LINE_WORDS
-from sgd_shm._mf import shuffle_part
+from sgd_shm.core.errors import DivergenceError
+from sgd_shm.hogwild import _kernels as K
+from sgd_shm.core.atomics import LINE_WORDS
+from sgd_shm.hogwild._mf import shuffle_part
 
 __all__ = ["Problem", "HogwildSGD", "DivergenceError", "run_workers", "staleness_summary",
            "AUTO_HOT_FEATURES", "AUTO_HOT_MIN_NNZ", "AUTO_HOT_MIN_EPOCHS", "AUTO_ALL_HOT_WORDS",
@@ -106,10 +107,6 @@ def _value_dtype(dtype):
     """float32 data stays float32 (the kernels read it as it is, without a float64
     copy); anything else is converted to float64."""
     return np.dtype(dtype) if np.dtype(dtype) in DTYPES else np.dtype(np.float64)
-
-
-class DivergenceError(FloatingPointError, ValueError):
-    """SGD produced a non-finite prediction or a collapsing weight scale."""
 
 
 def staleness_summary(hist):
@@ -455,7 +452,7 @@ class HogwildSGD:
             raise ValueError(f"backend must be 'threads' or 'processes', got {backend!r}")
         self.backend = backend
         # how the processes backend starts its workers (see sgd_shm._procs)
-        from sgd_shm._procs import check_start_method
+        from sgd_shm.core.launcher import check_start_method
         self.start_method = check_start_method(start_method)
         self._pool = None
         self.rng = np.random.default_rng(seed)
@@ -527,7 +524,7 @@ class HogwildSGD:
         if self.backend != "processes" or self._pool is not None:
             yield self
             return
-        from sgd_shm._procs import ProcessPool
+        from sgd_shm.hogwild._pool import ProcessPool
         hot = self._set_hot(prob)           # the workers get ip as it is at their start
         self._split(prob.n_samples, prob.rows)   # the pool moves these into shared memory
         self._tables(prob.n_samples)

@@ -78,15 +78,13 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from sgd_shm._intrinsics import (DISTANCE, LINE_WORDS, cas_acquire, claim_add, fetch_add,
-                                 load_relaxed, prefetch, prefetch_once, read_only_fields,
-                                 store_release)
-from sgd_shm._mf import shuffle_part
+from sgd_shm.core.atomics import (DISTANCE, LINE_WORDS, cas_acquire, claim_add, fetch_add,
+                                  load_relaxed, prefetch, prefetch_once, read_only_fields,
+                                  store_release)
+from sgd_shm.hogwild._mf import shuffle_part
+from sgd_shm.models._losses import (HINGE, LOG, LOSSES, MAX_DLOSS, MODIFIED_HUBER,  # noqa: F401
+                                    SQUARED, dloss as _dloss, loss as _loss)
 
-# loss codes
-LOG, HINGE, SQUARED, MODIFIED_HUBER = 0, 1, 2, 3
-LOSSES = {"log_loss": LOG, "hinge": HINGE, "squared_error": SQUARED,
-          "modified_huber": MODIFIED_HUBER}
 # learning-rate codes
 CONSTANT, OPTIMAL, INVSCALING = 0, 1, 2
 LEARNING_RATES = {"constant": CONSTANT, "optimal": OPTIMAL, "invscaling": INVSCALING}
@@ -112,8 +110,6 @@ HOT_FLUSH = 64
 CHUNK = 256
 #: a part's claim cursor before its owner has started (see _run): nobody may claim
 NOT_READY = 1 << 62
-#: the loss derivative is clipped to +-MAX_DLOSS (as scikit-learn does); clips are counted
-MAX_DLOSS = 1e12
 
 
 _EMPTY1 = np.zeros(0)
@@ -222,49 +218,6 @@ def run_worker(data: Data, model: Model, sched: Schedule, params: Params, report
     lean = (not params.locked and not params.instrument and params.momentum == 0.0
             and params.alpha1 == 0.0 and params.avg_from < 0 and data.cw.shape[0] == 0)
     (_run_lean if lean else _run_full)(data, model, sched, params, report, wid)
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _dloss(loss, p, y):
-    """Derivative of the loss with respect to the prediction p."""
-    if loss == LOG:
-        z = p * y
-        if z > 18.0:
-            return -y * math.exp(-z)
-        if z < -18.0:
-            return -y
-        return -y / (math.exp(z) + 1.0)
-    if loss == HINGE:
-        return -y if p * y < 1.0 else 0.0
-    if loss == MODIFIED_HUBER:
-        z = p * y
-        if z >= 1.0:
-            return 0.0
-        if z >= -1.0:
-            return -2.0 * (1.0 - z) * y
-        return -4.0 * y
-    return p - y          # squared
-
-
-@nb.njit(cache=True, nogil=True, inline="always")
-def _loss(loss, p, y):
-    if loss == LOG:
-        z = p * y
-        if z > 18.0:
-            return math.exp(-z)
-        if z < -18.0:
-            return -z
-        return math.log1p(math.exp(-z))
-    if loss == HINGE:
-        return max(0.0, 1.0 - p * y)
-    if loss == MODIFIED_HUBER:
-        z = p * y
-        if z >= 1.0:
-            return 0.0
-        if z >= -1.0:
-            return (1.0 - z) * (1.0 - z)
-        return -4.0 * z
-    return 0.5 * (p - y) * (p - y)
 
 
 @nb.njit(cache=True, nogil=True, inline="always")

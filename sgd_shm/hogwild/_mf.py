@@ -13,7 +13,7 @@ import math
 import numba as nb
 import numpy as np
 
-from sgd_shm._intrinsics import DISTANCE, prefetch, prefetch_once
+from sgd_shm.core.atomics import DISTANCE, prefetch, prefetch_once
 
 # out slots
 MO_LOSS, MO_STEPS, MO_DIVERGED = range(3)

@@ -1,21 +1,11 @@
-"""Models on flat weights: the interface every trainer of the kit can train through.
+"""The multi-layer perceptron and softmax regression on flat weights (the
+:class:`~sgd_shm.core.model.Model` contract).
 
-A :class:`Model` describes a differentiable model whose parameters are one flat
-float64 vector: it knows its size (``n_params``), draws initial weights
-(``init``), computes the loss and gradient of a minibatch (rows given as an index
-array into the data) into the caller's buffer (``loss_grad``), and predicts
-(``decision_function``, ``predict_proba``, ``predict``). A trainer owns the
-weight vector (private, or in shared memory) and decides how gradients combine:
-Hogwild (``sgd_shm.mlp``), and through the same calls a parameter server or the
-eager collectives. ``blocks`` splits the vector into coordinate blocks for
-block-partitioned training (Kungurtsev, Egan, Chatterjee, Alistarh, "Asynchronous
-optimization methods for efficient training of deep neural networks with
-guarantees", arXiv:1905.11845).
-
-Implemented here: :class:`MLP` (ReLU hidden layers, softmax output, L2 on the
-coefficient matrices, as scikit-learn's ``MLPClassifier``) and
-:class:`SoftmaxRegression` (multinomial logistic regression: the MLP with no
-hidden layer). Their minibatch path is one nogil Numba call (``sgd_shm._mlp``).
+:class:`MLP`: ReLU hidden layers, softmax output, L2 on the coefficient matrices, as
+scikit-learn's ``MLPClassifier``; :class:`SoftmaxRegression`: multinomial logistic
+regression, the MLP with no hidden layer. Their minibatch path is one nogil Numba
+call (:mod:`sgd_shm.models._mlp`); ``blocks`` gives per-layer row blocks for
+block-partitioned training (Kungurtsev et al., arXiv:1905.11845).
 
 Example::
 
@@ -31,72 +21,17 @@ Example::
 """
 from __future__ import annotations
 
-import abc
 import numbers
 import threading
 
 import numpy as np
 import scipy.sparse as sp
 
-from sgd_shm import _mlp
-from sgd_shm._intrinsics import read_only_fields
+from sgd_shm.core.atomics import read_only_fields
+from sgd_shm.core.model import Model, one_blas_thread  # noqa: F401
+from sgd_shm.models import _mlp
 
-__all__ = ["Model", "MLP", "SoftmaxRegression", "scratch"]
-
-
-class Model(abc.ABC):
-    """The contract of a model on flat float64 weights (see the module notes).
-
-    Attributes: ``n_features``, ``n_outputs`` (classes), ``n_params``."""
-
-    n_features: int
-    n_outputs: int
-    n_params: int
-
-    @abc.abstractmethod
-    def init(self, rng: np.random.Generator) -> np.ndarray:
-        """Fresh initial weights (float64, ``n_params``) drawn from ``rng``."""
-
-    @abc.abstractmethod
-    def prepare(self, X, y=None):
-        """The data in the layout ``loss_grad`` reads (made once per data set);
-        ``y`` holds class indices in [0, n_outputs)."""
-
-    @abc.abstractmethod
-    def loss_grad(self, w, data, rows, grad, block=None) -> float:
-        """The loss of the minibatch ``rows`` (int64 indices into the prepared data)
-        at weights ``w``; writes its gradient into ``grad`` (``n_params`` float64),
-        all of it, or with ``block=(lo, hi)`` (one of :meth:`blocks`) only
-        grad[lo:hi]."""
-
-    @abc.abstractmethod
-    def decision_function(self, w, X) -> np.ndarray:
-        """The model's scores (n_samples, n_outputs) of the rows of X."""
-
-    @abc.abstractmethod
-    def blocks(self, n_parts) -> tuple[np.ndarray, list]:
-        """(bounds, owners): coordinate blocks [bounds[b], bounds[b + 1]) covering the
-        vector, and ``owners[p]``: the blocks part p alone updates."""
-
-    def predict_proba(self, w, X) -> np.ndarray:
-        """Class probabilities: the softmax of the decision function."""
-        z = self.decision_function(w, X)
-        z = np.exp(z - z.max(axis=1, keepdims=True))
-        return z / z.sum(axis=1, keepdims=True)
-
-    def predict(self, w, X) -> np.ndarray:
-        """The class index of the highest score of each row."""
-        return np.argmax(self.decision_function(w, X), axis=1)
-
-
-def one_blas_thread():
-    """BLAS on one thread: from now on in this process, or, used as ``with
-    one_blas_thread():``, for the block (the limiter restores the pools on exit).
-    A model's workers all run matrix products at once, and a threaded BLAS in each
-    would oversubscribe the cores (OpenBLAS also serialises concurrent callers of
-    its pool)."""
-    from threadpoolctl import threadpool_limits
-    return threadpool_limits(limits=1, user_api="blas")
+__all__ = ["MLP", "SoftmaxRegression", "scratch"]
 
 
 def scratch(net, batch):
@@ -122,6 +57,8 @@ class MLP(Model):
 
     The flat vector holds W_0 (n_features x h_1, row-major), b_0, W_1, b_1, ...;
     :meth:`unpack` gives them as views (scikit-learn's ``coefs_``, ``intercepts_``)."""
+
+    uses_blas = True
 
     def __init__(self, n_features, hidden_layer_sizes=(100,), n_outputs=2, alpha=0.0001):
         hidden = tuple(hidden_layer_sizes)

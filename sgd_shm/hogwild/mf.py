@@ -22,11 +22,11 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from sgd_shm import _mf
-from sgd_shm._intrinsics import LINE_WORDS
-from sgd_shm._procs import check_start_method
-from sgd_shm.estimators import _check_param, resolve_workers
-from sgd_shm.hogwild import DivergenceError, run_workers
+from sgd_shm.hogwild import _mf
+from sgd_shm.core.atomics import LINE_WORDS
+from sgd_shm.core.launcher import check_start_method
+from sgd_shm.hogwild.estimators import _check_param, resolve_workers
+from sgd_shm.hogwild.engine import DivergenceError, run_workers
 
 __all__ = ["MatrixFactorization"]
 
@@ -156,7 +156,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         pool = self._pool = None
         try:
             if self.backend == "processes":
-                from sgd_shm._procs import MFPool
+                from sgd_shm.hogwild._pool import MFPool
                 pool = self._pool = MFPool(self, self._users, self._items, y, nw, self._order,
                                            self.start_method)
             yield

@@ -1,0 +1,126 @@
+"""The model contract: what every trainer of the kit (Hogwild, the parameter server,
+eager-SGD) needs from a model, so that any model trains on any of them.
+
+A :class:`Model` is a differentiable model whose parameters are one flat float64
+vector: it knows its size (``n_params``), draws initial weights (``init``), lays out
+the data once (``prepare``), computes the gradient of a minibatch (rows given as an
+index array into the prepared data) into the caller's buffer (``grad``, and
+``loss_grad`` which also returns the minibatch's loss), evaluates the loss on a whole
+prepared data set (``loss``) and predicts (``decision_function``, ``predict_proba``,
+``predict``). A trainer owns the weight vector (private, or in shared memory) and
+decides how gradients combine. ``blocks`` splits the vector into coordinate blocks
+for block-partitioned training (Kungurtsev, Egan, Chatterjee, Alistarh,
+arXiv:1905.11845).
+
+The kit's models (:mod:`sgd_shm.models`): ``Linear`` (the L2-regularised linear
+losses), ``SoftmaxRegression`` and ``MLP``. Writing one of your own is subclassing
+this class; see docs/models.md.
+
+Example::
+
+    import numpy as np
+    from sgd_shm.models import Linear
+    model = Linear(n_features=X.shape[1], loss="log_loss", alpha=1e-4)
+    w = model.init(np.random.default_rng(0))          # flat float64, model.n_params long
+    data = model.prepare(X, y)                        # y: class indices 0..n_outputs-1
+    g = np.empty(model.n_params)
+    model.grad(w, data, np.arange(32), g)             # the minibatch gradient into g
+    w -= 0.1 * g
+    model.loss(w, data), model.predict(w, X)
+"""
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+__all__ = ["Model", "one_blas_thread"]
+
+
+class Model(abc.ABC):
+    """The contract of a model on flat float64 weights (see the module notes).
+
+    Attributes: ``n_features``, ``n_outputs`` (classes), ``n_params``; ``uses_blas``
+    (its kernels call BLAS: trainers then cap BLAS at one thread per worker, which
+    would otherwise oversubscribe the cores); ``has_proba`` (``predict_proba`` gives
+    probabilities)."""
+
+    n_features: int
+    n_outputs: int
+    n_params: int
+    uses_blas: bool = False
+    has_proba: bool = True
+
+    @abc.abstractmethod
+    def init(self, rng: np.random.Generator) -> np.ndarray:
+        """Fresh initial weights (float64, ``n_params``) drawn from ``rng``."""
+
+    @abc.abstractmethod
+    def prepare(self, X, y=None):
+        """The data in the layout ``grad`` reads (made once per data set); ``y`` holds
+        class indices in [0, n_outputs). The result must pickle (it travels to worker
+        processes and Ray actors)."""
+
+    @abc.abstractmethod
+    def loss_grad(self, w, data, rows, grad, block=None) -> float:
+        """The loss of the minibatch ``rows`` (int64 indices into the prepared data)
+        at weights ``w``; writes its gradient into ``grad`` (``n_params`` float64),
+        all of it, or with ``block=(lo, hi)`` (one of :meth:`blocks`) only
+        grad[lo:hi]."""
+
+    def grad(self, w, data, rows, grad, block=None) -> None:
+        """The minibatch gradient only, as :meth:`loss_grad` writes it (what the
+        trainers call each step; a model whose loss costs extra overrides it)."""
+        self.loss_grad(w, data, rows, grad, block)
+
+    def loss(self, w, data) -> float:
+        """The loss (with its regulariser) of every row of the prepared ``data``."""
+        n = self.n_rows(data)
+        return float(self.loss_grad(w, data, np.arange(n, dtype=np.int64),
+                                    np.empty(self.n_params)))
+
+    def n_rows(self, data) -> int:
+        """Rows of the prepared data (by default its ``y``)."""
+        return int(data.y.shape[0])
+
+    @abc.abstractmethod
+    def decision_function(self, w, X) -> np.ndarray:
+        """The model's scores (n_samples, n_outputs) of the rows of X (a binary model
+        may give the positive class's score only, shape (n_samples,))."""
+
+    def blocks(self, n_parts) -> tuple[np.ndarray, list]:
+        """(bounds, owners): coordinate blocks [bounds[b], bounds[b + 1]) covering the
+        vector, and ``owners[p]``: the blocks part p alone updates. By default
+        ``n_parts`` contiguous ranges, one per part."""
+        if isinstance(n_parts, bool) or not isinstance(n_parts, (int, np.integer)) \
+                or not 1 <= n_parts <= self.n_params:
+            raise ValueError(f"n_parts: must be an int in [1, {self.n_params}] (one block "
+                             f"per part at least), got {n_parts!r}; use fewer workers")
+        bounds = np.linspace(0, self.n_params, int(n_parts) + 1).astype(np.int64)
+        return bounds, [np.array([p], np.int64) for p in range(int(n_parts))]
+
+    def predict_proba(self, w, X) -> np.ndarray:
+        """Class probabilities: the softmax of the decision function."""
+        z = self.decision_function(w, X)
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        return z / z.sum(axis=1, keepdims=True)
+
+    def predict(self, w, X) -> np.ndarray:
+        """The class index of the highest score of each row."""
+        return np.argmax(self.decision_function(w, X), axis=1)
+
+
+def one_blas_thread():
+    """BLAS on one thread: from now on in this process, or, used as ``with
+    one_blas_thread():``, for the block (the limiter restores the pools on exit).
+    A model's workers all run matrix products at once, and a threaded BLAS in each
+    would oversubscribe the cores (OpenBLAS also serialises concurrent callers of
+    its pool)."""
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def blas_limited(model):
+    """A context that runs BLAS on one thread when ``model`` uses it, else nothing."""
+    import contextlib
+    return one_blas_thread() if model.uses_blas else contextlib.nullcontext()

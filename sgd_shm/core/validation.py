@@ -1,0 +1,191 @@
+"""The argument checks every public entry point of the kit uses.
+
+Each check returns the value in its canonical type or raises with the argument's
+name, the rule and the value: :class:`~sgd_shm.core.errors.ParameterError` (a
+``TypeError``) for a value of the wrong type (``lr="0.1"``, ``progress="yes"``), a
+``ValueError`` for a value out of range. The data checks (:func:`model_data`,
+:func:`model_X`) read a matrix and its labels for a :class:`~sgd_shm.core.model.Model`.
+
+Conventions the trainers share: ``n_workers=-1`` means every CPU of this machine
+(:func:`resolve_workers`, as scikit-learn's ``n_jobs=-1``); a trainer's seed is
+``seed`` and an estimator's ``random_state`` (scikit-learn's name), both an int >= 0
+or None (:func:`check_seed`).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import numpy as np
+import scipy.sparse as sp
+
+from sgd_shm.core.errors import ParameterError
+
+__all__ = ["check_int", "check_number", "check_bool", "check_choice", "check_seed",
+           "resolve_workers", "n_columns", "model_data", "model_X", "check_eval_set", "check_callbacks"]
+
+
+def _is_int(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v):
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def check_int(name, v, lo=1, hi=None) -> int:
+    """``v`` as an int in [lo, hi] (hi None: no upper bound)."""
+    if not _is_int(v):
+        raise ParameterError(f"{name}: must be an int, got {type(v).__name__} {v!r}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rule = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name}: must be an int {rule}, got {v!r}")
+    return int(v)
+
+
+def check_number(name, v, lo=None, hi=None, lo_open=False, hi_open=False) -> float:
+    """``v`` as a finite float in the range given (open or closed at each end)."""
+    if not _is_real(v):
+        raise ParameterError(f"{name}: must be a number, got {type(v).__name__} {v!r}")
+    v = float(v)
+    bad = not math.isfinite(v)
+    bad = bad or (lo is not None and (v <= lo if lo_open else v < lo))
+    bad = bad or (hi is not None and (v >= hi if hi_open else v > hi))
+    if bad:
+        lo_s = "" if lo is None else f"{'>' if lo_open else '>='} {lo}"
+        hi_s = "" if hi is None else f"{'<' if hi_open else '<='} {hi}"
+        rule = " and ".join(s for s in (lo_s, hi_s) if s)
+        raise ValueError(f"{name}: must be a finite number{' ' + rule if rule else ''}, "
+                         f"got {v!r}")
+    return v
+
+
+def check_bool(name, v) -> bool:
+    """``v`` as a bool (True/False or numpy's bool; no strings, no ints)."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise ParameterError(f"{name}: must be True or False, got {type(v).__name__} {v!r}")
+    return bool(v)
+
+
+def check_choice(name, v, options):
+    """``v`` if it is one of ``options``."""
+    if v not in options:
+        raise ValueError(f"{name}: must be one of {tuple(options)}, got {v!r}")
+    return v
+
+
+def check_seed(name, v):
+    """A seed: None (fresh entropy) or an int >= 0."""
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise ParameterError(f"{name}: must be an int >= 0 or None, got {type(v).__name__} "
+                             f"{v!r}")
+    if v < 0:
+        raise ValueError(f"{name}: must be an int >= 0 or None, got {v!r}")
+    return int(v)
+
+
+def resolve_workers(n_workers, name="n_workers") -> int:
+    """``n_workers`` as a count: an int >= 1, or -1 for every CPU of this machine (as
+    scikit-learn's ``n_jobs=-1``)."""
+    if _is_int(n_workers) and n_workers == -1:
+        return os.cpu_count() or 1
+    if not _is_int(n_workers):
+        raise ParameterError(f"{name}: must be an int >= 1 or -1 (every CPU), got "
+                             f"{type(n_workers).__name__} {n_workers!r}")
+    if n_workers < 1:
+        raise ValueError(f"{name}: must be an int >= 1 or -1 (every CPU), got {n_workers!r}")
+    return int(n_workers)
+
+
+def check_callbacks(callbacks) -> tuple:
+    """``callbacks`` as a tuple of callables (None: none; one callable: one)."""
+    if callbacks is None:
+        return ()
+    if callable(callbacks):
+        return (callbacks,)
+    try:
+        out = tuple(callbacks)
+    except TypeError:
+        raise ParameterError(f"callbacks: expected a callable or a sequence of them, got "
+                             f"{type(callbacks).__name__}") from None
+    for c in out:
+        if not callable(c):
+            raise ParameterError(f"callbacks: every entry must be callable (called with "
+                                 f"each history record), got {type(c).__name__} {c!r}")
+    return out
+
+
+def _matrix(X, name="X"):
+    X = sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else \
+        np.ascontiguousarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D matrix, got {X.ndim} dimensions")
+    if not np.isfinite(X.data if sp.issparse(X) else X).all():
+        raise ValueError(f"{name}: contains NaN or inf; clean or impute the data first")
+    return X
+
+
+def n_columns(X) -> int:
+    """The number of columns of the matrix X (a ValueError unless X is 2-D)."""
+    shape = X.shape if hasattr(X, "shape") else np.shape(X)
+    if len(shape) != 2:
+        raise ValueError(f"X: expected a 2-D matrix, got {len(shape)} dimensions")
+    return int(shape[1])
+
+
+def model_data(X, y, model, n_workers):
+    """(X as float64 CSR or C-contiguous dense, y as class indices 0..C-1, the C
+    classes) for a run of ``model``, checked: 2-D, finite, the model's n_features, as
+    many classes as its n_outputs, as many labels as rows, a row per worker at least."""
+    X = _matrix(X)
+    if X.shape[1] != model.n_features:
+        raise ValueError(f"model: built for n_features={model.n_features}, but X has "
+                         f"{X.shape[1]} features; make the model with n_features=X.shape[1]")
+    y = np.asarray(y)
+    if y.shape != (X.shape[0],):
+        raise ValueError(f"X has {X.shape[0]} rows but y has shape {y.shape}")
+    classes, idx = np.unique(y, return_inverse=True)
+    if classes.size != model.n_outputs:
+        want = "two classes" if model.n_outputs == 2 else f"{model.n_outputs} classes"
+        raise ValueError(f"y: expected {want} (the model's n_outputs), got {classes.size} "
+                         f"({classes[:5].tolist()}); for {classes.size} classes pass a model "
+                         f"with n_outputs={classes.size} (e.g. sgd_shm.models.SoftmaxRegression)")
+    if X.shape[0] < n_workers:
+        raise ValueError(f"n_workers: X has only {X.shape[0]} rows, fewer than the {n_workers} "
+                         "workers (each needs a partition); use fewer workers")
+    return X, idx.astype(np.int64).ravel(), classes
+
+
+def model_X(X, model, name="X"):
+    """X for ``model``'s predictions: float64 CSR or dense, with its n_features."""
+    X = sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, np.float64)
+    if X.ndim != 2 or X.shape[1] != model.n_features:
+        raise ValueError(f"{name}: expected a 2-D matrix with {model.n_features} features, got "
+                         f"shape {X.shape}")
+    return X
+
+
+def check_eval_set(eval_set, model, classes):
+    """(X, y as class indices) of held-out data, or None: X with the model's features,
+    y labels among the training ``classes``."""
+    if eval_set is None:
+        return None
+    try:
+        Xv, yv = eval_set
+    except (TypeError, ValueError):
+        raise ParameterError("eval_set: expected a pair (X_val, y_val) of held-out data, got "
+                             f"{type(eval_set).__name__}") from None
+    Xv = model_X(Xv, model, "eval_set")
+    yv = np.asarray(yv)
+    if yv.shape != (Xv.shape[0],):
+        raise ValueError(f"eval_set: X_val has {Xv.shape[0]} rows but y_val has shape "
+                         f"{yv.shape}")
+    pos = np.searchsorted(classes, yv)
+    pos = np.minimum(pos, classes.size - 1)
+    if not np.array_equal(classes[pos], yv):
+        raise ValueError("eval_set: y_val holds labels that are not among the training "
+                         f"classes {classes[:5].tolist()}")
+    return Xv, pos.astype(np.int64)
