@@ -595,8 +595,15 @@ def _run_shm(job):
     from sgd_shm.collectives.shm import ShmGroup
     cfg = job.cfg
     n, kw = job.comm_args
+    from sgd_shm.collectives.base import CollectiveError
     with ShmGroup(cfg.n_workers, n, **kw) as group:
-        return group.run(rank_main, job)
+        try:
+            return group.run(rank_main, job)
+        except CollectiveError as e:        # a rank's divergence: the trainers' one error
+            if "DivergenceError:" not in str(e):
+                raise
+            line = str(e).split("DivergenceError:", 1)[1].strip().splitlines()[0]
+            raise DivergenceError(line) from e
 
 
 def _run_mpi(job, comm):

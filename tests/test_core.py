@@ -1,0 +1,168 @@
+"""The training core that Hogwild, the parameter server and eager-SGD share: the
+import graph (trainers -> core, never trainer -> trainer), one model path (no
+"model is None" branch), explicit signatures, one divergence error, argument checks,
+the result family (records, held-out score, to_dict, repr) and callbacks."""
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from sgd_shm import eager, ps
+from sgd_shm.core import DivergenceError, ParameterError
+from sgd_shm.core.results import HISTORY_KEYS
+from sgd_shm.data import make_rcv1_like
+
+PKG = pathlib.Path(__file__).resolve().parents[1] / "sgd_shm"
+TRAINERS = ("hogwild", "ps", "eager")
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, y = make_rcv1_like(3000, 300, random_state=0)
+    return X[:2400], y[:2400], X[2400:], y[2400:]
+
+
+def _imports(path):
+    """Every module a file imports (absolute names)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def _owner(module):
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "sgd_shm" else None
+
+
+def test_trainers_import_the_core_and_never_each_other():
+    for trainer in TRAINERS:
+        for path in (PKG / trainer).rglob("*.py"):
+            others = {m for m in _imports(path) if _owner(m) in TRAINERS and _owner(m) != trainer}
+            assert not others, f"{path.relative_to(PKG)} imports {sorted(others)}"
+    for part in ("core", "models", "collectives"):
+        for path in (PKG / part).rglob("*.py"):
+            bad = {m for m in _imports(path) if _owner(m) in TRAINERS}
+            assert not bad, f"{path.relative_to(PKG)} imports trainers {sorted(bad)}"
+
+
+def test_no_trainer_branches_on_a_missing_model():
+    hits = [f"{p.relative_to(PKG)}:{i + 1}" for p in PKG.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines()) if "model is None" in line]
+    assert hits == []
+
+
+@pytest.mark.parametrize("fn", [ps.train, eager.train])
+def test_trainers_have_explicit_signatures(fn):
+    params = inspect.signature(fn).parameters
+    assert not any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in params.values())
+    assert not any(n.startswith("_") for n in params)
+    for name in ("n_workers", "seed", "lr", "loss", "alpha", "model", "compress", "epochs",
+                 "eval_set", "callbacks", "progress"):
+        assert name in params, name
+    assert params["seed"].default == 0 and params["loss"].default is None
+
+
+def test_estimator_signatures_list_every_parameter():
+    from sgd_shm import (HogwildClassifier, HogwildMLPClassifier, HogwildRegressor,
+                         MatrixFactorization)
+    for est in (HogwildClassifier, HogwildRegressor, HogwildMLPClassifier,
+                MatrixFactorization, ps.ParameterServerClassifier):
+        params = inspect.signature(est.__init__).parameters
+        assert not any(p.kind == p.VAR_KEYWORD for p in params.values()), est
+        assert set(est().get_params()) == set(params) - {"self"}
+
+
+@pytest.mark.parametrize("trainer", ["ps", "eager", "hogwild"])
+def test_every_trainer_raises_divergence_error(data, trainer, no_shm_leak):
+    X, y = data[:2]
+    Xb = X * 1e6                               # a step this large overflows at once
+    with pytest.raises(DivergenceError) as e:
+        if trainer == "ps":
+            ps.train(Xb, y, n_workers=1, policy="asp", lr=1e6, loss="squared_error",
+                     max_seconds=10, progress=False)
+        elif trainer == "eager":
+            eager.train(Xb, y, n_workers=1, lr=1e6, loss="squared_error", max_seconds=10,
+                        progress=False)
+        else:
+            from sgd_shm import HogwildRegressor
+            HogwildRegressor(eta0=1e300, learning_rate="constant", n_workers=1,
+                             random_state=0).fit(Xb, y.astype(float))
+    assert isinstance(e.value, FloatingPointError)
+
+
+def test_ps_classifier_fixed_seed_one_worker_fits_the_same_model_twice(data):
+    X, y = data[:2]
+    a = ps.ParameterServerClassifier(n_workers=1, max_iter=2, random_state=3).fit(X, y)
+    b = ps.ParameterServerClassifier(n_workers=1, max_iter=2, random_state=3).fit(X, y)
+    assert np.array_equal(a.coef_, b.coef_) and a.result_.updates == b.result_.updates > 0
+
+
+@pytest.mark.parametrize("fn", [ps.train, eager.train])
+@pytest.mark.parametrize("kw, exc, words", [
+    ({"lr": "0.1"}, TypeError, "lr: must be a number"),
+    ({"progress": "yes"}, TypeError, "progress: must be True or False"),
+    ({"batch_size": 2.5}, TypeError, "batch_size: must be an int"),
+    ({"n_workers": 0}, ValueError, "n_workers.*-1"),
+    ({"eval_set": "held-out"}, TypeError, "eval_set"),
+    ({"callbacks": [1]}, TypeError, "callbacks"),
+])
+def test_bad_arguments_name_the_rule(data, fn, kw, exc, words):
+    X, y = data[:2]
+    with pytest.raises(exc, match=words) as e:
+        fn(X, y, **{"max_seconds": 5, **kw})
+    if exc is TypeError:
+        assert isinstance(e.value, ParameterError) and isinstance(e.value, ValueError)
+
+
+def test_too_many_shards_is_an_error_not_a_clamp(data):
+    X, y = data[:2]
+    with pytest.raises(ValueError, match="n_shards: 1000 shards for 300 weights"):
+        ps.train(X, y, n_shards=1000, max_seconds=5, progress=False)
+
+
+@pytest.mark.parametrize("trainer", ["ps", "eager"])
+def test_results_share_records_held_out_score_and_to_dict(data, trainer, no_shm_leak):
+    X, y, Xv, yv = data
+    fn = ps.train if trainer == "ps" else eager.train
+    kw = {"policy": "asp"} if trainer == "ps" else {}
+    r = fn(X, y, n_workers=2, epochs=3, max_seconds=60, eval_set=(Xv, yv), progress=False,
+           **kw)
+    assert r.history and all(tuple(h) == HISTORY_KEYS for h in r.history)
+    assert r.val_score == r.score(Xv, yv) and r.val_score > 0.6
+    np.testing.assert_allclose(r.val_loss, r.model.loss(r.coef_, r.model.prepare(
+        Xv, (yv == r.classes_[1]).astype(int))))
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["final_loss"] == r.final_loss and d["val_score"] == r.val_score
+    assert "coef_" not in d and len(d["history"]) == len(r.history)
+    assert "\n" not in repr(r) and len(repr(r)) < 200 and "val_score" in repr(r)
+
+
+@pytest.mark.parametrize("trainer", ["ps", "eager"])
+def test_a_callback_sees_every_record_and_can_stop_the_run(data, trainer, tmp_path,
+                                                           no_shm_leak):
+    """A callback is called with each history record (on eager-SGD in rank 0's
+    process, so it writes to a file here) and a True return stops the run."""
+    X, y = data[:2]
+    log = tmp_path / "records.jsonl"
+
+    def stop_at_third(record):
+        with open(log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        return sum(1 for _ in open(log)) >= 3
+
+    fn = ps.train if trainer == "ps" else eager.train
+    r = fn(X, y, n_workers=2, max_seconds=30, sample_every=0.05, callbacks=stop_at_third,
+           progress=False)
+    seen = [json.loads(line) for line in open(log)]
+    assert r.seconds < 10                          # stopped long before max_seconds
+    assert len(seen) >= 3 and all(s in r.history for s in seen)
