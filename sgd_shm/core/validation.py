@@ -22,7 +22,7 @@ import scipy.sparse as sp
 
 from sgd_shm.core.errors import ParameterError
 
-__all__ = ["check_int", "check_number", "check_bool", "check_choice", "check_seed",
+__all__ = ["check_int", "check_number", "check_positive", "check_bool", "check_choice", "check_seed",
            "resolve_workers", "n_columns", "model_data", "model_X", "check_eval_set", "check_callbacks"]
 
 
@@ -59,6 +59,11 @@ def check_number(name, v, lo=None, hi=None, lo_open=False, hi_open=False) -> flo
         raise ValueError(f"{name}: must be a finite number{' ' + rule if rule else ''}, "
                          f"got {v!r}")
     return v
+
+
+def check_positive(name, v) -> float:
+    """``v`` as a finite float > 0 (a step, a duration, a period)."""
+    return check_number(name, v, lo=0, lo_open=True)
 
 
 def check_bool(name, v) -> bool:

@@ -35,8 +35,8 @@ from sgd_shm.core.model import Model, blas_limited
 from sgd_shm.core.results import Result, held_out
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, check_int,
-                                     check_number, check_eval_set, model_data, n_columns,
-                                     resolve_workers)
+                                     check_number, check_eval_set, check_positive,
+                                     model_data, n_columns, resolve_workers)
 
 __all__ = ["train", "EagerResult", "sleepers", "BACKENDS"]
 
@@ -213,10 +213,6 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
 
 
 # ---- argument checks -----------------------------------------------------------------
-def _positive(name, v):
-    return check_number(name, v, lo=0, lo_open=True)
-
-
 def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
             target_loss, epochs, lr, batch_size, sample_every, depth, timeout,
             seed, backend, comm, progress, compress):
@@ -231,15 +227,15 @@ def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
                           ("average", average, AVERAGE)):
         check_choice(name, v, opts)
     if epochs is not None:
-        epochs = _positive("epochs", epochs)
+        epochs = check_positive("epochs", epochs)
     cfg = _Config(n_workers=n_workers, collective=collective, late=late, average=average,
                   imbalance=_imbalance(imbalance, n_workers), delay=_delay(delay),
-                  max_seconds=_positive("max_seconds", max_seconds),
+                  max_seconds=check_positive("max_seconds", max_seconds),
                   target_loss=None if target_loss is None else check_number("target_loss",
                                                                              target_loss),
-                  max_rounds=None, lr=_positive("lr", lr),
+                  max_rounds=None, lr=check_positive("lr", lr),
                   batch_size=check_int("batch_size", batch_size),
-                  sample_every=_positive("sample_every", sample_every),
+                  sample_every=check_positive("sample_every", sample_every),
                   depth=check_int("depth", depth), timeout=check_timeout("timeout", timeout),
                   seed=check_int("seed", seed, lo=0), backend=backend,
                   progress=sys.stderr.isatty() if progress is None else check_bool(

@@ -15,7 +15,7 @@ import numpy as np
 from sgd_shm.core.launcher import check_start_method
 from sgd_shm.core.model import Model
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_int, check_number,
-                                     check_seed, resolve_workers)
+                                     check_positive, check_seed, resolve_workers)
 from sgd_shm.ps.policies import Policy, make_policy
 from sgd_shm.ps.store import WaitPolicy
 
@@ -57,10 +57,6 @@ class TrainConfig:
     def lossy(self) -> bool:
         """True when messages are emulated as lossy (``drop`` given, or RPS)."""
         return self.drop is not None
-
-
-def _positive(name, v):
-    return check_number(name, v, lo=0, lo_open=True)
 
 
 def factors_of(slowdown, n_workers):
@@ -183,18 +179,19 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
         raise ValueError(f"address: joins a Ray cluster, so it needs backend='ray' "
                          f"(got backend={backend!r})")
     _start_method(start_method, backend)
-    _positive("window", window)                   # checked for every policy, used by SaPS
-    _positive("detect_factor", detect_factor)
+    check_positive("window", window)                   # checked for every policy, used by SaPS
+    check_positive("detect_factor", detect_factor)
     return TrainConfig(
         n_workers=n_workers, policy=pol.bind(n_workers),
-        factors=factors_of(slowdown, n_workers), max_seconds=_positive("max_seconds", max_seconds),
+        factors=factors_of(slowdown, n_workers),
+        max_seconds=check_positive("max_seconds", max_seconds),
         target_loss=None if target_loss is None else check_number("target_loss", target_loss),
-        lr=_positive("lr", lr), batch_size=check_int("batch_size", batch_size),
+        lr=check_positive("lr", lr), batch_size=check_int("batch_size", batch_size),
         n_shards=check_int("n_shards", n_shards),
-        sample_every=_positive("sample_every", sample_every),
+        sample_every=check_positive("sample_every", sample_every),
         transient=transient_of(transient), faults=_faults(faults, n_workers),
         checkpoint=_checkpoint_path(checkpoint),
-        checkpoint_every=_positive("checkpoint_every", checkpoint_every),
+        checkpoint_every=check_positive("checkpoint_every", checkpoint_every),
         resume=None if resume is None else os.fspath(resume), wait=_wait(wait),
         seed=check_seed("seed", seed), progress=_progress(progress), backend=backend,
         address=address, compress=_compress(compress),
