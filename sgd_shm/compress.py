@@ -18,11 +18,24 @@ levels): ``step(g)`` adds the residual to g, compresses the sum,
 and keeps what was not sent as the new residual (so sent + residual == accumulated input,
 exactly for the compressors that send values verbatim: the residual is the sum with
 the sent entries zeroed; QSGD's residual is the sum minus the decoded message, exact
-up to rounding); ``keep(msg)`` puts a message that was lost back. The split of
-compressor, memory and communicator follows GRACE (Xu et al., 2021).
+up to rounding); ``keep(msg)`` puts a message that was lost back.
+
+The three roles follow GRACE (Xu et al., "GRACE: a compressed communication framework
+for distributed machine learning", ICDCS 2021):
+
+* the **compressor** (:class:`Compressor`; subclass it and implement ``compress``:
+  any subclass trains in ``ps.train`` and ``eager.train``);
+* the **memory** (:class:`ErrorFeedback`: what was not sent, added to the next
+  gradient; a compressor with ``error_feedback = False`` keeps none);
+* the **communicator** (:class:`Channel`): memory step, delivery by the trainer's
+  transport (a push to the parameter server's shards; an allgather among eager-SGD's
+  ranks), and a lost message's mass back into the memory. Messages travel in one wire
+  format (:func:`pack` / :func:`unpack`: int32 or int64 indices and float64 values,
+  bit for bit).
 """
 from __future__ import annotations
 
+import abc
 import copy
 from dataclasses import dataclass
 
@@ -30,8 +43,9 @@ import numpy as np
 
 from sgd_shm import _select
 
-__all__ = ["SparseMessage", "TopK", "RandomK", "ThresholdTopK", "QSGD", "Dense",
-           "ErrorFeedback", "make_compressor"]
+__all__ = ["Compressor", "SparseMessage", "TopK", "RandomK", "ThresholdTopK", "QSGD",
+           "Dense", "ErrorFeedback", "Channel", "make_compressor", "pack", "unpack",
+           "packed_size"]
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,51 @@ def _check_g(g):
         raise ValueError("g contains NaN or inf: the gradient diverged; lower the step")
 
 
-class _Sized:
+class Compressor(abc.ABC):
+    """The compressor role: what a worker sends instead of its gradient.
+
+    A subclass implements :meth:`compress` and may override:
+
+    * ``error_feedback`` [True]: whether its memory keeps what was not sent;
+    * :meth:`max_entries` [n]: the most entries of a message on n weights (a tight
+      bound lets eager-SGD size its exchange to it);
+    * :meth:`check` [accepts every n]: a ``ValueError`` when it cannot run on n weights.
+
+    A compressor that draws random numbers keeps its generator in ``self._rng`` and
+    its seed in ``self.seed``: :meth:`for_stream` then gives worker k a copy that
+    draws from (seed, k), so the workers of one run draw differently. Any subclass
+    trains in ``sgd_shm.ps.train(compress=...)`` and ``sgd_shm.eager.train(compress=
+    ...)``; see docs/compress.md for a worked example (scaled sign-SGD).
+    """
+    error_feedback = True
+
+    @abc.abstractmethod
+    def compress(self, g) -> SparseMessage:
+        """The message for the 1-D float array g: a :class:`SparseMessage` whose
+        indices are distinct and ascending, whose n is g.size and whose decoding
+        (``values * scale`` at ``indices``) approximates g."""
+
+    def max_entries(self, n) -> int:
+        """The most entries a message on n weights can hold."""
+        return int(n)
+
+    def check(self, n) -> None:
+        """Raise ValueError when this compressor cannot run on n weights."""
+
+    def for_stream(self, stream):
+        """This compressor, drawing from the random stream (seed, stream)."""
+        return _reseeded(self, stream)
+
+    def memory(self, n, dtype=np.float64, stream=0) -> "ErrorFeedback":
+        """Worker ``stream``'s memory for a model of n weights."""
+        self.check(n)
+        return ErrorFeedback(self.for_stream(stream), n, dtype)
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+class _Sized(Compressor):
     """k from ``k`` or ``ratio`` (exactly one)."""
 
     def __init__(self, ratio, k, error_feedback):
@@ -99,12 +157,8 @@ class _Sized:
             return int(self.k)
         return max(1, int(round(self.ratio * n)))
 
-    def memory(self, n, dtype=np.float64, stream=0):
-        return ErrorFeedback(self.for_stream(stream), n, dtype)
-
-    def for_stream(self, stream):
-        """This compressor, drawing from the random stream (seed, stream)."""
-        return _reseeded(self, stream)
+    def check(self, n):
+        self.k_for(n)
 
     def __repr__(self):
         size = f"ratio={self.ratio}" if self.ratio is not None else f"k={self.k}"
@@ -120,6 +174,9 @@ class TopK(_Sized):
     def __init__(self, ratio=None, k=None, error_feedback=True):
         super().__init__(ratio, k, error_feedback)
 
+    def max_entries(self, n):
+        return self.k_for(n)
+
     def compress(self, g):
         _check_g(g)
         return _sparse(g, _select.topk_indices(g, self.k_for(g.size)), ordered=True)
@@ -133,6 +190,9 @@ class RandomK(_Sized):
         super().__init__(ratio, k, error_feedback)
         self.seed, self.rescale = seed, bool(rescale)
         self._rng = np.random.default_rng(seed)
+
+    def max_entries(self, n):
+        return self.k_for(n)
 
     def compress(self, g):
         _check_g(g)
@@ -165,7 +225,7 @@ class ThresholdTopK(_Sized):
         return _sparse(g, idx, ordered=True)
 
 
-class QSGD:
+class QSGD(Compressor):
     """QSGD's stochastic quantization with ``levels`` = s: entry i is sent as
     ||g|| * sign(g_i) * l / s, where l is s|g_i|/||g|| rounded up with probability its
     fractional part and down otherwise, so the message is unbiased (E[decoded] = g).
@@ -205,10 +265,7 @@ class QSGD:
         """The variance factor: E||Q(g) - g||^2 <= omega ||g||^2."""
         return min(n / self.levels ** 2, np.sqrt(n) / self.levels)
 
-    def for_stream(self, stream):
-        return _reseeded(self, stream)
-
-    def memory(self, n, dtype=np.float64, stream=0):
+    def check(self, n):
         if self.error_feedback and self.omega(n) >= 1:
             raise ValueError(
                 f"QSGD(levels={self.levels}) with error_feedback=True diverges on {n} "
@@ -216,13 +273,12 @@ class QSGD:
                 f"{self.omega(n):.3g} must be < 1; use levels > sqrt(n) = "
                 f"{int(np.sqrt(n)) + 1} or error_feedback=False (QSGD is unbiased "
                 "without it)")
-        return ErrorFeedback(self.for_stream(stream), n, dtype)
 
     def __repr__(self):
         return f"QSGD(levels={self.levels}, error_feedback={self.error_feedback})"
 
 
-class Dense:
+class Dense(Compressor):
     """No compression: the message is every entry (8 or 4 bytes each, no indices)."""
     error_feedback = False
 
@@ -234,18 +290,9 @@ class Dense:
     def k_for(self, n):
         return n
 
-    def for_stream(self, stream):
-        return self
-
-    def memory(self, n, dtype=np.float64, stream=0):
-        return ErrorFeedback(self, n, dtype)
-
-    def __repr__(self):
-        return "Dense()"
-
 
 class ErrorFeedback:
-    """A worker's memory of what its compressor did not send."""
+    """The memory role: a worker's memory of what its compressor did not send."""
 
     def __init__(self, compressor, n, dtype=np.float64):
         self.compressor, self.n = compressor, int(n)
@@ -254,10 +301,14 @@ class ErrorFeedback:
 
     def step(self, g):
         """The message for gradient g (plus the residual, with error feedback on)."""
+        if np.shape(g) != (self.n,):
+            raise ValueError(f"g must be a 1-D array of the memory's {self.n} entries "
+                             f"(one per weight), got shape {np.shape(g)}; make the memory "
+                             "with compressor.memory(n) for this model's n")
         if not self.compressor.error_feedback:
-            return self.compressor.compress(np.asarray(g, self.residual.dtype))
+            return self._checked(self.compressor.compress(np.asarray(g, self.residual.dtype)))
         np.add(self.residual, g, out=self._acc)
-        msg = self.compressor.compress(self._acc)
+        msg = self._checked(self.compressor.compress(self._acc))
         self.residual[:] = self._acc
         # acc - decoded: exactly zero where values travel verbatim (scale 1)
         self.residual[msg.indices] -= msg.values * msg.scale
@@ -271,14 +322,99 @@ class ErrorFeedback:
     def reset(self):
         self.residual[:] = 0.0
 
+    def _checked(self, msg):
+        """A compressor's message, checked against the contract (a user's subclass
+        that breaks it fails here, not as wrong weights later)."""
+        who = type(self.compressor).__name__
+        if not isinstance(msg, SparseMessage):
+            raise TypeError(f"{who}.compress must return a sgd_shm.compress.SparseMessage, "
+                            f"got {type(msg).__name__}")
+        idx, vals = msg.indices, msg.values
+        if msg.n != self.n or idx.ndim != 1 or idx.shape != vals.shape:
+            raise ValueError(f"{who}.compress returned a message with n={msg.n}, "
+                             f"{idx.shape} indices and {vals.shape} values; it needs "
+                             f"n={self.n} and as many 1-D indices as values")
+        if idx.dtype.kind not in "iu" or vals.dtype.kind != "f":
+            raise TypeError(f"{who}.compress: indices must be integers and values floats, "
+                            f"got {idx.dtype} and {vals.dtype}")
+        if idx.size and (idx[0] < 0 or idx[-1] >= self.n or
+                         (idx.size > 1 and not np.all(idx[1:] > idx[:-1]))):
+            raise ValueError(f"{who}.compress: indices must be distinct, ascending and in "
+                             f"[0, {self.n}); sort them (np.sort) and drop repeats")
+        return msg
+
+
+class Channel:
+    """The communicator role, one worker's side: its memory, and what became of each
+    message. A trainer delivers the message by its own transport (a parameter-server
+    push, an eager-SGD allgather) and reports back with :meth:`delivered`; a message
+    that was not applied goes back into the memory when ``keep_lost`` (eager-SGD's
+    ``late="carry"``), and is gone otherwise (a message lost on an unreliable link, of
+    which the worker is not told)."""
+
+    def __init__(self, compressor, n, *, stream=0, keep_lost=False, dtype=np.float64):
+        self.memory = compressor.memory(n, dtype, stream=stream)
+        self.keep_lost = bool(keep_lost)
+        self.bytes_sent = 0                 # the compressor's count of applied messages
+
+    def message(self, g) -> SparseMessage:
+        """The message for gradient g (through the memory)."""
+        return self.memory.step(g)
+
+    def delivered(self, msg, applied=True) -> None:
+        """Record msg's fate: applied (its bytes count as sent) or not."""
+        if applied:
+            self.bytes_sent += int(msg.nbytes)
+        elif self.keep_lost:
+            self.memory.keep(msg)
+
+
+# ---- the wire format -----------------------------------------------------------------
+_HEAD = 3                                   # [entries, decoding scale, index bytes]
+
+
+def packed_size(entries, n):
+    """float64 elements that :func:`pack` uses for a message of ``entries`` entries on
+    n weights: a 3-element header, the indices' bytes (4 each below 2**31 weights,
+    else 8) rounded up to whole elements, and the values."""
+    width = 4 if n < 2 ** 31 else 8
+    return _HEAD + -(-entries * width // 8) + entries
+
+
+def pack(msg, out) -> int:
+    """Write msg into the float64 array ``out`` (at least ``packed_size`` long); returns
+    the elements written. Indices travel as their bytes (not as floats), values as
+    float64, so :func:`unpack` gives the same bits back."""
+    m = msg.indices.size
+    width = 4 if msg.n < 2 ** 31 else 8
+    used = packed_size(m, msg.n)
+    if out.dtype != np.float64 or out.size < used:
+        raise ValueError(f"out must be a float64 array of at least {used} elements for a "
+                         f"message of {m} entries, got {out.dtype} x {out.size}")
+    out[0], out[1], out[2] = m, msg.scale, width
+    raw = out[_HEAD:used - m].view(np.uint8)
+    raw[:m * width] = msg.indices.astype(np.int32 if width == 4 else np.int64).view(np.uint8)
+    out[used - m:used] = msg.values
+    return used
+
+
+def unpack(buf, n) -> SparseMessage:
+    """The message :func:`pack` wrote at the start of ``buf`` (n: the dense length)."""
+    m, scale, width = int(buf[0]), float(buf[1]), int(buf[2])
+    used = packed_size(m, n)
+    idx = buf[_HEAD:used - m].view(np.uint8)[:m * width].view(
+        np.int32 if width == 4 else np.int64).copy()
+    vals = buf[used - m:used].copy()
+    return SparseMessage(idx, vals, n, 8 * used, scale)
+
 
 _SPECS = {"topk": TopK, "randomk": RandomK, "threshold": ThresholdTopK}
 
 
 def make_compressor(spec):
-    """A compressor from an object, None, "dense", "topk:RATIO", "randomk:RATIO",
-    "threshold:RATIO" or "qsgd:LEVELS"."""
-    if spec is None or isinstance(spec, (TopK, RandomK, ThresholdTopK, QSGD, Dense)):
+    """A compressor from a :class:`Compressor` (any subclass, as is), None, "dense",
+    "topk:RATIO", "randomk:RATIO", "threshold:RATIO" or "qsgd:LEVELS"."""
+    if spec is None or isinstance(spec, Compressor):
         return spec
     if isinstance(spec, str):
         name, _, arg = spec.partition(":")
@@ -291,6 +427,7 @@ def make_compressor(spec):
                 return QSGD(levels=int(arg))
         except ValueError as e:
             raise ValueError(f"compress: {e} (in {spec!r})") from None
-    raise ValueError(f"compress: expected None, a compressor object (TopK, RandomK, "
-                     f"ThresholdTopK, QSGD, Dense) or a spec such as 'topk:0.001', "
-                     f"'randomk:0.01', 'threshold:0.001', 'qsgd:16', 'dense'; got {spec!r}")
+    raise ValueError(f"compress: expected None, a sgd_shm.compress.Compressor (TopK, "
+                     f"RandomK, ThresholdTopK, QSGD, Dense or a subclass of your own) or a "
+                     f"spec such as 'topk:0.001', 'randomk:0.01', 'threshold:0.001', "
+                     f"'qsgd:16', 'dense'; got {spec!r}")

@@ -13,10 +13,18 @@ between the three kinds is when a round *closes*, which fixes its contributors:
   shared by all ranks (:func:`initiator`), so about half of the ranks have arrived
   before it does, in expectation.
 
+A round either reduces (``start``, ``allreduce``: every rank's buffer of n elements is
+summed) or gathers (``start_gather``, ``allgather``: every contributor's payload of up
+to n elements reaches every rank, each as it was sent: a real allgather, MPI's
+``Allgatherv`` or the shared segment's copy, not a sum). Every rank must call the same
+kind and operation in the same round; a rank that finds the others called another
+raises :class:`CollectiveError` (and the others stop with it).
+
 A rank that arrives after its round closed is *late*: its wait returns at once with
 the round's result, and its contribution is dropped (``late="drop"``, as fflib2 does)
 or kept and added to what it contributes next (``late="carry"``, so no gradient mass
-is lost). ``op="mean"`` divides the sum by the number of ranks (``average="size"``,
+is lost). A late *payload* of a gather is never carried (payloads do not add): the
+caller sees ``Round.contributed`` False and keeps it as it sees fit. ``op="mean"`` divides the sum by the number of ranks (``average="size"``,
 as fflib2) or by the number of contributors (``average="contributors"``).
 
 Source: Li, Ben-Nun, Di Girolamo, Alistarh, Hoefler, "Taming unbalanced training
@@ -61,12 +69,15 @@ class Round:
 
     round: the round id (the same on every rank); kind: "sync", "solo" or "majority";
     contributors: the ranks whose contributions are summed in the result (sorted);
-    contributed: whether this rank's contribution is among them (False: it was late).
+    contributed: whether this rank's contribution is among them (False: it was late);
+    parts: for a gather, each contributor's payload (in the order of contributors);
+    empty for a reduction.
     """
     round: int
     kind: str
     contributors: tuple
     contributed: bool
+    parts: tuple = ()
 
     @property
     def n_contributors(self) -> int:
@@ -167,15 +178,29 @@ class Communicator:
         """Partial allreduce activated by the round's drawn initiator, in place."""
         return self.start(buf, "majority", op).wait(timeout)
 
+    def allgather(self, payload, kind="sync", *, timeout=None) -> Round:
+        """Every contributor's ``payload`` (at most n elements of this communicator's
+        dtype), in ``Round.parts``; ``kind`` as for a reduction."""
+        return self.start_gather(payload, kind).wait(timeout)
+
+    def start_gather(self, payload, kind="sync") -> Request:
+        """Start this rank's next round as a gather of ``payload`` (non-blocking); its
+        wait returns the Round with ``parts``. The payload is copied in at the start."""
+        kind = _choice("kind", kind, KINDS)
+        payload = self._check_payload(payload)
+        self._check_idle()
+        r = self._next
+        self._next += 1
+        req = Request(self, self._post_gather(r, kind, payload), payload, "gather", kind, r)
+        self._pending = req
+        return req
+
     def start(self, buf, kind="sync", op="sum") -> Request:
         """Start this rank's next round with ``buf`` (non-blocking); see Request."""
         kind = _choice("kind", kind, KINDS)
         op = _choice("op", op, OPS)
         self._check_buf(buf)
-        if self._pending is not None:
-            raise CollectiveError(
-                f"rank {self.rank}: round {self._pending._round} was started and not "
-                "waited for; call wait() on its request before starting the next round")
+        self._check_idle()
         if self._carry_live:
             buf += self._carry.reshape(buf.shape)
             self._carry[:] = 0
@@ -220,17 +245,46 @@ class Communicator:
             self._carry += np.asarray(contribution).reshape(-1)
             self._carry_live = True
 
+    def _check_idle(self):
+        if self._pending is not None:
+            raise CollectiveError(
+                f"rank {self.rank}: round {self._pending._round} was started and not "
+                "waited for; call wait() on its request before starting the next round")
+
+    def _check_payload(self, payload):
+        if not isinstance(payload, np.ndarray):
+            raise TypeError(f"payload must be a numpy array, got {type(payload).__name__}")
+        if payload.dtype != self.dtype:
+            raise TypeError(f"payload must have dtype {self.dtype} (this communicator's), "
+                            f"got {payload.dtype}; convert with payload.astype(np."
+                            f"{self.dtype})")
+        payload = payload.reshape(-1)
+        if payload.size > self.n:
+            raise ValueError(f"payload must have at most {self.n} elements (this "
+                             f"communicator's n), got {payload.size}; make the "
+                             "communicator with n = the largest payload")
+        return payload
+
     def _complete(self, req, timeout):
         t = self.timeout if timeout is None else check_timeout("timeout", timeout)
         deadline = None if t is None else time.monotonic() + t
+        if req._op == "gather":
+            mask, contributed, parts = self._finish_gather(req._handle, deadline)
+            self._pending = None
+            self._count(contributed)
+            return Round(req._round, req._kind, mask_ranks(mask), bool(contributed),
+                         tuple(parts))
         mask, contributed = self._finish(req._handle, req._buf, deadline)
         self._pending = None
         ranks = mask_ranks(mask)
         if req._op == "mean":
             req._buf /= self.size if self.average == "size" else len(ranks)
+        self._count(contributed)
+        return Round(req._round, req._kind, ranks, bool(contributed))
+
+    def _count(self, contributed):
         self.stats["rounds"] += 1
         self.stats["contributed" if contributed else "late"] += 1
-        return Round(req._round, req._kind, ranks, bool(contributed))
 
     def _check_buf(self, buf):
         if not isinstance(buf, np.ndarray):
@@ -253,6 +307,13 @@ class Communicator:
         raise NotImplementedError
 
     def _finish(self, handle, buf, deadline):   # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _post_gather(self, r, kind, payload):    # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _finish_gather(self, handle, deadline):  # pragma: no cover - abstract
+        """(contributor mask, contributed, the contributors' payloads in rank order)."""
         raise NotImplementedError
 
     def _closed_upto(self) -> int:          # pragma: no cover - abstract
