@@ -370,3 +370,87 @@ def test_pickled_group_reattaches_in_a_fresh_process():
         c0.close()
     with pytest.raises(ValueError, match="no shared-memory segment"):
         cshm._attach_group(g.name, "drop", "size", None)
+
+
+# ---- gather rounds -------------------------------------------------------------------------
+def _payload(rank, r, cap):
+    """Rank ``rank``'s payload of round r: a length in [0, cap] and NaN-free floats
+    whose bits any copy would keep (and any sum would change)."""
+    rng = np.random.default_rng([rank, r])
+    return rng.standard_cauchy(int(rng.integers(0, cap + 1))) * 1e-300
+
+
+def _gather_ranks(comm, rounds, kind, every_reduce):
+    out = []
+    for r in range(rounds):
+        rnd = comm.allgather(_payload(comm.rank, r, comm.n), kind)
+        out.append((rnd.round, rnd.contributors, rnd.contributed,
+                    [p.tobytes() for p in rnd.parts]))
+        if every_reduce and r % every_reduce == 0:       # reductions in the same sequence
+            b = np.full(comm.n, float(comm.rank + 1))
+            assert comm.allreduce(b).contributors == tuple(range(comm.size))
+            assert b[0] == comm.size * (comm.size + 1) / 2
+    return out
+
+
+@pytest.mark.parametrize("kind", ["sync", "solo", "majority"])
+@pytest.mark.parametrize("P,n", [(2, 9), (3, 40000)])    # 40000: several copy chunks
+def test_gather_delivers_each_payload_exactly(kind, P, n):
+    rounds = 30 if n < 1000 else 6
+    with ShmGroup(P, n, gather=True, timeout=60) as g:
+        res = g.run(_gather_ranks, rounds, kind, 4)
+    for r in range(rounds):
+        views = {(x[r][0], x[r][1], tuple(x[r][3])) for x in res}
+        assert len(views) == 1                   # every rank saw the same round
+        _, contributors, _, parts = res[0][r]
+        if kind == "sync":
+            assert contributors == tuple(range(P))
+        assert len(contributors) >= 1
+        for j, part in zip(contributors, parts):
+            assert part == _payload(j, r, n).tobytes()      # the bits that were sent
+        for k in range(P):
+            assert res[k][r][2] == (k in contributors)
+
+
+def _mixed(comm, how):
+    if how == "op":
+        if comm.rank == 0:
+            comm.allgather(np.ones(3))
+        else:
+            comm.allreduce(np.ones(comm.n))
+    else:                                       # sync on one rank, majority on another
+        comm.start(np.ones(comm.n), "sync" if comm.rank == 0 else "majority").wait()
+
+
+@pytest.mark.parametrize("how", ["op", "kind"])
+def test_ranks_that_disagree_on_a_round_raise(how):
+    """One rank gathers (or reduces by sync) while another reduces (by majority): the
+    group stops with an error naming the disagreement instead of returning a wrong
+    result or hanging."""
+    with ShmGroup(2, 10, gather=True, timeout=30) as g:
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveError, match="disagree on what round 0 is"):
+            g.run(_mixed, how)
+        assert time.monotonic() - t0 < 25
+
+
+def test_gather_arguments():
+    with ShmGroup(1, 4) as g:
+        c = g.communicator(0)
+        with pytest.raises(ValueError, match="gather=True"):
+            c.allgather(np.ones(2))
+        assert c.allreduce(np.ones(4)).round == 0     # the failed call used no round
+        c.close()
+    with ShmGroup(1, 4, gather=True) as g:
+        c = g.communicator(0)
+        with pytest.raises(ValueError, match="at most 4 elements"):
+            c.allgather(np.ones(5))
+        with pytest.raises(TypeError, match="dtype"):
+            c.allgather(np.ones(2, np.float32))
+        rnd = c.allgather(np.zeros(0))
+        assert rnd.contributors == (0,) and rnd.parts[0].size == 0
+        c.close()
+    with pytest.raises(TypeError, match="gather"):
+        ShmGroup(2, 4, gather="yes")
+    with pytest.raises(ValueError, match="2\\*\\*24"):
+        ShmGroup(2, 2 ** 24, np.float32, gather=True)

@@ -15,8 +15,12 @@ Usage::
     with ShmGroup(4, 1000, late="carry") as group:
         stats = group.run(train, 100)              # forks 4 ranks, returns 4 values
 
-Every rank calls the same kind of collective in the same round (as in MPI): mixing
-kinds within one round is a user error with undefined contributors.
+Every rank calls the same kind of collective in the same round (as in MPI); a rank
+that finds another kind or operation already recorded for its round raises
+CollectiveError and aborts the group (the others stop with RankFailure), so a mix-up
+never returns a wrong result or hangs. A group made with ``gather=True`` also runs
+gather rounds (``comm.allgather(payload, kind)``: every contributor's payload reaches
+every rank, copied, not summed).
 
 Layout (int64 words, after the common 64-byte header; ``L`` = LINE_WORDS, a word that
 several processes write gets a cache line of its own):
@@ -26,11 +30,14 @@ several processes write gets a cache line of its own):
   far; an atomic max), and per rank one line: pid, ``left`` (1 + rounds passed when
   it closed its communicator), ``posted`` (1 + last round it posted), ``passed``
   (rounds it has finished).
-* ``depth`` slots; round r uses slot r % depth. A slot has five lines: ``round`` (the
+* ``depth`` slots; round r uses slot r % depth. A slot has six lines: ``round`` (the
   round the slot serves now), ``state`` (CLOSED bit 62 | arrival mask, bits 0..59),
   ``claim`` (next reduction chunk to hand out), ``done`` (chunks reduced), ``consumed``
-  (ranks that have copied the result out).
-* data (page aligned): one contribution row per rank, one result row per slot.
+  (ranks that have copied the result out), ``kinds`` (one bit per kind and operation
+  that ranks called the round as: more than one bit is an error).
+* data (page aligned): one contribution row per rank, one result row per slot. In a
+  group that gathers, a contribution row is [count, payload] (n + 1 elements) and a
+  result row holds ``size`` of them.
 
 A round is two compiled calls on the fast path (``_k_post``: steps 1-2, ``_k_complete``:
 steps 3-4, each polling a bounded number of times); Python only backs off between
@@ -43,7 +50,8 @@ Protocol of round r, slot s = r % depth, on rank k:
    than ``depth`` rounds ahead of the slowest one (bounded lag; a slow rank holds the
    fast ones back). ``round[s]`` holds the full round id, so there is no ABA: it
    can only move past r after k itself consumed r.
-2. If ``state`` is already CLOSED the rank is late: the base class's ``_keep_late``
+2. The rank ORs its kind bit into ``kinds``; a different bit there is a disagreement
+   (see above). If ``state`` is already CLOSED the rank is late: the base class's ``_keep_late``
    gets its buffer (drop / carry) and nothing is copied. Otherwise it copies its buffer
    into its contribution row, then CASes its bit into ``state`` (acq_rel); in the same
    CAS it closes the round when its kind says so (sync: the mask is full; solo:
@@ -56,6 +64,8 @@ Protocol of round r, slot s = r % depth, on rank k:
    atomic add on ``claim`` and writes result[c] = sum of the contributors' rows over
    chunk c, in ascending rank order (so every rank reads the same bits), then adds 1 to
    ``done`` (acq_rel). A rank busy elsewhere never stalls the reduction.
+   A gather round hands out chunks of the contributors' rows instead: each is copied,
+   up to the row's count, to the same place in the result row (``_k_gather``).
 4. When ``done`` == number of chunks (acquire), the rank copies the result out, then
    adds 1 to ``consumed`` (acq_rel). The rank whose add makes it ``size`` resets
    state/claim/done/consumed (plain stores) and store-releases ``round[s] = r + depth``.
@@ -108,26 +118,34 @@ _DTYPES = {0: np.dtype(np.float32), 1: np.dtype(np.float64)}
 
 # word offsets (in units of int64 words)
 _META = 8                                   # after the 64-byte common header
-_M_SIZE, _M_N, _M_DEPTH, _M_DTYPE, _M_SEED, _M_LINE, _M_ROW = range(7)
+_M_SIZE, _M_N, _M_DEPTH, _M_DTYPE, _M_SEED, _M_LINE, _M_ROW, _M_GATHER = range(8)
 _ABORT = -(-(_META + 8) // L) * L
 _CLOSED_UPTO = _ABORT + L
 _RANKS = _CLOSED_UPTO + L
 _R_PID, _R_LEFT, _R_POSTED, _R_PASSED = range(4)
-_S_ROUND, _S_STATE, _S_CLAIM, _S_DONE, _S_CONSUMED = range(5)
-_SLOT_WORDS = 5 * L
+_S_ROUND, _S_STATE, _S_CLAIM, _S_DONE, _S_CONSUMED, _S_KINDS = range(6)
+_SLOT_WORDS = 6 * L
 _PAGE = 4096
 
 # abort codes: 1 + k: rank k died / failed; 1 + size + k: rank k raised;
 # 1 + 2 * size: the parent (run) stopped the group (timeout, interrupt)
 
 
-def _layout(size, n, depth, itemsize):
+def _layout(size, n, depth, itemsize, gather):
+    """(control words before the slots, data offset, contribution row and result row
+    in elements, total bytes). A group that gathers has a count before each
+    contribution and results of ``size`` rows of n + 1 elements."""
     slots = _RANKS + size * L
     ctrl_bytes = (slots + depth * _SLOT_WORDS) * 8
     data = -(-ctrl_bytes // _PAGE) * _PAGE
-    row = -(-(n * itemsize) // _PAGE) * _PAGE // itemsize     # elements per row
-    total = data + (size + depth) * row * itemsize
-    return slots, data, row, total
+    n1 = n + 1 if gather else n
+
+    def page(elements):
+        return -(-(elements * itemsize) // _PAGE) * _PAGE // itemsize
+
+    row, rrow = page(n1), page(size * n1 if gather else n)
+    total = data + (size * row + depth * rrow) * itemsize
+    return slots, data, row, rrow, total
 
 
 # ---- atomics with explicit orderings ---------------------------------------------------
@@ -313,42 +331,95 @@ def _k_finish_slot(W, base, line, size, depth, r):
         W[base + _S_CLAIM * line] = 0
         W[base + _S_DONE * line] = 0
         W[base + _S_CONSUMED * line] = 0
+        W[base + _S_KINDS * line] = 0
         _store_rel(W, base + _S_ROUND * line, r + depth)
         return True
     return False
 
 
 @njit(cache=True, nogil=True)
-def _k_post(W, base, line, r, row, buf, bit, full, mode, copy, cu):
+def _k_or(W, off, bits):
+    """W[off] |= bits (atomic); the value before."""
+    while True:
+        old = _load_acq(W, off)
+        if (old & bits) == bits or _cas(W, off, old, old | bits):
+            return old
+
+
+@njit(cache=True, nogil=True)
+def _k_post(W, base, line, r, row, buf, bit, full, mode, copy, cu, kind, gather):
     """Steps 1-2 of a round in one call: -1 if the slot does not serve round r yet;
-    else the state after arriving (copying ``buf`` into ``row`` first unless the round
-    is closed or ``copy`` is False), or the closed state found (late: ``bit`` unset)."""
+    -2 if another rank called round r as another kind or operation (``kind``: one
+    bit per kind and operation); else the state after arriving (copying ``buf`` into
+    ``row`` first, after a count when gathering, unless the round is closed or
+    ``copy`` is False), or the closed state found (late: ``bit`` unset)."""
     if _load_acq(W, base + _S_ROUND * line) != r:
         return -1
+    if _k_or(W, base + _S_KINDS * line, kind) & ~kind:
+        return -2
     st = base + _S_STATE * line
     old = _load_acq(W, st)
     if old & CLOSED:
         return old
-    if copy:
+    if gather:
+        row[0] = buf.size
+        row[1:1 + buf.size] = buf
+    elif copy:
         row[:buf.size] = buf
     return _k_arrive(W, st, cu, bit, full, mode, r)
 
 
 @njit(cache=True, nogil=True)
+def _k_gather(W, claim, done, C, R, mask, per_row, chunk, n1):
+    """Claim chunks of the result and copy the contributors' rows (count, payload)
+    into them: chunk c is piece c % per_row of rank c // per_row's row, copied only
+    up to its count. Returns the number of chunks this call handled."""
+    got = 0
+    total = per_row * C.shape[0]
+    while True:
+        c = _add(W, claim, 1)
+        if c >= total:
+            break
+        j = c // per_row
+        if (mask >> j) & 1:
+            lo = (c % per_row) * chunk
+            hi = min(int(C[j, 0]) + 1, lo + chunk)
+            if lo < hi:
+                R[j * n1 + lo:j * n1 + hi] = C[j, lo:hi]
+        _add(W, done, 1)
+        got += 1
+    return got
+
+
+@njit(cache=True, nogil=True)
 def _k_complete(W, base, line, r, state, C, R, out, nchunks, chunk, n, size, depth,
-                spins):
+                spins, gather):
     """Steps 3-4 of a round, polling each word at most ``spins`` times. Returns
-    (0, state) when done (``out`` holds the result and this rank's read is counted),
-    (1, 0) while the round is open, (2, state) while chunks are being reduced."""
+    (0, state) when done (``out`` holds the result, or for a gather each
+    contributor's count and payload at its row of n + 1, and this rank's read is
+    counted), (1, 0) while the round is open, (2, state) while chunks are being
+    reduced or copied."""
     if not state & CLOSED:
         state = _k_spin(W, base + _S_STATE * line, CLOSED, CLOSED, spins)
         if state < 0:
             return 1, 0
-    _k_reduce(W, base + _S_CLAIM * line, base + _S_DONE * line, C, R, state & MASK,
-              nchunks, chunk, n)
+    mask = state & MASK
+    if gather:
+        _k_gather(W, base + _S_CLAIM * line, base + _S_DONE * line, C, R, mask,
+                  nchunks // size, chunk, n + 1)
+    else:
+        _k_reduce(W, base + _S_CLAIM * line, base + _S_DONE * line, C, R, mask,
+                  nchunks, chunk, n)
     if _k_spin(W, base + _S_DONE * line, -1, nchunks, spins) < 0:
         return 2, state
-    out[:n] = R[:n]
+    if gather:
+        for j in range(size):
+            if (mask >> j) & 1:
+                o = j * (n + 1)
+                e = o + int(R[o]) + 1
+                out[o:e] = R[o:e]
+    else:
+        out[:n] = R[:n]
     _k_finish_slot(W, base, line, size, depth, r)
     return 0, state
 
@@ -378,7 +449,7 @@ def _attach_group(name, late, average, timeout):
 
 class ShmGroup:
     """ShmGroup(size, n, dtype=np.float64, *, late="drop", average="size", depth=8,
-    seed=0, timeout=None)
+    seed=0, timeout=None, gather=False)
 
     ``size`` ranks (processes on this box) that combine buffers of ``n`` elements of
     ``dtype`` (float32 or float64) through one shared-memory segment, which this object
@@ -388,7 +459,9 @@ class ShmGroup:
     late, average, timeout: the communicators' defaults (see
     :class:`~sgd_shm.collectives.base.Communicator`); depth: rounds in flight (a rank can
     run at most ``depth`` rounds ahead of the slowest; the segment holds ``depth``
-    result buffers); seed: draws the initiator of each majority round.
+    result buffers); seed: draws the initiator of each majority round; gather: whether
+    the ranks may also run gather rounds (``allgather``: payloads of up to n elements;
+    the segment then holds ``size`` payloads per slot).
 
     :meth:`communicator` gives rank k's communicator in the calling process (after a
     fork, or in any process that unpickled this object: it pickles as a handle that
@@ -396,10 +469,16 @@ class ShmGroup:
     """
 
     def __init__(self, size, n, dtype=np.float64, *, late="drop", average="size", depth=8,
-                 seed=0, timeout=None):
+                 seed=0, timeout=None, gather=False):
         size = _int_in("size", size, 1, MAX_RANKS)
         n = _int_in("n", n, 1, None)
         dt = check_dtype(dtype)
+        if not isinstance(gather, (bool, np.bool_)):
+            raise TypeError(f"gather must be True or False, got {type(gather).__name__}")
+        if gather and dt == np.float32 and n >= 2 ** 24:
+            raise ValueError(f"n must be < 2**24 for a float32 group that gathers (a "
+                             f"payload's count travels as a float32), got {n}; use "
+                             "dtype=np.float64")
         self.late = _choice("late", late, LATE)
         self.average = _choice("average", average, AVERAGE)
         if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)):
@@ -413,7 +492,7 @@ class ShmGroup:
             raise ValueError(f"seed must be in [0, 2**63), got {seed}")
         self.timeout = check_timeout("timeout", timeout)
         depth = int(depth)
-        _slots, _data, _row, total = _layout(size, n, depth, dt.itemsize)
+        _slots, _data, _row, _rrow, total = _layout(size, n, depth, dt.itemsize, gather)
         try:
             free = os.statvfs("/dev/shm")
             avail = free.f_bavail * free.f_frsize
@@ -422,13 +501,14 @@ class ShmGroup:
         if avail is not None and total > avail:
             raise ValueError(
                 f"the segment needs {total / 2**20:.1f} MiB ((size + depth) buffers of n "
-                f"elements) but /dev/shm has {avail / 2**20:.1f} MiB free; lower depth or n")
+                f"elements; depth * size of them to gather) but /dev/shm has "
+                f"{avail / 2**20:.1f} MiB free; lower depth or n")
         seg = _shm.Segment.create(total, shared=True)
         try:
             _shm.write_header(seg.buf, KIND_COLLECTIVE, total)
             W = np.frombuffer(seg.buf, np.int64, count=_data // 8)
-            W[_META:_META + 7] = (size, n, depth, 1 if dt == np.float64 else 0, int(seed),
-                                  L, _row)
+            W[_META:_META + 8] = (size, n, depth, 1 if dt == np.float64 else 0, int(seed),
+                                  L, _row, int(gather))
         except BaseException:
             seg.close()
             raise
@@ -462,14 +542,18 @@ class ShmGroup:
         self.size, self.n, self.depth = int(meta[0]), int(meta[1]), int(meta[2])
         self.dtype = _DTYPES[int(meta[3])]
         self.seed, self._row = int(meta[4]), int(meta[6])
-        slots, data, row, total = _layout(self.size, self.n, self.depth, self.dtype.itemsize)
+        self.gather = bool(meta[7])
+        slots, data, row, rrow, total = _layout(self.size, self.n, self.depth,
+                                                self.dtype.itemsize, self.gather)
         self._slots = slots
         self._W = np.frombuffer(seg.buf, np.int64, count=data // 8)
-        rows = np.frombuffer(seg.buf, self.dtype, offset=data,
-                             count=(self.size + self.depth) * row).reshape(-1, row)
-        self._C = rows[:self.size]          # contribution rows
-        self._R = rows[self.size:]          # result rows, one per slot
+        self._C = np.frombuffer(seg.buf, self.dtype, offset=data,
+                                count=self.size * row).reshape(self.size, row)
+        self._R = np.frombuffer(seg.buf, self.dtype, offset=data + self.size * row *
+                                self.dtype.itemsize, count=self.depth * rrow).reshape(
+                                    self.depth, rrow)   # result rows, one per slot
         self.nchunks = -(-self.n // CHUNK)
+        self.gchunks = self.size * -(-(self.n + 1) // CHUNK)
         self.chunk = CHUNK
 
     def __reduce__(self):
@@ -730,10 +814,13 @@ def _child_main(group, k, fn, args, conn, parent):
 
 
 class _Handle:
-    __slots__ = ("r", "base", "mode", "buf", "flat", "arrived", "state", "done")
+    __slots__ = ("r", "base", "mode", "buf", "flat", "arrived", "state", "done", "gather",
+                 "kind")
 
-    def __init__(self, r, base, mode, buf):
+    def __init__(self, r, base, mode, buf, gather=False):
         self.r, self.base, self.mode, self.buf = r, base, mode, buf
+        self.gather = gather
+        self.kind = 1 << (min(mode, _MAJ_INIT) + (3 if gather else 0))
         self.flat = buf.reshape(-1)
         self.arrived = False                    # our arrival CAS ran (or we were late)
         self.state = 0                          # the closed state, once seen
@@ -763,6 +850,8 @@ class ShmCommunicator(Communicator):
         self._depth = group.depth
         self._nchunks = group.nchunks
         self._row = group._C[self.rank, :self.n]
+        self._gather_row = group._C[self.rank]     # count, then the payload
+        self._out = None                           # a gather's result (made on first use)
         self._rowaddr = self._row.ctypes.data
         self._bit = 1 << self.rank
         self._full = (1 << self.size) - 1
@@ -800,7 +889,7 @@ class ShmCommunicator(Communicator):
             raise CollectiveError(f"rank {self.rank}: this communicator is closed")
 
     # ---- transport ----------------------------------------------------------------------
-    def _post(self, r, kind, buf):
+    def _post(self, r, kind, buf, gather=False):
         if self._closed:
             self._check_open()
         if kind == "sync":
@@ -810,29 +899,55 @@ class ShmCommunicator(Communicator):
         else:
             mode = _MAJ_INIT if initiator(self.group.seed, r, self.size) == self.rank \
                 else _MAJ_OTHER
-        h = _Handle(r, self._slots + (r % self._depth) * _SLOT_WORDS, mode, buf)
+        h = _Handle(r, self._slots + (r % self._depth) * _SLOT_WORDS, mode, buf, gather)
         self._W[self._me + _R_POSTED] = r + 1
         self._arrive(h)                         # back-pressure: may not arrive yet
         return h
 
+    def _post_gather(self, r, kind, payload):
+        self._check_open()
+        if not self.group.gather:
+            raise ValueError("this ShmGroup cannot gather: make it with ShmGroup(size, n, "
+                             "gather=True) (n: the largest payload)")
+        if self._out is None:
+            self._out = np.zeros(self.size * (self.n + 1), self.dtype)
+        return self._post(r, kind, payload, gather=True)
+
     def _arrive(self, h):
         """Arrive at h's round if its slot serves it; True once arrived (or late)."""
-        s = _k_post(self._W, h.base, L, h.r, self._row, h.flat, self._bit, self._full,
-                    h.mode, h.buf.ctypes.data != self._rowaddr, _CLOSED_UPTO)
+        s = _k_post(self._W, h.base, L, h.r, self._gather_row if h.gather else self._row,
+                    h.flat, self._bit, self._full, h.mode,
+                    h.buf.ctypes.data != self._rowaddr, _CLOSED_UPTO, h.kind, h.gather)
+        if s == -2:
+            self._mismatch(h)
         if s < 0:
             return False
         h.arrived = True
         if s & CLOSED:
             h.state = s
-            if not s & self._bit:
+            if not s & self._bit and not h.gather:
                 self._keep_late(h.buf)          # before the result overwrites it
         return True
 
+    def _mismatch(self, h):
+        """Another rank called round h.r as another kind or operation: abort the group
+        (the others stop with RankFailure) and raise."""
+        _k_cas(self._W, _ABORT, 0, 1 + self.size + self.rank)
+        kinds = int(self._W[h.base + _S_KINDS * L])
+        seen = [f"{op} {k}" for b, (op, k) in enumerate(
+            (op, k) for op in ("reduce", "gather") for k in ("sync", "solo", "majority"))
+            if kinds >> b & 1]
+        raise CollectiveError(
+            f"rank {self.rank}: the ranks disagree on what round {h.r} is ({', '.join(seen)}); "
+            "every rank must call the same kind of collective, reduce or gather, in each "
+            "round")
+
     def _complete_once(self, h, spins):
         g = self.group
+        out, nchunks = (self._out, g.gchunks) if h.gather else (h.flat, self._nchunks)
         code, state = _k_complete(self._W, h.base, L, h.r, h.state, g._C,
-                                  g._R[h.r % self._depth], h.flat, self._nchunks, g.chunk,
-                                  self.n, self.size, self._depth, spins)
+                                  g._R[h.r % self._depth], out, nchunks, g.chunk,
+                                  self.n, self.size, self._depth, spins, h.gather)
         if state:
             h.state = state
         if code == 0:
@@ -858,6 +973,15 @@ class ShmCommunicator(Communicator):
                               lambda: self._complete_once(h, self.SPIN_AGAIN))
         mask = h.state & MASK
         return mask, bool(mask & self._bit)
+
+    def _finish_gather(self, h, deadline):
+        mask, contributed = self._finish(h, h.buf, deadline)
+        out, n1, parts = self._out, self.n + 1, []
+        for j in range(self.size):
+            if mask >> j & 1:
+                o = j * n1
+                parts.append(out[o + 1:o + 1 + int(out[o])].copy())
+        return mask, contributed, parts
 
     def _backoff(self, h, deadline, what, attempt):
         """Call attempt() until it returns True: sched_yield between tries for
