@@ -190,8 +190,9 @@ class Communicator:
         payload = self._check_payload(payload)
         self._check_idle()
         r = self._next
-        self._next += 1
-        req = Request(self, self._post_gather(r, kind, payload), payload, "gather", kind, r)
+        handle = self._post_gather(r, kind, payload)
+        self._next = r + 1
+        req = Request(self, handle, payload, "gather", kind, r)
         self._pending = req
         return req
 
