@@ -95,11 +95,14 @@ import time
 import traceback
 
 import numpy as np
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
 from relaxed import shm as _shm
 from sgd_shm.core.atomics import LINE_WORDS
+from sgd_shm.core.atomics import add_acq_rel as _add
+from sgd_shm.core.atomics import cas_acq_rel as _cas
+from sgd_shm.core.atomics import load_acquire as _load_acq
+from sgd_shm.core.atomics import store_release_at as _store_rel
 from sgd_shm.collectives.base import (AVERAGE, LATE, MAX_RANKS, CollectiveError,
                                       CollectiveTimeout, Communicator, RankFailure, _choice,
                                       _int_in, check_dtype, check_timeout, initiator)
@@ -146,67 +149,6 @@ def _layout(size, n, depth, itemsize, gather):
     row, rrow = page(n1), page(size * n1 if gather else n)
     total = data + (size * row + depth * rrow) * itemsize
     return slots, data, row, rrow, total
-
-
-# ---- atomics with explicit orderings ---------------------------------------------------
-def _ptr(context, builder, aryty, ary, off):
-    a = context.make_array(aryty)(context, builder, ary)
-    return builder.gep(a.data, [off])
-
-
-def _ok(arr, off):
-    return (isinstance(arr, types.Array) and arr.dtype == types.int64
-            and isinstance(off, types.Integer))
-
-
-@intrinsic
-def _load_acq(typingctx, arr, off):
-    """arr.flat[off] (int64), acquire."""
-    if not _ok(arr, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.load_atomic(_ptr(context, builder, sig.args[0], args[0], args[1]),
-                                   "acquire", 8)
-    return types.int64(arr, off), codegen
-
-
-@intrinsic
-def _store_rel(typingctx, arr, off, v):
-    """arr.flat[off] = v (int64), release."""
-    if not _ok(arr, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        builder.store_atomic(args[2], _ptr(context, builder, sig.args[0], args[0], args[1]),
-                             "release", 8)
-        return context.get_dummy_value()
-    return types.void(arr, off, types.int64), codegen
-
-
-@intrinsic
-def _add(typingctx, arr, off, v):
-    """Atomic arr.flat[off] += v (int64), acq_rel; returns the old value."""
-    if not _ok(arr, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.atomic_rmw("add", _ptr(context, builder, sig.args[0], args[0],
-                                              args[1]), args[2], "acq_rel")
-    return types.int64(arr, off, types.int64), codegen
-
-
-@intrinsic
-def _cas(typingctx, arr, off, expected, desired):
-    """Atomic CAS of arr.flat[off] (int64), acq_rel; True if it swapped."""
-    if not _ok(arr, off):
-        return None
-
-    def codegen(context, builder, sig, args):
-        res = builder.cmpxchg(_ptr(context, builder, sig.args[0], args[0], args[1]),
-                              args[2], args[3], "acq_rel", "acquire")
-        return builder.extract_value(res, 1)
-    return types.boolean(arr, off, types.int64, types.int64), codegen
 
 
 @njit(cache=True, nogil=True)

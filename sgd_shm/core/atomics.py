@@ -1,5 +1,8 @@
 """Numba intrinsics: a software prefetch (LLVM's ``llvm.prefetch``), the atomics of
-a spinlock and of work claiming, and the padding of shared words (``LINE_WORDS``).
+a spinlock and of work claiming, word atomics at an offset with the orderings a
+cross-process protocol states (acquire loads, release stores, acq_rel add and
+compare-and-swap: the shared-memory collectives), and the padding of shared words
+(``LINE_WORDS``). The kit's one home for atomics.
 
 SGD visits rows in a shuffled order, so every row starts with a cache miss and
 the epoch is bound by memory latency, not by arithmetic. Asking for the row a
@@ -150,3 +153,64 @@ def load_relaxed(typingctx, arr, offset):
         ptr = builder.gep(ary.data, [args[1]])
         return builder.load_atomic(ptr, "monotonic", 8)
     return sig, codegen
+
+
+# ---- word atomics at an offset, with the orderings of a protocol ---------------------
+def _ptr(context, builder, aryty, ary, off):
+    a = context.make_array(aryty)(context, builder, ary)
+    return builder.gep(a.data, [off])
+
+
+def _ok(arr, off):
+    return (isinstance(arr, types.Array) and arr.dtype == types.int64
+            and isinstance(off, types.Integer))
+
+
+@intrinsic
+def load_acquire(typingctx, arr, off):
+    """arr.flat[off] (int64), acquire."""
+    if not _ok(arr, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(_ptr(context, builder, sig.args[0], args[0], args[1]),
+                                   "acquire", 8)
+    return types.int64(arr, off), codegen
+
+
+@intrinsic
+def store_release_at(typingctx, arr, off, v):
+    """arr.flat[off] = v (int64), release."""
+    if not _ok(arr, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store_atomic(args[2], _ptr(context, builder, sig.args[0], args[0], args[1]),
+                             "release", 8)
+        return context.get_dummy_value()
+    return types.void(arr, off, types.int64), codegen
+
+
+@intrinsic
+def add_acq_rel(typingctx, arr, off, v):
+    """Atomic arr.flat[off] += v (int64), acq_rel; returns the old value."""
+    if not _ok(arr, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.atomic_rmw("add", _ptr(context, builder, sig.args[0], args[0],
+                                              args[1]), args[2], "acq_rel")
+    return types.int64(arr, off, types.int64), codegen
+
+
+@intrinsic
+def cas_acq_rel(typingctx, arr, off, expected, desired):
+    """Atomic CAS of arr.flat[off] (int64), acq_rel; True if it swapped."""
+    if not _ok(arr, off):
+        return None
+
+    def codegen(context, builder, sig, args):
+        res = builder.cmpxchg(_ptr(context, builder, sig.args[0], args[0], args[1]),
+                              args[2], args[3], "acq_rel", "acquire")
+        return builder.extract_value(res, 1)
+    return types.boolean(arr, off, types.int64, types.int64), codegen
