@@ -89,6 +89,7 @@ raises RankFailure) and, under :meth:`ShmGroup.run`, the parent's pid.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import sys
 import time
@@ -587,7 +588,8 @@ class ShmGroup:
         If a rank dies (killed, nonzero exit) or raises, the group is aborted so the
         other ranks' waits raise RankFailure, every process is reaped, and this raises
         RankFailure ("rank k died (signal 9)") or CollectiveError with the rank's
-        traceback. timeout: seconds for the whole run (None: no limit) ->
+        traceback (chained to the rank's exception itself, as ``__cause__``, when it
+        pickles). timeout: seconds for the whole run (None: no limit) ->
         CollectiveTimeout. The group's rounds start again from 0 at each run."""
         self._check_open()
         if not callable(fn):
@@ -668,7 +670,7 @@ class ShmGroup:
         if msg[0] == "ok":
             st.results[k], st.got[k] = msg[1], True
         else:
-            st.errors[k] = (msg[1], msg[2])
+            st.errors[k] = (msg[1], msg[2], msg[3])
             if not msg[2]:
                 self.abort(1 + self.size + k)
             st.fail_t = st.fail_t or time.monotonic()
@@ -703,7 +705,7 @@ class ShmGroup:
         raised = {k: e for k, e in st.errors.items() if not e[1]}
         if raised:
             k = min(raised)
-            raise CollectiveError(f"rank {k} raised:\n{raised[k][0]}")
+            raise CollectiveError(f"rank {k} raised:\n{raised[k][0]}") from raised[k][2]
         if st.timed_out:
             left = sorted(k for k in range(len(st.got)) if not st.got[k])
             raise CollectiveTimeout(f"run() took longer than timeout={timeout} s; ranks "
@@ -720,13 +722,24 @@ class _RunWatch:
     def __init__(self, size):
         self.results = [None] * size
         self.got = [False] * size
-        self.errors = {}                    # k -> (traceback text, was a RankFailure)
+        self.errors = {}                    # k -> (traceback text, was a RankFailure,
+        #                                     the exception when it pickles, else None)
         self.deaths = {}                    # k -> exit code
         self.alive = set(range(size))
         self.open_conn = set(range(size))
         self.fail_t = None                  # when the first failure was seen
         self.timed_out = False
         self.killed = set()                 # ranks the supervisor killed after the grace time
+
+
+def _portable(e):
+    """e itself if it survives pickling (the parent then chains it to the error it
+    raises, so a caller can test its type), else None."""
+    try:
+        pickle.loads(pickle.dumps(e))
+    except Exception:
+        return None
+    return e
 
 
 def _child_main(group, k, fn, args, conn, parent):
@@ -746,7 +759,7 @@ def _child_main(group, k, fn, args, conn, parent):
             except Exception:                  # pragma: no cover
                 pass
         try:
-            conn.send(("err", traceback.format_exc(), rf))
+            conn.send(("err", traceback.format_exc(), rf, _portable(e)))
         except Exception:                      # pragma: no cover
             pass
     finally:
