@@ -305,7 +305,7 @@ def test_dead_rank_detected_without_run():
     (dict(depth=0), ValueError, "depth must be >= 1"),
     (dict(depth=1.5), TypeError, "depth must be an int"),
     (dict(seed=-1), ValueError, "seed must be in"),
-    (dict(timeout=0), ValueError, "timeout must be > 0"),
+    (dict(timeout=0), ValueError, "timeout: must be a finite number > 0"),
 ])
 def test_bad_group_arguments(kw, exc, text):
     args = dict(size=2, n=4)

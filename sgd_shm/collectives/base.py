@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sgd_shm.core.validation import check_positive
+
 __all__ = ["Round", "Request", "Communicator", "CollectiveError", "RankFailure",
            "CollectiveTimeout", "KINDS", "LATE", "AVERAGE", "OPS", "initiator",
            "mask_ranks"]
@@ -335,13 +337,8 @@ def check_dtype(dtype):
 
 
 def check_timeout(name, t):
-    if t is None:
-        return None
-    if isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number of seconds or None, got {type(t).__name__}")
-    if not t > 0:
-        raise ValueError(f"{name} must be > 0 seconds (or None for no limit), got {t}")
-    return float(t)
+    """A timeout: None (no limit) or a finite number of seconds > 0."""
+    return None if t is None else check_positive(name, t)
 
 
 def _int_in(name, v, lo, hi):
