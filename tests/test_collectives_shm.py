@@ -454,3 +454,23 @@ def test_gather_arguments():
         ShmGroup(2, 4, gather="yes")
     with pytest.raises(ValueError, match="2\\*\\*24"):
         ShmGroup(2, 2 ** 24, np.float32, gather=True)
+
+
+def _sum_ranks(comm, rounds):
+    out = []
+    for r in range(rounds):
+        b = np.full(comm.n, float(comm.rank + r))
+        comm.allreduce(b)
+        out.append(b[0])
+    return out
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_run_with_other_start_methods(start_method):
+    """The ranks start through the kit's launcher rules: fresh interpreters attach the
+    group by name and give the same sums as forked ranks."""
+    with ShmGroup(2, 5, timeout=60) as g:
+        res = g.run(_sum_ranks, 4, timeout=120, start_method=start_method)
+    assert res == [[1.0 + 2 * r for r in range(4)]] * 2
+    with ShmGroup(2, 5) as g, pytest.raises(ValueError, match="start_method"):
+        g.run(_sum_ranks, 1, start_method="thread")

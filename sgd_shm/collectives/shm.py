@@ -104,6 +104,7 @@ from sgd_shm.core.atomics import add_acq_rel as _add
 from sgd_shm.core.atomics import cas_acq_rel as _cas
 from sgd_shm.core.atomics import load_acquire as _load_acq
 from sgd_shm.core.atomics import store_release_at as _store_rel
+from sgd_shm.core.launcher import check_start_method, exit_now
 from sgd_shm.collectives.base import (AVERAGE, LATE, MAX_RANKS, CollectiveError,
                                       CollectiveTimeout, Communicator, RankFailure, _choice,
                                       _int_in, check_dtype, check_timeout, initiator)
@@ -581,9 +582,12 @@ class ShmGroup:
             return f"rank {code - 1 - size} raised an exception"
         return "the group was aborted (by its parent or by abort())"
 
-    def run(self, fn, *args, timeout=None):
-        """Fork ``size`` processes; rank k runs ``fn(comm_k, *args)``. Returns their
+    def run(self, fn, *args, timeout=None, start_method="fork"):
+        """Start ``size`` processes; rank k runs ``fn(comm_k, *args)``. Returns their
         return values in rank order (sent back through pipes: numpy arrays are fine).
+        start_method: "fork" (the default: the ranks inherit fn and args), "spawn" or
+        "forkserver" (fn and args are pickled, the group as a handle that re-attaches
+        by name; see :mod:`sgd_shm.core.launcher` for when to choose which).
 
         If a rank dies (killed, nonzero exit) or raises, the group is aborted so the
         other ranks' waits raise RankFailure, every process is reaped, and this raises
@@ -595,6 +599,7 @@ class ShmGroup:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         timeout = check_timeout("timeout", timeout)
+        start_method = check_start_method(start_method)
         W = self._W
         for k in range(self.size):
             pid = int(W[_RANKS + k * L + _R_PID])
@@ -604,14 +609,14 @@ class ShmGroup:
         self._reset()
         import multiprocess as mp
         from multiprocess.connection import wait as mp_wait
-        ctx = mp.get_context("fork")
+        ctx = mp.get_context(start_method)
         parent = os.getpid()
         procs, conns = [], []
         try:
             for k in range(self.size):
                 rd, wr = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_child_main, args=(self, k, fn, args, wr, parent),
-                                name=f"shm-rank-{k}", daemon=True)
+                p = ctx.Process(target=_child_main, name=f"shm-rank-{k}", daemon=True,
+                                args=(self, k, fn, args, wr, parent, start_method))
                 p.start()
                 wr.close()
                 procs.append(p)
@@ -742,7 +747,7 @@ def _portable(e):
     return e
 
 
-def _child_main(group, k, fn, args, conn, parent):
+def _child_main(group, k, fn, args, conn, parent, start_method="fork"):
     code = 0
     try:
         comm = group.communicator(k)
@@ -764,6 +769,8 @@ def _child_main(group, k, fn, args, conn, parent):
             pass
     finally:
         conn.close()
+    if start_method != "fork":
+        exit_now(code)              # a fresh interpreter's shutdown is slow and not needed
     if code:
         sys.exit(code)
 
@@ -966,7 +973,8 @@ class ShmCommunicator(Communicator):
         if now < self._next_check:
             return
         self._next_check = now + self.CHECK_S
-        if self._parent is not None and os.getppid() != self._parent:
+        if (self._parent is not None and os.getppid() != self._parent
+                and not _pid_alive(self._parent)):     # a forkserver's child: not ppid
             _k_cas(W, _ABORT, 0, 1 + self.rank)
             raise RankFailure(f"rank {self.rank}, round {h.r}: the parent process "
                               f"{self._parent} died; stopping")

@@ -1,6 +1,6 @@
 """The kit's process launcher: worker processes on shared-memory arrays, used by
 Hogwild's engine, matrix factorization, the MLP, the parameter server's shm transport
-and the shm collectives.
+and the shm collectives (``ShmGroup.run``: the start methods and their rules below).
 
 A :class:`SharedWorkers` pool puts the arrays its step writes in one shared segment
 (:class:`relaxed.shm.Segment`), starts ``multiprocess`` workers, and on each
