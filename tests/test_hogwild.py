@@ -605,18 +605,18 @@ def test_huge_steps_warn_about_clipping():
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(loss="squared_error"), ValueError, "loss must be one of"),
-    (dict(penalty="l3"), ValueError, "penalty must be one of"),
-    (dict(alpha=-1.0), ValueError, "alpha must be >= 0"),
-    (dict(n_workers=0), ValueError, "n_workers must be >= 1"),
-    (dict(n_workers=1.5), TypeError, "n_workers must be an int"),
-    (dict(learning_rate="fast"), ValueError, "learning_rate must be one of"),
-    (dict(learning_rate="constant"), ValueError, "eta0 must be > 0"),
-    (dict(backend="gpu"), ValueError, "backend must be one of"),
-    (dict(max_iter=0), ValueError, "max_iter must be >= 1"),
-    (dict(hot_features=-1), ValueError, "hot_features must be >= 0"),
-    (dict(hot_features="all"), ValueError, "hot_features must be 'auto' or an int >= 0"),
-    (dict(hot_features=2.5), TypeError, "hot_features must be an int"),
+    (dict(loss="squared_error"), ValueError, "loss: must be one of"),
+    (dict(penalty="l3"), ValueError, "penalty: must be one of"),
+    (dict(alpha=-1.0), ValueError, "alpha: must be a finite number >= 0"),
+    (dict(n_workers=0), ValueError, "n_workers: must be an int >= 1 or -1"),
+    (dict(n_workers=1.5), TypeError, "n_workers: must be an int"),
+    (dict(learning_rate="fast"), ValueError, "learning_rate: must be one of"),
+    (dict(learning_rate="constant"), ValueError, "eta0: must be > 0"),
+    (dict(backend="gpu"), ValueError, "backend: must be one of"),
+    (dict(max_iter=0), ValueError, "max_iter: must be an int >= 1"),
+    (dict(hot_features=-1), ValueError, "hot_features: must be an int >= 0"),
+    (dict(hot_features="all"), ValueError, "hot_features: must be 'auto' or an int >= 0"),
+    (dict(hot_features=2.5), TypeError, "hot_features: must be an int"),
 ])
 def test_bad_parameters(kwargs, exc, match):
     X, y = load_breast_cancer(return_X_y=True)
@@ -1028,7 +1028,7 @@ def test_momentum_estimator_threads_and_processes(no_shm_leak):
                                 momentum=0.9, n_workers=2, backend=backend, max_iter=20,
                                 tol=None, random_state=0).fit(X, y)
         assert clf.score(X, y) > 0.95
-    with pytest.raises(ValueError, match="momentum must be < 1"):
+    with pytest.raises(ValueError, match="momentum: must be < 1"):
         HogwildClassifier(momentum=1.0).fit(X, y)
 
 

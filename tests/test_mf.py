@@ -104,9 +104,9 @@ def test_bad_input(X, y, exc, match):
 
 def test_bad_parameters_and_divergence():
     X, y = make_ratings(30, 20, 300, random_state=3)
-    with pytest.raises(ValueError, match="backend must be 'threads' or 'processes'"):
+    with pytest.raises(ValueError, match="backend: must be one of \\('threads', 'processes'\\)"):
         MatrixFactorization(backend="gpu").fit(X, y)
-    with pytest.raises(ValueError, match="learning_rate must be > 0"):
+    with pytest.raises(ValueError, match="learning_rate: must be a finite number > 0"):
         MatrixFactorization(learning_rate=0.0).fit(X, y)
     from sgd_shm import DivergenceError
     with pytest.raises(DivergenceError, match="diverged"):

@@ -17,8 +17,8 @@ Example::
 """
 from __future__ import annotations
 
+import logging
 import numbers
-import os
 import warnings
 
 import numpy as np
@@ -33,7 +33,11 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm.hogwild import _kernels as K
 from sgd_shm.core.launcher import check_start_method
+from sgd_shm.core.validation import check_choice, check_int, check_number, resolve_workers
 from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem, auto_hot_features
+from sgd_shm.hogwild._log import epoch_level, verbose_logging
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["HogwildClassifier", "HogwildRegressor"]
 
@@ -41,30 +45,6 @@ _PENALTIES = ("l2", "l1", "elasticnet", None)
 _BACKENDS = ("threads", "processes")
 #: the input types fit and predict keep (float32 is read without a float64 copy)
 _DTYPES = [np.float64, np.float32]
-
-
-def resolve_workers(n_workers):
-    """``n_workers`` as a count: an int >= 1, or -1 for every CPU of this machine (as
-    scikit-learn's ``n_jobs=-1``)."""
-    if isinstance(n_workers, numbers.Integral) and not isinstance(n_workers, bool) \
-            and n_workers == -1:
-        return os.cpu_count() or 1
-    _check_param("n_workers", n_workers, int, 1)
-    return int(n_workers)
-
-
-def _check_param(name, value, kind, lo=None, hi=None, lo_open=False):
-    if kind is int:
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not ok:
-        raise TypeError(f"{name} must be {'an int' if kind is int else 'a number'}, "
-                        f"got {type(value).__name__} {value!r}")
-    if lo is not None and (value <= lo if lo_open else value < lo):
-        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{name} must be <= {hi}, got {value}")
 
 
 class _BaseHogwild(BaseEstimator):
@@ -87,38 +67,35 @@ class _BaseHogwild(BaseEstimator):
         return sw
 
     def _validate_params(self):
-        if self.loss not in self._losses:
-            raise ValueError(f"loss must be one of {self._losses}, got {self.loss!r}")
-        if self.penalty not in _PENALTIES:
-            raise ValueError(f"penalty must be one of {_PENALTIES}, got {self.penalty!r}")
-        _check_param("alpha", self.alpha, float, 0.0)
-        _check_param("l1_ratio", self.l1_ratio, float, 0.0, 1.0)
-        _check_param("max_iter", self.max_iter, int, 1)
+        """Every hyper-parameter, by core.validation's rules (the argument's name, the
+        rule and the value in each message)."""
+        check_choice("loss", self.loss, self._losses)
+        check_choice("penalty", self.penalty, _PENALTIES)
+        check_number("alpha", self.alpha, lo=0)
+        check_number("l1_ratio", self.l1_ratio, lo=0, hi=1)
+        check_int("max_iter", self.max_iter, lo=1)
         if self.tol is not None:
-            _check_param("tol", self.tol, float)
-        _check_param("n_iter_no_change", self.n_iter_no_change, int, 1)
-        if self.learning_rate not in K.LEARNING_RATES:
-            raise ValueError(f"learning_rate must be one of {tuple(K.LEARNING_RATES)}, "
-                             f"got {self.learning_rate!r}")
-        _check_param("eta0", self.eta0, float, 0.0)
+            check_number("tol", self.tol)
+        check_int("n_iter_no_change", self.n_iter_no_change, lo=1)
+        check_choice("learning_rate", self.learning_rate, tuple(K.LEARNING_RATES))
+        check_number("eta0", self.eta0, lo=0)
         if self.learning_rate != "optimal" and self.eta0 <= 0:
-            raise ValueError(f"eta0 must be > 0 with learning_rate={self.learning_rate!r}, "
+            raise ValueError(f"eta0: must be > 0 with learning_rate={self.learning_rate!r}, "
                              f"got {self.eta0}; set eta0 (e.g. 0.01) or use 'optimal'")
         if self.learning_rate == "optimal" and self.alpha <= 0:
-            raise ValueError("alpha must be > 0 with learning_rate='optimal' (it sets the step "
-                             "size); use a positive alpha or another learning_rate")
-        _check_param("power_t", self.power_t, float)
-        _check_param("momentum", self.momentum, float, 0.0)
+            raise ValueError("alpha: must be > 0 with learning_rate='optimal' (it sets the "
+                             "step size); use a positive alpha or another learning_rate")
+        check_number("power_t", self.power_t)
+        check_number("momentum", self.momentum, lo=0)
         if self.momentum >= 1.0:
-            raise ValueError(f"momentum must be < 1, got {self.momentum}; 0.9 is usual")
+            raise ValueError(f"momentum: must be < 1, got {self.momentum}; 0.9 is usual")
         resolve_workers(self.n_workers)
         if not (isinstance(self.hot_features, str) and self.hot_features == "auto"):
             if isinstance(self.hot_features, str):
-                raise ValueError(f"hot_features must be 'auto' or an int >= 0, got "
+                raise ValueError(f"hot_features: must be 'auto' or an int >= 0, got "
                                  f"{self.hot_features!r}")
-            _check_param("hot_features", self.hot_features, int, 0)
-        if self.backend not in _BACKENDS:
-            raise ValueError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
+            check_int("hot_features", self.hot_features, lo=0)
+        check_choice("backend", self.backend, _BACKENDS)
         check_start_method(self.start_method)        # checked with either backend
         self._validate_parity_params()
 
@@ -129,7 +106,14 @@ class _BaseHogwild(BaseEstimator):
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{name} must be True or False, got {type(value).__name__} "
                                 f"{value!r}")
-        _check_param("validation_fraction", self.validation_fraction, float, 0.0, lo_open=True)
+        # (messages in the "name must be" form that tests/test_estimator_parity.py pins)
+        vf = self.validation_fraction
+        if isinstance(vf, bool) or not isinstance(vf, numbers.Real):
+            raise TypeError(f"validation_fraction must be a number, got {type(vf).__name__} "
+                            f"{vf!r}")
+        if not vf > 0:
+            raise ValueError(f"validation_fraction must be > 0, got {vf}; 0.1 holds out a "
+                             "tenth of the samples")
         if self.validation_fraction >= 1.0:
             raise ValueError(f"validation_fraction must be in (0, 1), got "
                              f"{self.validation_fraction}; 0.1 holds out a tenth of the samples")
@@ -239,7 +223,8 @@ class _BaseHogwild(BaseEstimator):
         clipped_before = self._state.clipped
         self._state.start_method = self.start_method     # set_params between partial_fits
         try:
-            with self._state.session(prob):      # processes: workers + shared memory
+            # the session: (processes) the workers and the shared memory
+            with self._state.session(prob), verbose_logging(_log, self.verbose):
                 return self._epochs(prob, max_iter, stop_early, scorer)
         finally:
             clipped = self._state.clipped - clipped_before
@@ -264,10 +249,9 @@ class _BaseHogwild(BaseEstimator):
             if scorer is not None:
                 score = scorer()
                 self.validation_scores_.append(score)
-            if self.verbose:
-                print(f"-- epoch {self.n_iter_}: mean loss {mean_loss:.6f}, "
-                      f"t = {self._state.t:.0f}"
-                      + ("" if score is None else f", validation score {score:.6f}"))
+            _log.log(epoch_level(self.verbose), "-- epoch %d: mean loss %.6f, t = %.0f%s",
+                     self.n_iter_, mean_loss, self._state.t,
+                     "" if score is None else f", validation score {score:.6f}")
             if stop_early and self.tol is not None:
                 if scorer is not None:
                     stall = stall + 1 if score < best + self.tol else 0
@@ -419,6 +403,8 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         from its copy, which may miss up to one publication interval of the others'
         steps more than tau says.
     random_state : seeds the shuffling (and early_stopping's split).
+    verbose : show the loss of every epoch (logged at INFO on this module's logger, to
+        stdout where logging is not configured; at DEBUG without verbose).
     shuffle : shuffle the samples every epoch (default True); False visits them in
         order (with several workers, worker w a w-th contiguous block), as SGDClassifier's
         shuffle=False: with one worker a fit then takes scikit-learn's path step by step.

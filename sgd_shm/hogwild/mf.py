@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
@@ -25,10 +26,13 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from sgd_shm.hogwild import _mf
 from sgd_shm.core.atomics import LINE_WORDS
 from sgd_shm.core.launcher import check_start_method
-from sgd_shm.hogwild.estimators import _check_param, resolve_workers
+from sgd_shm.core.validation import check_choice, check_int, check_number, resolve_workers
+from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
 
 __all__ = ["MatrixFactorization"]
+
+_log = logging.getLogger(__name__)
 
 
 def _check_pairs(X, name="X"):
@@ -72,6 +76,8 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         ratings once into shared memory per call and take about a second per worker
         to start.
     random_state : seeds the initialisation and the shuffling.
+    verbose : show the training RMSE of every epoch (logged at INFO on this module's
+        logger, to stdout where logging is not configured; at DEBUG without verbose).
     """
 
     def __init__(self, n_factors=20, *, learning_rate=0.01, reg=0.02, reg_bias=0.02,
@@ -92,16 +98,15 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         self.verbose = verbose
 
     def _validate_params(self):
-        _check_param("n_factors", self.n_factors, int, 1)
-        _check_param("learning_rate", self.learning_rate, float, 0.0, lo_open=True)
-        _check_param("reg", self.reg, float, 0.0)
-        _check_param("reg_bias", self.reg_bias, float, 0.0)
-        _check_param("max_iter", self.max_iter, int, 1)
-        _check_param("decay", self.decay, float, 0.0, 1.0, lo_open=True)
-        _check_param("init_std", self.init_std, float, 0.0)
+        check_int("n_factors", self.n_factors, lo=1)
+        check_number("learning_rate", self.learning_rate, lo=0, lo_open=True)
+        check_number("reg", self.reg, lo=0)
+        check_number("reg_bias", self.reg_bias, lo=0)
+        check_int("max_iter", self.max_iter, lo=1)
+        check_number("decay", self.decay, lo=0, hi=1, lo_open=True)
+        check_number("init_std", self.init_std, lo=0)
         resolve_workers(self.n_workers)
-        if self.backend not in ("threads", "processes"):
-            raise ValueError(f"backend must be 'threads' or 'processes', got {self.backend!r}")
+        check_choice("backend", self.backend, ("threads", "processes"))
         check_start_method(self.start_method)        # checked with either backend
 
     def _data(self, X, y, reset=True):
@@ -159,7 +164,8 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
                 from sgd_shm.hogwild._pool import MFPool
                 pool = self._pool = MFPool(self, self._users, self._items, y, nw, self._order,
                                            self.start_method)
-            yield
+            with verbose_logging(_log, self.verbose):
+                yield
         finally:
             self._pool = None
             del self._users, self._items, self._order, self._bounds
@@ -210,8 +216,8 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         self.loss_curve_.append(rmse)
         self.n_iter_ += 1
         self._lr *= float(self.decay)
-        if self.verbose:
-            print(f"-- epoch {self.n_iter_}: training RMSE {rmse:.4f} (as visited)")
+        _log.log(epoch_level(self.verbose), "-- epoch %d: training RMSE %.4f (as visited)",
+                 self.n_iter_, rmse)
 
     def predict(self, X):
         """Predicted ratings of the (user, item) pairs in X; users or items not seen in

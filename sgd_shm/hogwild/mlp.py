@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import logging
 import numbers
 import warnings
 
@@ -45,11 +46,14 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from sgd_shm.models import _mlp
 from sgd_shm.core.atomics import LINE_WORDS, read_only_fields
 from sgd_shm.core.launcher import check_start_method
-from sgd_shm.hogwild.estimators import _check_param, resolve_workers
+from sgd_shm.core.validation import check_choice, check_int, check_number, resolve_workers
+from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
 from sgd_shm.models import MLP, one_blas_thread, scratch
 
 __all__ = ["HogwildMLPClassifier", "HogwildTrainer"]
+
+_log = logging.getLogger(__name__)
 
 _LEARNING_RATES = ("constant", "invscaling", "adaptive")
 _BACKENDS = ("threads", "processes")
@@ -94,8 +98,8 @@ class HogwildTrainer:
 
     def __init__(self, model, w, *, n_workers=1, batch=200, momentum=0.0, nesterov=True,
                  partition=None, backend="threads", start_method="fork", seed=0, trace=False):
-        _check_choice("partition", partition, _PARTITIONS)
-        _check_choice("backend", backend, _BACKENDS)
+        check_choice("partition", partition, _PARTITIONS)
+        check_choice("backend", backend, _BACKENDS)
         if w.shape != (model.n_params,) or w.dtype != np.float64:
             raise ValueError(f"w must be float64 of shape ({model.n_params},) (model.init), got "
                              f"{w.dtype} {w.shape}")
@@ -181,11 +185,6 @@ class HogwildTrainer:
         return float(outs[:, _mlp.O_LOSS].sum() / order.shape[0])
 
 
-def _check_choice(name, value, allowed):
-    if not any(value is a or (isinstance(value, str) and value == a) for a in allowed):
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
 class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
     """A multi-layer perceptron classifier trained by Hogwild SGD (the parameters of
     ``MLPClassifier(solver="sgd", activation="relu")``).
@@ -219,7 +218,8 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
         minibatch updates one of the worker's blocks, drawn at random
         (arXiv:1905.11845). An epoch then moves each block about 1/n_layers as often.
     random_state : seeds the initialisation, the orders and the block draws.
-    verbose : print the loss of every epoch.
+    verbose : show the loss of every epoch (logged at INFO on this module's logger, to
+        stdout where logging is not configured; at DEBUG without verbose).
 
     The output layer is a softmax over the classes, also for two classes (where
     ``MLPClassifier`` uses one logistic unit), so ``coefs_[-1]`` has n_classes columns.
@@ -272,25 +272,25 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
 
     def _validate_params(self):
         self._hidden()
-        _check_param("alpha", self.alpha, float, 0.0)
+        check_number("alpha", self.alpha, lo=0)
         if not (isinstance(self.batch_size, str) and self.batch_size == "auto"):
             if isinstance(self.batch_size, str):
-                raise ValueError(f"batch_size must be 'auto' or an int >= 1, got "
+                raise ValueError(f"batch_size: must be 'auto' or an int >= 1, got "
                                  f"{self.batch_size!r}")
-            _check_param("batch_size", self.batch_size, int, 1)
-        _check_choice("learning_rate", self.learning_rate, _LEARNING_RATES)
-        _check_param("learning_rate_init", self.learning_rate_init, float, 0.0, lo_open=True)
-        _check_param("power_t", self.power_t, float)
-        _check_param("max_iter", self.max_iter, int, 1)
-        _check_param("tol", self.tol, float, 0.0)
-        _check_param("n_iter_no_change", self.n_iter_no_change, int, 1)
-        _check_param("momentum", self.momentum, float, 0.0)
+            check_int("batch_size", self.batch_size, lo=1)
+        check_choice("learning_rate", self.learning_rate, _LEARNING_RATES)
+        check_number("learning_rate_init", self.learning_rate_init, lo=0, lo_open=True)
+        check_number("power_t", self.power_t)
+        check_int("max_iter", self.max_iter, lo=1)
+        check_number("tol", self.tol, lo=0)
+        check_int("n_iter_no_change", self.n_iter_no_change, lo=1)
+        check_number("momentum", self.momentum, lo=0)
         if self.momentum >= 1.0:
-            raise ValueError(f"momentum must be < 1, got {self.momentum}; 0.9 is usual")
+            raise ValueError(f"momentum: must be < 1, got {self.momentum}; 0.9 is usual")
         resolve_workers(self.n_workers)
-        _check_choice("backend", self.backend, _BACKENDS)
+        check_choice("backend", self.backend, _BACKENDS)
         check_start_method(self.start_method)
-        _check_choice("partition", self.partition, _PARTITIONS)
+        check_choice("partition", self.partition, _PARTITIONS)
 
     # -- fit --------------------------------------------------------------------------------
     def fit(self, X, y):
@@ -322,7 +322,7 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
         for name in ("coefs_", "intercepts_", "n_iter_"):
             self.__dict__.pop(name, None)
         self.loss_curve_, self.t_, self.n_iter_ = [], 0, 0
-        with trainer.session(data):
+        with trainer.session(data), verbose_logging(_log, self.verbose):
             self._epochs(trainer, data, rng, n)
         self.coefs_, self.intercepts_ = (list(map(np.copy, a)) for a in model.unpack(trainer.w))
         self.n_layers_ = model.n_layers + 1
@@ -345,8 +345,8 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
             self.n_iter_ += 1
             self.t_ += n
             self.loss_curve_.append(self.loss_)
-            if self.verbose:
-                print(f"Iteration {self.n_iter_}, loss = {self.loss_:.8f}")
+            _log.log(epoch_level(self.verbose), "Iteration %d, loss = %.8f", self.n_iter_,
+                     self.loss_)
             stall = stall + 1 if self.loss_ > self.best_loss_ - self.tol else 0
             self.best_loss_ = min(self.best_loss_, self.loss_)
             if self.learning_rate == "invscaling":
@@ -356,9 +356,9 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
                     lr /= 5.0
                     stall = 0
                     continue
-                if self.verbose:
-                    print(f"Training loss did not improve more than tol={self.tol} for "
-                          f"{self.n_iter_no_change} consecutive epochs. Stopping.")
+                _log.log(epoch_level(self.verbose), "Training loss did not improve more "
+                         "than tol=%s for %d consecutive epochs. Stopping.", self.tol,
+                         self.n_iter_no_change)
                 return
         warnings.warn(f"Stochastic Optimizer: Maximum iterations ({self.max_iter}) reached "
                       "and the optimization hasn't converged yet.", ConvergenceWarning)
