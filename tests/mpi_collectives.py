@@ -2,10 +2,12 @@
 
     mpiexec -n P python tests/mpi_collectives.py MODE [ROUNDS]
 
-MODE: exact | partial | kill | lag | mismatch | bench. Rank 0 prints one line
+MODE: exact | partial | kill | lag | mismatch | gather | gather_mismatch | single |
+bench. Rank 0 prints one line
 "OK <mode> ..." on success; a failure prints a message and exits non-zero (the job is
 aborted, so no rank hangs). tests/test_collectives_mpi.py runs them.
 """
+import hashlib
 import os
 import signal
 import sys
@@ -221,6 +223,177 @@ def mode_mismatch(args):
     return "every rank raised CollectiveError"
 
 
+# ---- gather: allgather rounds (payloads of variable length, exact to the bit) --------------
+def digest(a):
+    """A hash of an array's dtype, length and bits (NaN-free floats compare bitwise)."""
+    return hashlib.sha1(a.dtype.str.encode() + a.tobytes()).hexdigest()
+
+
+def payload(rng, n, dtype, forced_len=None):
+    k = int(rng.integers(0, n + 1)) if forced_len is None else forced_len
+    return rng.standard_normal(k).astype(dtype)
+
+
+def gather_sync_exact():
+    """Sync gathers: every part is bitwise what its rank sent; lengths vary per rank and
+    per round, 0 included; the payload is copied at the start."""
+    rng = np.random.default_rng(300 + RANK)
+    done = 0
+    for dtype in (np.float64, np.float32):
+        for n in (1, 7, 1000):
+            with MPICommunicator(n, dtype, depth=2, timeout=60) as c:
+                for rnd in range(6):
+                    # rank rnd % SIZE sends nothing this round; rank 0 sends all n in round 1
+                    forced = 0 if rnd % SIZE == RANK else (n if rnd == 1 else None)
+                    x = payload(rng, n, dtype, forced)
+                    sent = WORLD.allgather(x)
+                    req = c.start_gather(x, "sync")
+                    x += 1                      # the communicator holds its own copy
+                    rd = req.wait()
+                    check(rd.kind == "sync" and rd.contributed
+                          and rd.contributors == tuple(range(SIZE)), f"sync gather {rd}")
+                    for k, part in enumerate(rd.parts):
+                        check(part.dtype == dtype and part.tobytes() == sent[k].tobytes(),
+                              f"{dtype.__name__} n={n} round {rnd}: rank {k}'s part "
+                              f"{part[:4]} != sent {sent[k][:4]}")
+                    done += 1
+    return done
+
+
+def gather_mixed(kinds, rounds, n, seed):
+    """Rounds of the given kinds, reductions and gathers interleaved in one run (the
+    same draw on every rank), with random delays so that some ranks are late. Checks:
+    every rank sees the same contributors and results (hashes gathered at the end);
+    each part is what its contributor sent; a reduction's result is the sum of its
+    contributors' buffers (late="drop"); a late rank has contributed=False."""
+    plan = np.random.default_rng(seed)     # shared: which kind and operation per round
+    rng = np.random.default_rng(seed * 1000 + RANK)
+    mine, seen = [], []
+    with MPICommunicator(n, late="drop", depth=3, seed=seed, timeout=120) as c:
+        for r in range(rounds):
+            kind = kinds[int(plan.integers(len(kinds)))]
+            gather = plan.random() < 0.6
+            if rng.random() < 0.3:
+                time.sleep(rng.random() * 2e-3)
+            if gather:
+                x = payload(rng, n, np.float64)
+                rd = c.allgather(x, kind)
+                res = [digest(p) for p in rd.parts]
+            else:
+                x = ints(rng, n)
+                b = x.copy()
+                rd = c.start(b, kind).wait()
+                res = digest(b)
+            check(rd.round == r and rd.kind == kind and rd.contributed == (RANK in
+                  rd.contributors), f"round {r}: {rd}")
+            if kind == "sync":
+                check(rd.contributors == tuple(range(SIZE)), f"sync round {r}: {rd}")
+            if kind == "majority":
+                check(initiator(seed, r, SIZE) in rd.contributors, f"round {r}: {rd}")
+            mine.append((gather, x))
+            seen.append((rd.contributors, rd.contributed, res))
+        late = c.stats["late"]
+    every = WORLD.allgather(seen)
+    allx = WORLD.allgather([x for _, x in mine])      # what each rank sent, per round
+    for r in range(rounds):
+        contributors, _, res = every[0][r]
+        for k in range(SIZE):
+            check(every[k][r][0] == contributors and every[k][r][2] == res,
+                  f"round {r}: ranks 0 and {k} saw different contributors or results")
+        if mine[r][0]:
+            want = [digest(allx[k][r]) for k in contributors]
+            check(res == want, f"gather round {r}: parts are not the contributors' payloads")
+        else:
+            want = np.sum([allx[k][r] for k in contributors], axis=0)
+            check(res == digest(want), f"reduce round {r}: not the contributors' sum")
+    return WORLD.allreduce(late)
+
+
+def gather_late(depth=3, R=8):
+    """A rank that sleeps is late for the first ``depth`` solo gathers: it gets their
+    parts (the same as the others) with contributed=False, and its payload is dropped;
+    a gather's wait honours its timeout."""
+    with MPICommunicator(4, depth=depth, timeout=60) as c:
+        if RANK == 1:
+            time.sleep(0.5)
+            check(c.lag() == depth, f"rank 1 slept: lag() {c.lag()}, expected {depth}")
+        seen = []
+        for r in range(R):
+            x = np.full(1 + (RANK + r) % 4, RANK + r / 8)
+            rd = c.allgather(x, "solo")
+            check(rd.contributed == (RANK in rd.contributors), f"round {r}: {rd}")
+            if rd.contributed:
+                check(np.array_equal(rd.parts[rd.contributors.index(RANK)], x), "own part")
+            seen.append((rd.contributors, rd.contributed, [digest(p) for p in rd.parts]))
+        # nonblocking: a wait with a timeout while rank 1 sleeps, then the same request
+        if RANK == 1:
+            time.sleep(0.3)
+        req = c.start_gather(np.full(2, float(RANK)), "sync")
+        if RANK == 0 and SIZE > 1:
+            check(not req.test(), "sync gather completed while rank 1 sleeps")
+            expect(CollectiveTimeout, ["sync gather round"], req.wait, timeout=0.05)
+        rd = req.wait()
+        check([p.tolist() for p in rd.parts] == [[float(k)] * 2 for k in range(SIZE)],
+              f"sync gather after a timeout: {rd}")
+    every = WORLD.allgather(seen)
+    for r in range(R):
+        check(all(every[k][r][0] == every[0][r][0] and every[k][r][2] == every[0][r][2]
+                  for k in range(SIZE)), f"round {r}: ranks saw different parts")
+    if SIZE > 1:
+        check(all(not s[1] and 1 not in s[0] for s in every[1][:depth]),
+              f"rank 1's first {depth} gathers not late: {every[1][:depth]}")
+        check(len(every[1][0][2]) == len(every[1][0][0]) >= 1, "a late rank got no parts")
+
+
+def mode_gather(args):
+    rounds = int(args[0]) if args else 120
+    done = gather_sync_exact()
+    lates = {}
+    for i, kinds in enumerate((("solo",), ("majority",), ("sync", "solo", "majority"))):
+        lates["+".join(kinds)] = gather_mixed(kinds, rounds, 9, seed=11 + i)
+    gather_late()
+    if RANK == 0 and SIZE > 1:
+        check(lates["solo"] > 0, f"no late rank-round in the solo run: {lates}")
+    return (f"{done} exact sync gathers (float64/float32, lengths 0..n); {3 * rounds} "
+            f"mixed reduce/gather rounds agree on every rank, late rank-rounds {lates}; "
+            "a late rank gets the parts")
+
+
+def mode_gather_mismatch(args):
+    """Ranks that disagree on a round (one gathers, another reduces or closes; or two
+    gather kinds) raise CollectiveError on every rank, and no collective is left
+    unmatched: a new communicator works afterwards."""
+    cases = {
+        "gather/reduce": lambda c: (c.allgather(np.ones(2)) if RANK == 0
+                                    else c.allreduce(np.ones(3))),
+        # rank 0 closes its round by its own post, the others by theirs or its message
+        "sync/solo gather": lambda c: c.allgather(np.ones(RANK % 3), "solo" if RANK
+                                                  else "sync"),
+        "gather/close": lambda c: c.allgather(np.ones(1)) if RANK == 0 else None,
+    }
+    for name, act in cases.items():
+        c = MPICommunicator(3, timeout=20)
+        c.allgather(np.ones(1))
+        errors = []
+        for step in (act, MPICommunicator.close):
+            # a rank that was late for the round sees the mismatch itself; it tells the
+            # others in its next round (here: close), where every rank raises
+            try:
+                step(c)
+            except CollectiveError as e:
+                check(not isinstance(e, CollectiveTimeout), f"{name}: timed out: {e}")
+                check("disagree on what round" in str(e) or "this rank started it as"
+                      in str(e), f"{name}: {e}")
+                errors.append(str(e))
+        c.close()                       # idempotent
+        raised = WORLD.allgather(len(errors))
+        check(all(raised), f"{name}: not every rank raised: {raised}")
+    with MPICommunicator(3, timeout=20) as c:
+        rd = c.allgather(np.full(1, float(RANK)))
+        check([p[0] for p in rd.parts] == list(range(SIZE)), f"after the errors: {rd}")
+    return f"every rank raised CollectiveError ({', '.join(cases)}); a new one works"
+
+
 # ---- single: one rank (no mpiexec needed): size-1 rounds and argument checks ----------------
 def expect(exc, words, fn, *a, **k):
     try:
@@ -252,6 +425,22 @@ def mode_single(args):
                     check(c.allreduce(b, "mean").n_contributors == 1 and b[0] == 3, "mean")
                 c.close()                                   # idempotent
                 expect(CollectiveError, ["closed"], c.allreduce, np.ones(1, dtype))
+        # size-1 gathers: each kind, lengths 0..n, a 2-D payload; argument checks
+        with MPICommunicator(4, comm=comm, timeout=10) as c:
+            for r, kind in enumerate(("sync", "solo", "majority") * 2):
+                x = np.arange(r % 5, dtype=np.float64) - 0.5
+                rd = c.allgather(x, kind)
+                check(rd.contributors == (0,) and rd.contributed and len(rd.parts) == 1
+                      and rd.parts[0].tobytes() == x.tobytes(), f"size-1 {kind}: {rd}")
+            rd = c.allgather(np.ones((2, 2)))
+            check(rd.parts[0].shape == (4,), f"2-D payload: {rd}")
+            expect(ValueError, ["at most 4 elements", "got 5"], c.allgather, np.ones(5))
+            expect(TypeError, ["dtype"], c.allgather, np.ones(2, np.float32))
+            expect(TypeError, ["numpy array"], c.allgather, [1.0])
+            expect(ValueError, ["kind"], c.allgather, np.ones(2), "all")
+            b = np.ones(4)
+            c.allreduce(b)                      # reductions and gathers in one stream
+            check(np.all(b == 1) and c.allgather(np.ones(0)).parts[0].size == 0, "mixed")
     c = MPICommunicator(7, comm=MPI.COMM_SELF, depth=1, seed=3, timeout=5)
     b = np.arange(7.0)
     req = c.start(b, "majority")
@@ -276,7 +465,7 @@ def mode_single(args):
             return MAX_RANKS + 1
     expect(ValueError, ["at most", str(MAX_RANKS), "Split"], MPICommunicator, 4,
            comm=Big(MPI.COMM_SELF))
-    return "size-1 rounds (COMM_SELF and singleton COMM_WORLD), argument checks"
+    return "size-1 rounds and gathers (COMM_SELF and singleton COMM_WORLD), argument checks"
 
 
 # ---- bench -------------------------------------------------------------------------------
@@ -331,7 +520,8 @@ def mode_bench(args):
 
 
 MODES = {"exact": mode_exact, "partial": mode_partial, "kill": mode_kill,
-         "lag": mode_lag, "single": mode_single, "mismatch": mode_mismatch, "bench": mode_bench}
+         "lag": mode_lag, "single": mode_single, "mismatch": mode_mismatch, "bench": mode_bench,
+         "gather": mode_gather, "gather_mismatch": mode_gather_mismatch}
 
 
 def main():

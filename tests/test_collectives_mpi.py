@@ -1,6 +1,7 @@
 """MPICommunicator (sgd_shm.collectives.mpi): the checks of tests/mpi_collectives.py run
-under mpiexec with 2 and 4 ranks, a rank killed mid-run, and one-rank checks in a plain
-subprocess (so this pytest process never initializes MPI)."""
+under mpiexec with 2 and 4 ranks (reductions, gather rounds, ranks that disagree), a rank
+killed mid-run, and one-rank checks in a plain subprocess (so this pytest process never
+initializes MPI)."""
 import os
 import shutil
 import subprocess
@@ -92,6 +93,22 @@ def _mapped(name):
 def test_mpi_modes(mode, P):
     p, _ = _mpirun(P, mode)
     _ok(p, mode)
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("P", [2, 4])
+def test_gather_rounds(P):
+    # sync gathers bit-exact (lengths 0..n per rank and round); solo, majority and mixed
+    # runs with reductions interleaved agree on every rank; a late rank gets the parts
+    p, _ = _mpirun(P, "gather")
+    _ok(p, "gather")
+
+
+@needs_mpiexec
+def test_gather_disagreeing_with_reduce_raises_everywhere():
+    # one rank gathers while the others reduce (or close, or gather another kind)
+    p, _ = _mpirun(3, "gather_mismatch", timeout=90)
+    _ok(p, "gather_mismatch")
 
 
 @needs_mpiexec

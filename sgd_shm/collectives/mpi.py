@@ -1,43 +1,57 @@
-"""Allreduce and the partial collectives of eager-SGD over MPI (mpi4py), with a
-progress thread per rank, as in fflib2 (Li et al., PPoPP 2020, arXiv:1908.04207).
+"""Allreduce, allgather and the partial collectives of eager-SGD over MPI (mpi4py), with
+a progress thread per rank, as in fflib2 (Li et al., PPoPP 2020, arXiv:1908.04207).
 
 Protocol (every rank runs one progress thread, a ``_Progress`` object; after
 construction only that thread calls MPI, on a private ``comm.Dup()``):
 
-* Rounds are *activated* strictly in order, one at a time, by each progress thread:
-  ``sync``: when its own rank posted the round; ``solo``: when its own rank posted it
-  or an activation message for it arrived; ``majority``: when the round's initiator
-  posted it (this rank) or the initiator's activation message arrived. A thread that
-  activates a solo round (or a majority round as its initiator) by its own rank's
-  arrival sends a small activation message ``(round, kind)`` to every other rank
-  (``Isend``; duplicates from two solo activators are dropped by round id).
-* On activation the thread starts two nonblocking allreduces (``Iallreduce``, SUM) on
-  the private communicator: the data (the caller's buffer, in place, when this rank's
-  post was there at activation; zeros otherwise) and an int64 *meta* vector: this
-  rank's contributor bit (distinct bits, so the sum is the OR, exact) and one count per
-  kind (so ranks that disagree on a round's kind, or on when to close, see it). Every
-  thread issues the same sequence of collectives, one round after the other, so they
-  always match. A rank whose post comes after its thread activated the round is
-  *late*: its wait returns the stored result and its contribution goes to the late
-  policy (``_keep_late``).
+* Rounds (reductions, gathers and the close round, numbered in one sequence) are
+  *activated* strictly in order, one at a time, by each progress thread: ``sync``: when
+  its own rank posted the round; ``solo``: when its own rank posted it or an activation
+  message for it arrived; ``majority``: when the round's initiator posted it (this
+  rank) or the initiator's activation message arrived. A thread that activates a solo
+  round (or a majority round as its initiator) by its own rank's arrival sends a small
+  activation message ``(round, code)`` to every other rank (``Isend``; duplicates from
+  two solo activators are dropped by round id). A round's *code* names its operation
+  and kind: sync, solo, majority (reductions), close, sync/solo/majority gather.
+* Phase 1 of every round is a nonblocking allreduce (``Iallreduce``, SUM) on the
+  private communicator of an int64 *meta* vector of one length for every round:
+  [this rank's contributor bit (distinct bits, so the sum is the OR, exact), one count
+  per code (so ranks that disagree on a round's operation or kind, or on when to close,
+  see it), a mismatch count (below), P payload lengths (a gather: rank k writes its
+  payload's length at k; a non-contributor writes 0)]. A reduction (and the close
+  round) also starts, right after it, the ``Iallreduce`` of the data (the caller's
+  buffer, in place, when this rank's post was there at activation; zeros otherwise).
+* Phase 2 of a gather round, once its meta vector is in and every rank agrees on the
+  code: one ``Iallgatherv`` of the payloads, with the lengths from the meta vector as
+  counts (a non-contributor sends nothing); the received buffer is cut into the
+  contributors' parts, in rank order. Every thread issues the same sequence of
+  collectives, one round after the other, so they always match.
+* Disagreement: when the code counts are not P of one code, every rank raises
+  CollectiveError. A gather rank first issues the data ``Iallreduce`` if some rank took
+  the round as a reduction or close (that rank issued one), so no collective is left
+  unmatched. A rank whose post comes after its thread activated the round is *late*:
+  its wait returns the stored result and its contribution goes to the late policy
+  (``_keep_late``; a gather's payload is dropped). If its post was of another code than
+  the round, it raises CollectiveError and sets the mismatch count in its next round's
+  meta vector, so every rank raises there.
 * Back-pressure: a thread holds at most ``depth`` results its main thread has not
   consumed; beyond that it stops joining new rounds, which holds the other ranks back
-  in that round's allreduce (bounded lag: a rank is never more than ``depth`` rounds
-  behind the fastest).
-* ``close()`` is collective: it is one more round (kind "close") in the same stream;
+  in that round's meta allreduce (bounded lag: a rank is never more than ``depth``
+  rounds behind the fastest).
+* ``close()`` is collective: it is one more round (code "close") in the same stream;
   if any rank instead starts a round there (it ran a different number of rounds), the
-  kind counts differ and every rank raises CollectiveError. Then the threads exchange
+  code counts differ and every rank raises CollectiveError. Then the threads exchange
   how many activation messages each sent to each other (``Ialltoall``), receive the
   stragglers, cancel their receive and stop; the main thread frees the communicator.
 
-No deadlock: a thread only waits (in an allreduce) for ranks that have activated the
+No deadlock: a thread only waits (in a collective) for ranks that have activated the
 same round, and each of them will: a rank's main thread posts round r only after its
-thread reduced every round before r; a thread held back by ``depth`` is waiting for its
-own main thread, which is never blocked on a later round than its thread has reduced;
+thread finished every round before r; a thread held back by ``depth`` is waiting for its
+own main thread, which is never blocked on a later round than its thread has finished;
 and a round every rank passes through is activated on each (sync: its own post;
 solo: the first post, whose message reaches every rank; majority: the initiator's
 post). Waits yield (Condition waits in the main thread; short sleeps in the progress
-thread) and honour ``timeout``.
+thread) and honour ``timeout`` (a round's, from its activation, covers both phases).
 """
 from __future__ import annotations
 
@@ -62,10 +76,27 @@ except ImportError as e:        # pragma: no cover - exercised by a subprocess t
 __all__ = ["MPICommunicator"]
 
 _TAG_ACT = 7011
-_SYNC, _SOLO, _MAJ, _CLOSE = 0, 1, 2, 3
-_CODE = {"sync": _SYNC, "solo": _SOLO, "majority": _MAJ, "close": _CLOSE}
-_NAME = {v: k for k, v in _CODE.items()}
-_META = 5                       # [contributor bits, count sync, solo, majority, close]
+# round codes: the kind of a reduction, the close round, the kind of a gather
+_SYNC, _SOLO, _MAJ, _CLOSE, _GSYNC, _GSOLO, _GMAJ = range(7)
+_WRONG = 7      # not a round: counts the ranks that found an earlier round mismatched
+_NCODE = 8
+_REDUCE_CODE = {"sync": _SYNC, "solo": _SOLO, "majority": _MAJ}
+_GATHER_CODE = {"sync": _GSYNC, "solo": _GSOLO, "majority": _GMAJ}
+_NAME = {_SYNC: "sync", _SOLO: "solo", _MAJ: "majority", _CLOSE: "close",
+         _GSYNC: "sync gather", _GSOLO: "solo gather", _GMAJ: "majority gather",
+         _WRONG: "rank(s) that started an earlier round as another kind"}
+_GATHERS = (_GSYNC, _GSOLO, _GMAJ)
+_SOLOS = (_SOLO, _GSOLO)               # activated by the first arrival
+_MAJS = (_MAJ, _GMAJ)                  # activated by the drawn initiator
+_WITH_DATA = (_SYNC, _SOLO, _MAJ, _CLOSE)   # rounds whose phase 1 reduces n elements
+_MPI_FLOAT = {np.dtype(np.float64): MPI.DOUBLE, np.dtype(np.float32): MPI.FLOAT}
+
+
+def _meta_len(P):
+    """The meta vector: [contributor bits, one count per round code and _WRONG,
+    P payload lengths]."""
+    return 1 + _NCODE + P
+
 
 _live = weakref.WeakSet()
 
@@ -80,10 +111,27 @@ def _stop_all():                # before mpi4py finalizes MPI: stop the progress
 
 
 class _Post:
-    __slots__ = ("r", "kind", "buf")
+    """A round this rank's main thread posted: its code and its buffer (a reduction:
+    the caller's buffer; a gather: a copy of the payload; close: None)."""
+    __slots__ = ("r", "code", "buf")
 
-    def __init__(self, r, kind, buf):
-        self.r, self.kind, self.buf = r, kind, buf
+    def __init__(self, r, code, buf):
+        self.r, self.code, self.buf = r, code, buf
+
+
+class _Cur:
+    """The round in flight on the progress thread. phase 1: the meta Iallreduce (and,
+    for a reduction or close, the data Iallreduce); phase 2: a gather's Iallgatherv;
+    ``failed``: the message to raise once the requests (issued only to match the other
+    ranks' collectives) complete."""
+    __slots__ = ("r", "code", "post", "reqs", "data", "meta", "phase", "failed", "t0",
+                 "counts", "displs")
+
+    def __init__(self, r, code, post, reqs, data, meta):
+        self.r, self.code, self.post = r, code, post
+        self.reqs, self.data, self.meta = reqs, data, meta
+        self.phase, self.failed, self.t0 = 1, None, time.monotonic()
+        self.counts = self.displs = None
 
 
 class MPICommunicator(Communicator):
@@ -132,7 +180,9 @@ class MPICommunicator(Communicator):
         self._comm = comm.Dup()         # collective; from here on only the thread uses it
         self._cv = threading.Condition(threading.Lock())
         self._posts = {}                # round -> _Post (at most one is outstanding)
-        self._results = {}              # round -> (data or None, mask, kind)
+        self._results = {}              # round -> (value, mask, code); value: a
+        #   reduction's result when this rank did not contribute (None when it did: the
+        #   result is in the caller's buffer), or a gather's parts
         self._act = 0                   # rounds this rank's thread has activated
         self._consumed = 0              # rounds the main thread has finished
         self._error = None              # message of a failure in the thread
@@ -141,6 +191,8 @@ class MPICommunicator(Communicator):
         self._done = False              # the thread finished the close protocol
         self._closed = False
         self._reported = False          # the thread's error was raised to the caller
+        self._wrong = False             # this rank was late for a round of another kind
+        self._mismatch = None           # (round, message) of that round
         self._scratch = []              # free zero-able buffers for non-contributions
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"mpi-progress-{self.rank}")
@@ -149,20 +201,49 @@ class MPICommunicator(Communicator):
 
     # ---- main thread side --------------------------------------------------------------
     def _post(self, r, kind, buf):
+        return self._post_code(r, _REDUCE_CODE[kind], buf.reshape(-1))
+
+    def _post_gather(self, r, kind, payload):
+        # a copy: the caller may reuse its array as soon as start_gather returns
+        return self._post_code(r, _GATHER_CODE[kind], np.array(payload, self.dtype))
+
+    def _post_code(self, r, code, buf):
+        """Hand round r to the progress thread; the handle is (r, code, late)."""
         with self._cv:
             self._raise_error()
             if r < self._act:               # the thread already activated r without us
-                return (r, kind, True)
-            self._posts[r] = _Post(r, kind, buf.reshape(-1))
+                return (r, code, True)
+            self._posts[r] = _Post(r, code, buf)
             self._cv.notify_all()
-        return (r, kind, False)
+        return (r, code, False)
 
     def _test(self, handle):
         with self._cv:
             return handle[0] in self._results or self._error is not None
 
     def _finish(self, handle, buf, deadline):
-        r, kind, late = handle
+        r, code, late = handle
+        data, mask = self._await(r, code, deadline)
+        flat = buf.reshape(-1)
+        contributed = (not late) and data is None
+        if not contributed:
+            self._keep_late(flat)
+            flat[:] = data
+            with self._cv:
+                self._scratch.append(data)
+        return mask, contributed
+
+    def _finish_gather(self, handle, deadline):
+        r, code, late = handle
+        parts, mask = self._await(r, code, deadline)
+        # a late rank's payload was never sent (it is dropped: payloads do not add)
+        return mask, not late, parts
+
+    def _await(self, r, code, deadline):
+        """Wait for round r's result (value, contributor mask), consume it, and check
+        that the round was what this rank started (``code``)."""
+        if self._mismatch is not None and self._mismatch[0] == r:
+            raise CollectiveError(self._mismatch[1])        # a second wait()
         with self._cv:
             while r not in self._results:
                 self._raise_error()
@@ -172,26 +253,28 @@ class MPICommunicator(Communicator):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveTimeout(
-                        f"rank {self.rank}: {kind} round {r} did not complete within the "
-                        "timeout (another rank is slow, stopped calling collectives, "
-                        "or died); wait() again, or raise the timeout")
+                        f"rank {self.rank}: {_NAME[code]} round {r} did not complete "
+                        "within the timeout (another rank is slow, stopped calling "
+                        "collectives, or died); wait() again, or raise the timeout")
                 self._cv.wait(left)
-            data, mask, rkind = self._results.pop(r)
+            value, mask, rcode = self._results.pop(r)
             self._consumed = r + 1
             self._cv.notify_all()
-        if rkind != kind:
-            raise CollectiveError(
-                f"rank {self.rank}: round {r} was a {rkind} round on the other ranks but "
-                f"this rank started it as {kind}; every rank must call the same kind of "
-                "collective in the same round")
-        flat = buf.reshape(-1)
-        contributed = (not late) and data is None
-        if not contributed:
-            self._keep_late(flat)
-            flat[:] = data
+        if rcode != code:
+            msg = (f"rank {self.rank}: round {r} was a {_NAME[rcode]} round on the other "
+                   f"ranks but this rank started it as {_NAME[code]}; every rank must "
+                   "call the same kind of collective (allreduce or allgather) in the "
+                   "same round")
             with self._cv:
-                self._scratch.append(data)
-        return mask, contributed
+                # the others took round r as they meant it: tell them in the meta vector
+                # of this rank's next round, so that every rank raises there
+                self._wrong = True
+                if rcode not in _GATHERS and value is not None:
+                    self._scratch.append(value)     # the unused result buffer goes back
+            self._mismatch = (r, msg)
+            self._pending = None    # round r is consumed: close() (or a round) may follow
+            raise CollectiveError(msg)
+        return value, mask
 
     def _closed_upto(self):
         return self._act
@@ -218,7 +301,7 @@ class MPICommunicator(Communicator):
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         with self._cv:
             if self._error is None:
-                self._posts[self._next] = _Post(self._next, "close", None)
+                self._posts[self._next] = _Post(self._next, _CLOSE, None)
                 self._cv.notify_all()
             while not self._done and self._error is None:
                 if deadline is None:
@@ -299,8 +382,7 @@ class _Progress:
         self.sends = []                     # (request, buffer) of activation messages
         self.sent_to = np.zeros(self.P, np.int64)   # messages sent to each rank
         self.got_from = np.zeros(self.P, np.int64)  # messages received from each rank
-        self.cur = None                     # (round, requests, data, meta, kind, post)
-        self.t_start = 0.0                  # when cur was activated
+        self.cur = None                     # the round in flight (a _Cur)
         self.finished = False               # the close round completed
 
     def run(self):
@@ -349,92 +431,146 @@ class _Progress:
                 self.sent_to[d] += 1
 
     def poll_current(self):
-        """Test the in-flight round; when it completed, check it, finish the close
-        protocol or hand the result to the main thread, and return True."""
-        o = self.owner
-        r, reqs, data, meta, code, post = self.cur
-        if not MPI.Request.Testall(reqs):
-            if o.timeout is not None and time.monotonic() - self.t_start > o.timeout:
+        """Test the in-flight round; on progress (a phase completed) return True: check
+        the meta vector, start a gather's phase 2, finish the close protocol or hand
+        the result to the main thread."""
+        c = self.cur
+        if not MPI.Request.Testall(c.reqs):
+            o = self.owner
+            if o.timeout is not None and time.monotonic() - c.t0 > o.timeout:
                 o._error_timeout = True
                 raise CollectiveError(
-                    f"{_NAME[code]} round {r} did not complete within {o.timeout} s "
+                    f"{_NAME[c.code]} round {c.r} did not complete within {o.timeout} s "
                     "(a rank died, or stopped calling collectives)")
             return False
+        if c.failed is not None:
+            raise CollectiveError(c.failed)
+        if c.phase == 1:
+            err = self.disagreement(c)
+            if err is not None:
+                return self.fail(c, err)
+            if c.code in _GATHERS:
+                self.start_gatherv(c)
+                return True
         self.cur = None
-        counts = meta[1:]
-        mask = int(meta[0])
-        if int(counts.max()) != self.P or int(counts.sum()) != self.P:
-            desc = ", ".join(f"{int(c)} {_NAME[i]}" for i, c in enumerate(counts) if c)
-            raise CollectiveError(
-                f"round {r}: the ranks disagree on what round {r} is ({desc}); "
-                "every rank must call the same kind of collective in each "
-                "round and close() after the same number of rounds")
-        if code == _CLOSE:
+        if c.code == _CLOSE:
             self.finish_close()
             with self.cv:
-                o._done = True
+                self.owner._done = True
                 self.cv.notify_all()
             self.finished = True
             return True
+        if c.code in _GATHERS:
+            value = self.parts(c)
+        else:
+            value = None if c.post is not None else c.data
         with self.cv:
-            o._results[r] = (None if post is not None else data, mask, _NAME[code])
+            self.owner._results[c.r] = (value, int(c.meta[0]), c.code)
             self.cv.notify_all()
         return True
 
+    def disagreement(self, c):
+        """The error message when the ranks did not all post round c.r as the same
+        kind of round (the code counts of the summed meta vector), else None."""
+        counts = c.meta[1:1 + _NCODE]
+        if int(counts.max()) == self.P and int(counts.sum()) == self.P:
+            return None
+        desc = ", ".join(f"{int(k)} {_NAME[i]}" for i, k in enumerate(counts) if k)
+        return (f"round {c.r}: the ranks disagree on what round {c.r} is ({desc}); "
+                "every rank must call the same kind of collective (allreduce or "
+                "allgather) in each round and close() after the same number of rounds")
+
+    def fail(self, c, err):
+        """Raise err, after matching the data Iallreduce that the ranks which took
+        round c.r as a reduction (or close) issued after the meta one: a gather rank
+        did not issue it, and no collective may be left unmatched."""
+        counts = c.meta[1:1 + _NCODE]
+        if c.code in _GATHERS and any(counts[k] for k in _WITH_DATA):
+            c.data = np.zeros(self.owner.n, self.owner.dtype)
+            c.reqs = [self.comm.Iallreduce(MPI.IN_PLACE, c.data, MPI.SUM)]
+            c.failed = err
+            return True
+        raise CollectiveError(err)
+
+    def start_gatherv(self, c):
+        """Phase 2 of a gather round: every rank's payload (its length from the meta
+        vector, 0 for a non-contributor) to every rank, by one Iallgatherv."""
+        P = self.P
+        c.counts = c.meta[1 + _NCODE:1 + _NCODE + P].copy()
+        c.displs = np.zeros(P, np.int64)
+        np.cumsum(c.counts[:-1], out=c.displs[1:])
+        dt = self.owner.dtype
+        mtype = _MPI_FLOAT[dt]
+        send = c.post.buf if c.post is not None else np.zeros(0, dt)
+        c.data = np.empty(int(c.counts.sum()), dt)
+        c.reqs = [self.comm.Iallgatherv([send, int(c.counts[self.me]), mtype],
+                                        [c.data, (c.counts, c.displs), mtype])]
+        c.phase = 2
+
+    @staticmethod
+    def parts(c):
+        """The contributors' payloads (ascending rank), cut from the gathered buffer."""
+        mask = int(c.meta[0])
+        return tuple(c.data[int(c.displs[k]):int(c.displs[k] + c.counts[k])]
+                     for k in range(len(c.counts)) if mask >> k & 1)
+
     def _choose(self, a):
         """Under the lock: whether round ``a`` activates now, and as what kind.
-        Returns (post, code or None, kinds heard for a); on activation advances
-        ``_act`` and takes the post."""
+        Returns (post, code or None, codes heard for a, whether this rank must report
+        an earlier mismatch); on activation advances ``_act`` and takes the post."""
         o = self.owner
         with self.cv:
             post = o._posts.get(a)
             hold = post is None and a - o._consumed >= o.depth
-            code = None
+            code, wrong = None, False
             h = self.heard.get(a, ())
             if post is not None:
-                pc = _CODE[post.kind]
-                if pc in (_SYNC, _SOLO, _CLOSE):
-                    code = pc
-                elif initiator(o.seed, a, self.P) == self.me or h:
-                    code = pc
-            elif not hold:
-                if _SOLO in h:
-                    code = _SOLO
-                elif _MAJ in h:
-                    code = _MAJ
+                # a majority round waits for its initiator (or any activation message)
+                if (post.code not in _MAJS or h
+                        or initiator(o.seed, a, self.P) == self.me):
+                    code = post.code
+            elif not hold:                  # joined without a post: as announced
+                solo = [k for k in h if k in _SOLOS]
+                maj = [k for k in h if k in _MAJS]
+                code = min(solo) if solo else (min(maj) if maj else None)
             if code is not None:
                 o._act = a + 1
                 o._posts.pop(a, None)
-        return post, code, h
+                wrong, o._wrong = o._wrong, False
+        return post, code, h, wrong
 
     def activate_next(self):
         """Activate the next round if it is due: announce it if this rank's arrival
-        activated it, and start its two Iallreduce. Returns whether it did."""
+        activated it, and start its phase 1 (the meta Iallreduce, then, for a
+        reduction or close, the data Iallreduce). Returns whether it did."""
         o = self.owner
         a = o._act
-        post, code, h = self._choose(a)
+        post, code, h, wrong = self._choose(a)
         if code is None:
             return False
         self.heard.pop(a, None)
         if post is not None and (
-                (code == _SOLO and not h)
-                or (code == _MAJ and initiator(o.seed, a, self.P) == self.me)
+                (code in _SOLOS and not h)
+                or (code in _MAJS and initiator(o.seed, a, self.P) == self.me)
                 or code == _CLOSE):
             self.announce(a, code)
-        if post is not None and post.buf is not None:
-            data = post.buf
-        else:
-            data = o._get_scratch()
-        meta = np.zeros(_META, np.int64)
-        if post is not None and code != _CLOSE:
-            meta[0] = 1 << self.me
-        meta[1 + code] = 1
-        reqs = [self.comm.Iallreduce(MPI.IN_PLACE, data, MPI.SUM),
-                self.comm.Iallreduce(MPI.IN_PLACE, meta, MPI.SUM)]
         if code == _CLOSE:
             post = None
-        self.cur = (a, reqs, data, meta, code, post)
-        self.t_start = time.monotonic()
+        meta = np.zeros(_meta_len(self.P), np.int64)
+        meta[1 + code] = 1
+        meta[1 + _WRONG] = wrong            # a count past P: every rank raises
+        if post is not None:
+            meta[0] = 1 << self.me
+            if code in _GATHERS:
+                meta[1 + _NCODE + self.me] = post.buf.size
+        # the meta Iallreduce is every round's first collective, of one length for
+        # every kind, so ranks that disagree on the round still match it
+        reqs = [self.comm.Iallreduce(MPI.IN_PLACE, meta, MPI.SUM)]
+        data = None
+        if code in _WITH_DATA:
+            data = post.buf if post is not None else o._get_scratch()
+            reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, data, MPI.SUM))
+        self.cur = _Cur(a, code, post, reqs, data, meta)
         return True
 
     def idle(self, n):
