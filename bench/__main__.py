@@ -1,49 +1,15 @@
 """Scalability and quality microbenchmarks: ``python -m bench SCENARIO [options]``.
 
-Scenarios (each writes bench/results/<scenario>.json; ``plot`` draws the PNGs):
-
-  pq-threads     hold-model throughput vs threads: MultiQueue (nogil loop, bulk API,
-                 Python level, one queue) beside heapq+Lock and queue.PriorityQueue
-  pq-processes   the same across processes sharing one MultiQueue, beside a
-                 Manager-served queue.PriorityQueue
-  quality        rank error and delay of pops, replayed from per-thread operation logs
-  counter        MultiCounter increments vs threads/processes, and read() error
-  hogwild        Hogwild SGD epoch time and time to a target loss vs workers, beside
-                 scikit-learn's SGDClassifier and a locked baseline
-  mis            greedy MIS / matching: wasted work vs q, k and n; time vs threads
-                 beside sequential greedy (Numba) and networkx
-  conflict       competitive ratios of the ski-rental conflict policies (simulator)
-  delay          the price of asynchrony: SGD on weights tau steps stale (max or uniform
-                 delay), with momentum, log and squared loss (a deterministic simulation)
-  mf             Hogwild matrix factorization: seconds per epoch vs workers, threads and
-                 processes, train and test RMSE
-  ps             parameter server, worker 0 slowed 4x: BSP, ASP, SSP, SaPS time to a
-                 target loss, final loss, detections; pull+push latency and pushes/s
-                 (--backend shm|ray|both: shared memory, Ray, or both side by side)
-  eager          eager-SGD: shm and MPI allreduce against memcpy and MPI_Allreduce,
-                 round latency; sync, solo and majority allreduce training under the
-                 paper's load-imbalance model (shm, and MPI when mpi4py is installed)
-  compress       sparsified gradients: top-k selection against np.argpartition, what
-                 top-k leaves out, 10 epochs of the parameter server and the eager
-                 trainer, dense against TopK (k/n 0.01%..10%, with and without error
-                 feedback), QSGD and DGC's threshold: loss, bytes, time
-  unreliable     training over lossy links: RPS (Yu et al., ICML 2019) final loss against
-                 the drop rate p and 1..16 servers (4 workers, and as many workers as
-                 servers), beside ASP with the same losses; loss against epochs
-  nonconvex      an MLP on digits and a generated non-linear problem: Hogwild, block-
-                 partitioned Hogwild (arXiv:1905.11845) and synchronous SGD, momentum 0 and
-                 0.9, 1 and 2 workers, the parameter server, beside MLPClassifier: accuracy
-                 against epochs and time
-  stm            TL2 bank transfers: commits/s and abort rate vs workers, global vs
-                 MultiCounter clock, each conflict policy, threads and processes
-  all            every scenario above, then plot
-  plot           PNG plots and docs/benchmarks.md (tables, plots) from the JSON results
+Each scenario is a subcommand with its own options (``python -m bench SCENARIO --help``)
+and writes bench/results/<scenario>.json; ``all`` runs every scenario (taking every
+option), then ``plot``, which draws the PNGs and docs/benchmarks.md.
 
 Examples:
   python -m bench all                       # 1..CPU count workers, 5 repetitions
   python -m bench pq-threads --workers 1-16 --reps 7
   python -m bench pq-threads --only mq-nogil --cxx-mq ./mq_hold   # beside the C++ MultiQueue
   python -m bench mis --mis-parts "" --pbbs ~/pbbsbench          # beside PBBS, speed only
+  python -m bench plot                      # PNGs and docs/benchmarks.md from the JSON
 """
 from __future__ import annotations
 
@@ -427,7 +393,7 @@ def cmd_eager(args):
 def _with_reps(args, reps, name, measure):
     """_scenario with ``reps`` repetitions (what the header reports), leaving
     ``args.reps`` as it was for the scenarios after this one."""
-    saved, args.reps = args.reps, reps
+    saved, args.reps = getattr(args, "reps", None), reps
     try:
         _scenario(args, name, measure)
     finally:
@@ -470,164 +436,313 @@ def cmd_plot(args):
     print(f"wrote {report.write_page()}")
 
 
-def main(argv=None):
+#: every option: dest -> (flag, argparse keywords); a scenario takes the ones it names
+FLAGS = {
+    "workers": ("--workers", dict(default=None, help="worker counts, e.g. '1,2,4' or '1-16' "
+                                  "(default 1..CPU count)")),
+    "reps": ("--reps", dict(type=int, default=5,
+                            help="repetitions after a warm-up (default 5)")),
+    "seed": ("--seed", dict(type=int, default=0, help="seed (default 0)")),
+    "prefill": ("--prefill", dict(type=int, default=1_000_000,
+                                  help="prefill size (default 1M)")),
+    "iters": ("--iters", dict(type=int, default=1_000_000,
+                              help="pop/push pairs per worker, compiled competitors "
+                                   "(counter: 4x as many increments) (default 1M)")),
+    "py_iters": ("--py-iters", dict(type=int, default=200_000,
+                                    help="pop/push pairs per worker, Python-level "
+                                         "competitors (default 200k)")),
+    "manager_iters": ("--manager-iters", dict(type=int, default=2_000,
+                                              help="pop/push pairs per worker through a "
+                                                   "Manager proxy (default 2000)")),
+    "quality_iters": ("--quality-iters", dict(type=int, default=200_000,
+                                              help="logged pop/push pairs per thread for the "
+                                                   "rank error (default 200k)")),
+    "only": ("--only", dict(default=None, help="comma-separated competitor names")),
+    "stickiness": ("--stickiness", dict(type=int, default=8,
+                                        help="stickiness of mq-sticky and cxx-mq-sticky "
+                                             "(default 8)")),
+    "cxx_mq": ("--cxx-mq", dict(default=None, metavar="PATH",
+                                help="also run this C++ MultiQueue hold-loop binary (built "
+                                     "from bench/cxx/mq_hold.cpp, see its first lines), "
+                                     "interleaved with the kit")),
+    "epochs": ("--epochs", dict(type=int, default=5, help="epochs per Hogwild run (default 5)")),
+    "sgd_samples": ("--sgd-samples", dict(type=int, default=200_000,
+                                          help="rows of the RCV1-like problem (default 200000)")),
+    "sgd_features": ("--sgd-features", dict(type=int, default=50_000,
+                                            help="columns of the RCV1-like problem "
+                                                 "(default 50000)")),
+    "torch": ("--torch", dict(action="store_true", help="also time PyTorch Hogwild "
+                              "(mnist_hogwild style; needs torch)")),
+    "torch_batch": ("--torch-batch", dict(type=int, default=32,
+                                          help="minibatch of the PyTorch reference (default 32)")),
+    "cxx": ("--cxx", dict(action="store_true",
+                          help="also time a plain C++ Hogwild (bench/cxx/hogwild.cpp, built "
+                               "with g++ -O3 -march=native) side by side")),
+    "mis_n": ("--mis-n", dict(type=int, default=1_000_000,
+                              help="vertices of the MIS speed graph (default 1M)")),
+    "mis_m": ("--mis-m", dict(type=int, default=10_000_000,
+                              help="edges of the MIS speed graph (default 10M)")),
+    "mis_degree": ("--mis-degree", dict(type=int, default=10, help="average degree of the "
+                                        "wasted-work graphs (default 10)")),
+    "mis_parts": ("--mis-parts", dict(default="waste,multiqueue,networkx",
+                                      help="parts beside the speed table (the sequential "
+                                           "loops and the prefix engine): any of waste, "
+                                           "multiqueue, networkx (default all three)")),
+    "pbbs": ("--pbbs", dict(default=None, metavar="PATH",
+                            help="also run PBBS's MIS and matching binaries, built in this "
+                                 "pbbsbench checkout (github.com/cmuparlay/pbbsbench), "
+                                 "interleaved with the kit on the same graph and priorities")),
+    "waste_sizes": ("--waste-sizes", dict(default="10000,100000,1000000",
+                                          help="graph sizes n for wasted work "
+                                               "(default 10000,100000,1000000)")),
+    "waste_seeds": ("--waste-seeds", dict(type=int, default=10,
+                                          help="seeds per wasted-work point (default 10)")),
+    "nx_n": ("--nx-n", dict(type=int, default=100_000,
+                            help="vertices for the networkx comparison (default 100k)")),
+    "stm_tx": ("--stm-tx", dict(type=int, default=100_000,
+                                help="transactions per worker per TL2 run (default 100k)")),
+    "delay_samples": ("--delay-samples", dict(type=int, default=20_000,
+                                              help="rows of the delay study's problem "
+                                                   "(default 20000)")),
+    "mf_users": ("--mf-users", dict(type=int, default=100_000, help="MF users (default 100k)")),
+    "mf_items": ("--mf-items", dict(type=int, default=10_000, help="MF items (default 10k)")),
+    "mf_ratings": ("--mf-ratings", dict(type=int, default=2_000_000,
+                                        help="MF ratings (default 2M)")),
+    "mf_epochs": ("--mf-epochs", dict(type=int, default=3, help="MF epochs per fit (default 3)")),
+    "ps_workers": ("--ps-workers", dict(type=int, default=4,
+                                        help="parameter-server workers (default 4)")),
+    "ps_samples": ("--ps-samples", dict(type=int, default=20_000,
+                                        help="rows of the PS problem (default 20000)")),
+    "ps_features": ("--ps-features", dict(type=int, default=2_000,
+                                          help="columns of the PS problem (default 2000)")),
+    "ps_seconds": ("--ps-seconds", dict(type=float, default=4.0,
+                                        help="seconds per PS run (default 4)")),
+    "ps_target": ("--ps-target", dict(type=float, default=0.53,
+                                      help="target training loss (default 0.53)")),
+    "ps_tight": ("--ps-tight", dict(type=float, default=0.521, help="tighter target training "
+                                    "loss, also reported (default 0.521)")),
+    "ps_loose": ("--ps-loose", dict(type=float, default=0.68, help="looser target training "
+                                    "loss, also reported (default 0.68)")),
+    "backend": ("--backend", dict(choices=["shm", "ray", "both"], default="shm",
+                                  help="the parameter server's transport: shared memory, Ray "
+                                       "or both side by side (default shm)")),
+    "eager_seconds": ("--eager-seconds", dict(type=float, default=3.0,
+                                              help="seconds per eager-SGD trainer run "
+                                                   "(default 3)")),
+    "eager_target": ("--eager-target", dict(type=float, default=0.53,
+                                            help="eager-SGD target training loss "
+                                                 "(default 0.53)")),
+    "eager_sleep": ("--eager-sleep", dict(type=float, default=0.002,
+                                          help="seconds the rank drawn each round sleeps "
+                                               "(default 0.002)")),
+    "compress_reps": ("--compress-reps", dict(type=int, default=3, help="repetitions of every "
+                                              "training run (default 3)")),
+    "no_mpi": ("--no-mpi", dict(action="store_true",
+                                help="leave out the eager runs under mpiexec")),
+    "unreliable_epochs": ("--unreliable-epochs", dict(type=int, default=5,
+                                                      help="epochs per run, the work every "
+                                                           "run does (default 5)")),
+    "quick": ("--quick", dict(action="store_true", help="a short run (see the scenario)")),
+    "out": ("--out", dict(default=None, help="results folder (default bench/results)")),
+    "label": ("--label", dict(default=None, metavar="NAME",
+                              help="keep this run beside the main one: write "
+                                   "<scenario>@NAME.json (e.g. another machine's run), which "
+                                   "the benchmarks page shows under the scenario; the plots "
+                                   "keep to the main run")),
+}
+
+#: what --quick does, per scenario
+QUICK = {"conflict": "fewer samples",
+         "ps": "1 repetition of runs of at most 1 s, short transport loops",
+         "eager": "1 repetition, a 1 MB buffer, trainer runs of 1 s",
+         "compress": "1 repetition on the small problem, 2 epochs, 100k-entry vectors",
+         "unreliable": "p in {0, 0.1, 0.3}, S in {1, 4}, one seed, 1 epoch",
+         "nonconvex": "3 epochs of digits, 2 of a small non-linear problem, 1 repetition"}
+
+_RUN = ["workers", "reps", "seed"]
+_PQ = ["prefill", "iters", "py_iters"]
+_PS = ["ps_workers", "ps_samples", "ps_features"]
+#: scenario -> (one line for the list, the options it takes besides --out and --label)
+SCENARIOS = {
+    "pq-threads": ("MultiQueue hold-model throughput vs threads, beside heapq+Lock and "
+                   "queue.PriorityQueue", _RUN + _PQ + ["quality_iters", "only", "stickiness",
+                                                         "cxx_mq"]),
+    "pq-processes": ("the same across processes sharing one MultiQueue, beside a Manager "
+                     "queue", _RUN + _PQ + ["manager_iters", "only"]),
+    "quality": ("rank error and delay of pops, replayed from per-thread logs",
+                _RUN + ["prefill", "quality_iters"]),
+    "counter": ("MultiCounter increments vs threads/processes, and read() error",
+                _RUN + ["iters", "py_iters"]),
+    "hogwild": ("Hogwild SGD epoch time and time to a target loss vs workers, beside "
+                "scikit-learn", _RUN + ["epochs", "sgd_samples", "sgd_features", "torch",
+                                        "torch_batch", "cxx"]),
+    "mis": ("greedy MIS / matching: wasted work vs q, k, n; time vs threads",
+            _RUN + ["mis_n", "mis_m", "mis_degree", "mis_parts", "pbbs", "waste_sizes",
+                    "waste_seeds", "nx_n"]),
+    "conflict": ("competitive ratios of the ski-rental conflict policies (simulator)",
+                 ["reps", "seed", "quick"]),
+    "stm": ("TL2 bank transfers: commits/s and abort rate vs workers, clocks, policies",
+            _RUN + ["stm_tx"]),
+    "delay": ("the price of asynchrony: SGD on weights tau steps stale (a simulation)",
+              ["seed", "delay_samples"]),
+    "mf": ("Hogwild matrix factorization: seconds per epoch vs workers, RMSE",
+           _RUN + ["mf_users", "mf_items", "mf_ratings", "mf_epochs"]),
+    "ps": ("parameter server, worker 0 slowed: BSP, ASP, SSP, SaPS; pull+push latency",
+           ["reps", "seed"] + _PS + ["ps_seconds", "ps_target", "ps_tight", "ps_loose",
+                                     "backend", "quick"]),
+    "eager": ("eager-SGD: shm and MPI allreduce speed; sync, solo, majority training",
+              ["reps", "seed", "eager_seconds", "eager_target", "eager_sleep", "quick"]),
+    "compress": ("sparsified gradients: top-k selection, what it leaves out, training",
+                 ["seed", "compress_reps", "no_mpi", "quick"]),
+    "unreliable": ("training over lossy links: RPS against the drop rate and servers",
+                   ["reps", "seed"] + _PS + ["unreliable_epochs", "quick"]),
+    "nonconvex": ("an MLP: Hogwild, block-partitioned Hogwild, synchronous SGD, the PS",
+                  ["reps", "seed", "quick"]),
+}
+
+#: the longer description each scenario's --help shows
+DETAILS = {
+    "pq-threads": "hold-model throughput vs threads: MultiQueue (nogil loop, bulk API, Python "
+                  "level, one queue) beside heapq+Lock and queue.PriorityQueue, then the rank "
+                  "error of the kit's configurations just timed",
+    "pq-processes": "the hold model across processes sharing one MultiQueue, beside a "
+                    "Manager-served queue.PriorityQueue",
+    "quality": "rank error and delay of pops, replayed from per-thread operation logs",
+    "counter": "MultiCounter increments vs threads/processes, and read() error",
+    "hogwild": "Hogwild SGD epoch time and time to a target loss vs workers, beside "
+               "scikit-learn's SGDClassifier and a locked baseline",
+    "mis": "greedy MIS / matching: wasted work vs q, k and n; time vs threads beside "
+           "sequential greedy (Numba) and networkx",
+    "conflict": "competitive ratios of the ski-rental conflict policies (simulator)",
+    "stm": "TL2 bank transfers: commits/s and abort rate vs workers, global vs MultiCounter "
+           "clock, each conflict policy, threads and processes",
+    "delay": "the price of asynchrony: SGD on weights tau steps stale (max or uniform delay), "
+             "with momentum, log and squared loss (a deterministic simulation)",
+    "mf": "Hogwild matrix factorization: seconds per epoch vs workers, threads and processes, "
+          "train and test RMSE",
+    "ps": "parameter server, worker 0 slowed 4x: BSP, ASP, SSP, SaPS time to a target loss, "
+          "final loss, detections; pull+push latency and pushes/s (--backend shm|ray|both: "
+          "shared memory, Ray, or both side by side)",
+    "eager": "eager-SGD: shm and MPI allreduce against memcpy and MPI_Allreduce, round "
+             "latency; sync, solo and majority allreduce training under the paper's "
+             "load-imbalance model (shm, and MPI when mpi4py is installed)",
+    "compress": "sparsified gradients: top-k selection against np.argpartition, what top-k "
+                "leaves out, 10 epochs of the parameter server and the eager trainer, dense "
+                "against TopK (k/n 0.01%..10%, with and without error feedback), QSGD and "
+                "DGC's threshold: loss, bytes, time",
+    "unreliable": "training over lossy links: RPS (Yu et al., ICML 2019) final loss against "
+                  "the drop rate p and 1..16 servers, beside ASP with the same losses",
+    "nonconvex": "an MLP on digits and a generated non-linear problem: Hogwild, block-"
+                 "partitioned Hogwild (arXiv:1905.11845) and synchronous SGD, momentum 0 and "
+                 "0.9, 1 and 2 workers, the parameter server, beside MLPClassifier",
+}
+#: every scenario's results: bench/results/<scenario>.json, in this order under ``all``
+ORDER = list(SCENARIOS) + ["plot"]
+
+
+def _add(ap, names, quick_help=None):
+    """The options ``names`` (keys of FLAGS) on the parser ``ap``."""
+    for name in names:
+        flag, kw = FLAGS[name]
+        if name == "quick" and quick_help:
+            kw = {**kw, "help": quick_help}
+        if kw.get("type") in (int, float) and "metavar" not in kw:
+            kw = {**kw, "metavar": "N" if kw["type"] is int else "X"}
+        ap.add_argument(flag, **kw)
+
+
+def build_parser():
+    """(the ``python -m bench`` parser, {scenario: its subparser}): one subcommand per
+    scenario with its own options, ``all`` with every option, ``plot``."""
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("scenario", choices=["pq-threads", "pq-processes", "quality", "counter",
-                                         "hogwild", "mis", "conflict", "stm", "delay", "mf", "ps",
-                                         "eager", "compress", "unreliable", "nonconvex", "all",
-                                         "plot"])
-    ap.add_argument("--workers", default=None,
-                    help="worker counts, e.g. '1,2,4' or '1-16' (default 1..CPU count)")
-    ap.add_argument("--reps", type=int, default=5, help="repetitions after a warm-up (default 5)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--prefill", type=int, default=1_000_000, help="prefill size (default 1M)")
-    ap.add_argument("--iters", type=int, default=1_000_000,
-                    help="pop/push pairs per worker, compiled competitors (default 1M)")
-    ap.add_argument("--py-iters", type=int, default=200_000,
-                    help="pop/push pairs per worker, Python-level competitors (default 200k)")
-    ap.add_argument("--manager-iters", type=int, default=2_000,
-                    help="pop/push pairs per worker through a Manager proxy (default 2000)")
-    ap.add_argument("--quality-iters", type=int, default=200_000,
-                    help="logged pop/push pairs per thread in 'quality' (default 200k)")
-    ap.add_argument("--only", default=None, help="comma-separated competitor names")
-    ap.add_argument("--stickiness", type=int, default=8,
-                    help="pq-threads: stickiness of mq-sticky and cxx-mq-sticky (default 8)")
-    ap.add_argument("--epochs", type=int, default=5, help="epochs per Hogwild run (default 5)")
-    ap.add_argument("--sgd-samples", type=int, default=200_000,
-                    help="rows of the RCV1-like problem (default 200000)")
-    ap.add_argument("--sgd-features", type=int, default=50_000,
-                    help="columns of the RCV1-like problem (default 50000)")
-    ap.add_argument("--mis-n", type=int, default=1_000_000,
-                    help="vertices of the MIS speed graph (default 1M)")
-    ap.add_argument("--mis-m", type=int, default=10_000_000,
-                    help="edges of the MIS speed graph (default 10M)")
-    ap.add_argument("--mis-degree", type=int, default=10,
-                    help="average degree of the wasted-work graphs (default 10)")
-    ap.add_argument("--mis-parts", default="waste,multiqueue,networkx",
-                    help="mis: parts beside the speed table (the sequential loops and the "
-                         "prefix engine): any of waste, multiqueue, networkx "
-                         "(default all three)")
-    ap.add_argument("--pbbs", default=None, metavar="PATH",
-                    help="mis: also run PBBS's MIS and matching binaries, built in this "
-                         "pbbsbench checkout (github.com/cmuparlay/pbbsbench), interleaved "
-                         "with the kit on the same graph and priorities")
-    ap.add_argument("--waste-sizes", default="10000,100000,1000000",
-                    help="graph sizes n for wasted work (default 10000,100000,1000000)")
-    ap.add_argument("--waste-seeds", type=int, default=10,
-                    help="seeds per wasted-work point (default 10)")
-    ap.add_argument("--nx-n", type=int, default=100_000,
-                    help="vertices for the networkx comparison (default 100k)")
-    ap.add_argument("--stm-tx", type=int, default=100_000,
-                    help="transactions per worker per TL2 run (default 100k)")
-    ap.add_argument("--torch", action="store_true",
-                    help="hogwild: also time PyTorch Hogwild (mnist_hogwild style; needs torch)")
-    ap.add_argument("--cxx", action="store_true",
-                    help="hogwild: also time a plain C++ Hogwild (bench/cxx/hogwild.cpp, built "
-                         "with g++ -O3 -march=native) side by side")
-    ap.add_argument("--cxx-mq", default=None, metavar="PATH",
-                    help="pq-threads: also run this C++ MultiQueue hold-loop binary (built from "
-                         "bench/cxx/mq_hold.cpp, see its first lines), interleaved with the kit")
-    ap.add_argument("--torch-batch", type=int, default=32,
-                    help="minibatch of the PyTorch reference (default 32)")
-    ap.add_argument("--delay-samples", type=int, default=20_000,
-                    help="rows of the delay study's problem (default 20000)")
-    ap.add_argument("--mf-users", type=int, default=100_000, help="MF users (default 100k)")
-    ap.add_argument("--mf-items", type=int, default=10_000, help="MF items (default 10k)")
-    ap.add_argument("--mf-ratings", type=int, default=2_000_000, help="MF ratings (default 2M)")
-    ap.add_argument("--mf-epochs", type=int, default=3, help="MF epochs per fit (default 3)")
-    ap.add_argument("--ps-workers", type=int, default=4, help="parameter-server workers (default 4)")
-    ap.add_argument("--ps-samples", type=int, default=20_000, help="rows of the PS problem (default 20000)")
-    ap.add_argument("--ps-features", type=int, default=2_000, help="columns of the PS problem (default 2000)")
-    ap.add_argument("--ps-seconds", type=float, default=4.0, help="seconds per PS run (default 4)")
-    ap.add_argument("--ps-target", type=float, default=0.53, help="target training loss (default 0.53)")
-    ap.add_argument("--ps-tight", type=float, default=0.521,
-                    help="tighter target training loss, also reported (default 0.521)")
-    ap.add_argument("--ps-loose", type=float, default=0.68,
-                    help="looser target training loss, also reported (default 0.68)")
-    ap.add_argument("--eager-seconds", type=float, default=3.0,
-                    help="seconds per eager-SGD trainer run (default 3)")
-    ap.add_argument("--eager-target", type=float, default=0.53,
-                    help="eager-SGD target training loss (default 0.53)")
-    ap.add_argument("--eager-sleep", type=float, default=0.002,
-                    help="eager-SGD: seconds the rank drawn each round sleeps (default 0.002)")
-    ap.add_argument("--compress-reps", type=int, default=3,
-                    help="compress: repetitions of every training run (default 3)")
-    ap.add_argument("--unreliable-epochs", type=int, default=5,
-                    help="unreliable: epochs per run, the work every run does (default 5)")
-    ap.add_argument("--no-mpi", action="store_true",
-                    help="compress: leave out the eager runs under mpiexec")
-    ap.add_argument("--backend", choices=["shm", "ray", "both"], default="shm",
-                    help="ps: the parameter server's transport, shared memory, Ray or both side "
-                         "by side (default shm)")
-    ap.add_argument("--quick", action="store_true",
-                    help="conflict: fewer samples; ps: 1 repetition of runs of at most 1 s; "
-                         "eager: 1 repetition, a 1 MB buffer, runs of 1 s; compress: 1 "
-                         "repetition on the small problem, 2 epochs; unreliable: p in {0, 0.1, "
-                         "0.3}, S in {1, 4}, one seed, 1 epoch; nonconvex: 3 epochs of "
-                         "digits, 2 of a small non-linear problem, 1 repetition")
-    ap.add_argument("--out", default=None, help="results folder (default bench/results)")
-    ap.add_argument("--label", default=None, metavar="NAME",
-                    help="keep this run beside the main one: write <scenario>@NAME.json "
-                         "(e.g. another machine's run), which the benchmarks page shows "
-                         "under the scenario; the plots keep to the main run")
-    args = ap.parse_args(argv)
-    for name in ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
-                 "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
-                 "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
-                 "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch",
-                 "delay_samples", "compress_reps", "unreliable_epochs", "stickiness"):
-        if getattr(args, name) < 1:
+    sub = ap.add_subparsers(dest="scenario", metavar="SCENARIO", title="scenarios",
+                            required=True)
+    subs = {}
+    for name, (summary, names) in SCENARIOS.items():
+        sp = sub.add_parser(name, help=summary, description=f"{DETAILS[name]}. Writes "
+                            f"bench/results/{name}.json (or in --out).")
+        _add(sp, names + ["out", "label"], name in QUICK and f"a short run: {QUICK[name]}")
+        subs[name] = sp
+    every = list(dict.fromkeys(n for _, names in SCENARIOS.values() for n in names))
+    sp = sub.add_parser("all", help="every scenario above, then plot (takes every option)",
+                        description="Every scenario in turn, then plot; each option applies "
+                                    "to the scenarios that take it.")
+    _add(sp, every + ["out", "label"],
+         "; ".join(f"{k}: {v}" for k, v in QUICK.items()))
+    subs["all"] = sp
+    sp = sub.add_parser("plot", help="PNG plots and docs/benchmarks.md from the JSON results",
+                        description="PNG plots and docs/benchmarks.md (tables, plots) from the "
+                                    "JSON results (with --out: the page beside them).")
+    _add(sp, ["out"])
+    subs["plot"] = sp
+    return ap, subs
+
+
+_POSITIVE_INTS = ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
+                  "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
+                  "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
+                  "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch",
+                  "delay_samples", "compress_reps", "unreliable_epochs", "stickiness")
+_POSITIVE = ("ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",
+             "eager_target", "eager_sleep")
+
+
+def check(ap, args):
+    """The options' rules (``ap.error``: exit status 2 naming the option and the fix)."""
+    for name in _POSITIVE_INTS:
+        if getattr(args, name, 1) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",
-                 "eager_target", "eager_sleep"):
-        if not getattr(args, name) > 0:
+    for name in _POSITIVE:
+        if not getattr(args, name, 1) > 0:
             ap.error(f"--{name.replace('_', '-')} must be > 0")
-    if args.workers:
+    if getattr(args, "workers", None):
         try:
             common.parse_counts(args.workers)
         except ValueError as e:
-            ap.error(str(e))
-    if args.backend != "shm" and args.scenario in ("ps", "all"):
-        if importlib.util.find_spec("ray") is None:
-            ap.error(f"--backend {args.backend} needs Ray: pip install 'relaxed-sgd-kit[ray]'")
-    if args.cxx_mq is not None:
-        if args.scenario not in ("pq-threads", "all"):
-            ap.error("--cxx-mq applies to pq-threads (and all)")
-        if not (os.path.isfile(args.cxx_mq) and os.access(args.cxx_mq, os.X_OK)):
-            ap.error(f"--cxx-mq {args.cxx_mq!r} is not an executable file; build it from "
-                     "bench/cxx/mq_hold.cpp (the build lines are at its top)")
-    bad = set(args.mis_parts.split(",")) - {"waste", "multiqueue", "networkx", ""}
+            ap.error(f"--workers: {e}")
+    if getattr(args, "backend", "shm") != "shm" and importlib.util.find_spec("ray") is None:
+        ap.error(f"--backend {args.backend} needs Ray: pip install 'relaxed-sgd-kit[ray]'")
+    if getattr(args, "cxx_mq", None) is not None and not (
+            os.path.isfile(args.cxx_mq) and os.access(args.cxx_mq, os.X_OK)):
+        ap.error(f"--cxx-mq {args.cxx_mq!r} is not an executable file; build it from "
+                 "bench/cxx/mq_hold.cpp (the build lines are at its top)")
+    bad = set(getattr(args, "mis_parts", "").split(",")) - {"waste", "multiqueue",
+                                                            "networkx", ""}
     if bad:
         ap.error(f"--mis-parts: unknown part(s) {sorted(bad)}; use waste, multiqueue, networkx")
-    if args.pbbs is not None:
+    if getattr(args, "pbbs", None) is not None:
         from bench import mis
-        if args.scenario not in ("mis", "all"):
-            ap.error("--pbbs applies to mis (and all)")
         if not mis.pbbs_binaries(args.pbbs):
             ap.error(f"--pbbs {args.pbbs!r}: no built binary found; build e.g. "
                      f"{mis.PBBS_BINARIES[('MIS', 'PBBS incrementalMIS')]} (make in its folder)")
     if args.out:
         common.set_results_dir(args.out)
     try:
-        common.set_label(args.label)
+        common.set_label(getattr(args, "label", None))
     except ValueError as e:
         ap.error(f"--{e}")
+    return args
+
+
+STEPS = {"pq-threads": lambda a: cmd_pq(a, "threads"),
+         "pq-processes": lambda a: cmd_pq(a, "processes"),
+         "quality": cmd_quality, "counter": cmd_counter, "hogwild": cmd_hogwild, "mis": cmd_mis,
+         "conflict": cmd_conflict, "stm": cmd_stm, "delay": cmd_delay, "mf": cmd_mf,
+         "ps": cmd_ps, "eager": cmd_eager, "compress": cmd_compress,
+         "unreliable": cmd_unreliable, "nonconvex": cmd_nonconvex, "plot": cmd_plot}
+
+
+def main(argv=None):
+    """``python -m bench SCENARIO [options]`` (``python -m bench SCENARIO --help``)."""
+    ap, subs = build_parser()
+    args = ap.parse_args(argv)
+    check(subs[args.scenario], args)
     t0 = time.time()
-    steps = [("pq-threads", lambda: cmd_pq(args, "threads")),
-             ("pq-processes", lambda: cmd_pq(args, "processes")),
-             ("quality", lambda: cmd_quality(args)), ("counter", lambda: cmd_counter(args)),
-             ("hogwild", lambda: cmd_hogwild(args)), ("mis", lambda: cmd_mis(args)),
-             ("conflict", lambda: cmd_conflict(args)), ("stm", lambda: cmd_stm(args)),
-             ("delay", lambda: cmd_delay(args)), ("mf", lambda: cmd_mf(args)),
-             ("ps", lambda: cmd_ps(args)), ("eager", lambda: cmd_eager(args)),
-             ("compress", lambda: cmd_compress(args)),
-             ("unreliable", lambda: cmd_unreliable(args)),
-             ("nonconvex", lambda: cmd_nonconvex(args)), ("plot", lambda: cmd_plot(args))]
-    for name, step in steps:
+    for name in ORDER:
         if args.scenario in (name, "all"):
             t1 = time.time()
-            step()
+            STEPS[name](args)
             if args.scenario == "all":
                 print(f"({name} done in {time.time() - t1:.1f} s)", file=sys.stderr)
     print(f"\n(done in {time.time() - t0:.0f} s)", file=sys.stderr)

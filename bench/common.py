@@ -84,7 +84,7 @@ def header(args) -> dict:
         # see handoff_ns: which cores the run's threads shared, as far as one can tell
         "handoff_ns_at_start": handoff_ns() if (os.cpu_count() or 1) > 1 else None,
         "seed": args.seed,
-        "reps": args.reps,
+        "reps": getattr(args, "reps", None),     # None: a scenario with no repetitions
         "settings": {k: v for k, v in vars(args).items() if k not in ("func",)},
     }
 
@@ -167,8 +167,8 @@ def print_header(h: dict) -> None:
     print(f"# {h['command']}")
     print(f"# {h['date']}  python {h['python']}  numpy {h['numpy']}  numba {h['numba']}  "
           f"relaxed {h['relaxed']}")
-    print(f"# {h['cpu']}  ({h['cpu_count']} CPUs)  load {h['loadavg_at_start']}  seed {h['seed']}  "
-          f"reps {h['reps']}")
+    print(f"# {h['cpu']}  ({h['cpu_count']} CPUs)  load {h['loadavg_at_start']}  seed {h['seed']}"
+          + (f"  reps {h['reps']}" if h.get("reps") is not None else ""))
     if h.get("handoff_ns_at_start") is not None:
         print(f"# cache-line handoff between two threads {h['handoff_ns_at_start']:.0f} ns "
               f"(over {FAR_HANDOFF_NS:.0f}: cores sharing no cache)")

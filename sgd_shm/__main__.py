@@ -1,113 +1,123 @@
-"""The kit's main job: ``python -m sgd_shm``.
+"""The kit's command line: ``python -m sgd_shm COMMAND [options]`` (installed as
+``sgd-shm COMMAND [options]``); ``python -m sgd_shm COMMAND --help`` lists a
+command's options.
 
-``python -m sgd_shm [options]`` runs the multi-process parameter server on its
-embedded default: BSP, ASP, SSP and straggler-aware SaPS with worker 0 slowed
-4x (see ``python -m sgd_shm --help`` and :mod:`sgd_shm.ps.__main__`).
+commands:
+  ps        the main job (the default: ``python -m sgd_shm [options]`` runs it): the
+            multi-process parameter server on an embedded default, BSP, ASP, SSP and
+            straggler-aware SaPS with worker 0 slowed 4x (see :mod:`sgd_shm.ps.__main__`)
+  hogwild   lock-free Hogwild SGD on an embedded RCV1-like problem, with 1 and 2 workers
+            (threads and processes), beside scikit-learn's SGDClassifier
+            (see :mod:`sgd_shm.hogwild.__main__`)
+  eager     synchronous, solo and majority allreduce (eager-SGD) under load imbalance
+            (see :mod:`sgd_shm.eager.__main__`)
+  selftest  every component briefly: a smoke test of an installed kit
+            (see :mod:`sgd_shm.selftest`)
 
-``python -m sgd_shm eager [options]`` compares synchronous, solo and majority
-allreduce (eager-SGD) under load imbalance (see :mod:`sgd_shm.eager.__main__`).
-
-``python -m sgd_shm selftest`` runs every component briefly (a smoke test of an
-installed kit; see :mod:`sgd_shm.selftest`).
-
-``python -m sgd_shm hogwild [options]`` runs lock-free Hogwild SGD on an
-embedded default: an RCV1-like sparse binary classification problem is
-generated (seeded), then logistic regression is trained by Hogwild SGD with 1
-and 2 workers (threads and processes) and by scikit-learn's SGDClassifier with
-the same loss, penalty and schedule, and the epoch times, accuracies and the
-staleness of the lock-free updates are printed.
+Every command takes ``-v`` (progress and diagnostics logged at INFO on stderr) and
+``-vv`` (DEBUG); results are printed on stdout.
 """
 from __future__ import annotations
 
 import argparse
-import os
+import importlib
+import logging
 import sys
-import time
-import warnings
+
+#: command -> (module with add_arguments(ap), check(ap, args) and run(args), summary)
+COMMANDS = {
+    "ps": ("sgd_shm.ps.__main__",
+           "the parameter server main job: BSP, ASP, SSP, SaPS with a straggler (default)"),
+    "hogwild": ("sgd_shm.hogwild.__main__",
+                "lock-free Hogwild SGD beside scikit-learn's SGDClassifier"),
+    "eager": ("sgd_shm.eager.__main__",
+              "sync, solo and majority allreduce (eager-SGD) under load imbalance"),
+    "selftest": ("sgd_shm.selftest", "a smoke test of every component of the installed kit"),
+}
+#: what ``python -m sgd_shm [options]`` runs (the README's quick start)
+DEFAULT = "ps"
+
+_RAW = argparse.RawDescriptionHelpFormatter
+_DESCRIPTION = """The kit's command line. `python -m sgd_shm COMMAND --help` lists a command's
+options; every command takes -v (progress and diagnostics logged at INFO on stderr)
+and -vv (DEBUG). Options with no command run `ps`, the main job."""
+_EXAMPLES = """examples:
+  python -m sgd_shm                                  # the main job: ps on its defaults
+  python -m sgd_shm ps --workers 2 --policies bsp,saps --seconds 3 --out results/
+  python -m sgd_shm hogwild --samples 20000 --features 5000
+  python -m sgd_shm eager --reps 3
+  python -m sgd_shm selftest --only hogwild,compress
+  (installed: sgd-shm COMMAND [options])"""
+
+
+def _verbosity() -> argparse.ArgumentParser:
+    """The -v/--verbose option every command takes (a parent parser)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log progress and diagnostics on stderr: -v at INFO, -vv at DEBUG "
+                        "(default: warnings only)")
+    return p
+
+
+def configure_logging(verbose: int) -> None:
+    """Basic logging for a command run from the command line (never at import: the
+    library itself only logs): WARNING, INFO with -v, DEBUG with -vv."""
+    level = logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+def _module(name):
+    return importlib.import_module(COMMANDS[name][0])
+
+
+def build_parser(prog: str = "python -m sgd_shm"):
+    """(the top-level parser, {command: its subparser})."""
+    import relaxed
+    ap = argparse.ArgumentParser(prog=prog, description=_DESCRIPTION, epilog=_EXAMPLES,
+                                 formatter_class=_RAW)
+    ap.add_argument("--version", action="version",
+                    version=f"relaxed-sgd-kit {relaxed.__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    subs = {}
+    for name, (_, summary) in COMMANDS.items():
+        mod = _module(name)
+        sp = sub.add_parser(name, help=summary, description=mod.__doc__, formatter_class=_RAW,
+                            parents=[_verbosity()])
+        mod.add_arguments(sp)
+        subs[name] = sp
+    return ap, subs
+
+
+def _run(name, ap, args) -> int:
+    configure_logging(args.verbose)
+    mod = _module(name)
+    return mod.run(mod.check(ap, args))
 
 
 def main(argv=None) -> int:
+    """``python -m sgd_shm`` / ``sgd-shm``: parse ``argv`` (default sys.argv[1:]) and run
+    the command; options with no command run the default one (``ps``). Returns the exit
+    status; argparse exits with 2 on a bad option and 0 after --help."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["hogwild"]:
-        return hogwild_main(argv[1:])
-    if argv[:1] == ["eager"]:
-        from sgd_shm.eager.__main__ import main as eager_main
-        return eager_main(argv[1:])
-    if argv[:1] == ["selftest"]:
-        from sgd_shm.selftest import main as selftest_main
-        return selftest_main(argv[1:])
-    from sgd_shm.ps.__main__ import main as ps_main
-    return ps_main(argv)
-
-
-def hogwild_main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sgd_shm hogwild", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=200_000, help="rows (default 200000)")
-    ap.add_argument("--features", type=int, default=50_000, help="columns (default 50000)")
-    ap.add_argument("--epochs", type=int, default=5, help="epochs (default 5)")
-    ap.add_argument("--seed", type=int, default=0)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = [DEFAULT, *argv]
+    ap, subs = build_parser()
     args = ap.parse_args(argv)
-    for name in ("samples", "features", "epochs"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1")
+    return _run(args.command, subs[args.command], args)
 
-    from sklearn.linear_model import SGDClassifier
-    from sklearn.model_selection import train_test_split
 
-    from sgd_shm import HogwildClassifier
-    from sgd_shm.hogwild import staleness_summary
-    from sgd_shm.data import make_rcv1_like
-
-    print(f"sgd_shm: Hogwild SGD (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
-          f"seed {args.seed})")
-    t0 = time.perf_counter()
-    X, y = make_rcv1_like(args.samples, args.features, random_state=args.seed)
-    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.2, random_state=args.seed)
-    print(f"problem: RCV1-like, {X.shape[0]:,} x {X.shape[1]:,}, {X.nnz / 1e6:.1f}M nonzeros "
-          f"(generated in {time.perf_counter() - t0:.1f} s); logistic loss, L2 alpha=1e-4, "
-          f"'optimal' schedule, {args.epochs} epochs\n")
-    runs = [("scikit-learn SGDClassifier", None),
-            ("Hogwild, 1 worker", dict(n_workers=1, backend="threads")),
-            ("Hogwild, 2 threads", dict(n_workers=2, backend="threads")),
-            ("Hogwild, 2 processes", dict(n_workers=2, backend="processes"))]
-    # compile the kernels once so that the timings below are of training only
-    HogwildClassifier(loss="log_loss", max_iter=1, tol=None).fit(Xtr[:1000], ytr[:1000])
-    print(f"{'trainer':28s} {'fit s / epoch':>13s} {'test accuracy':>13s} {'staleness':>24s}")
-    for name, kw in runs:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-
-            def make(instrument=False):
-                if kw is None:
-                    return SGDClassifier(loss="log_loss", alpha=1e-4, max_iter=args.epochs,
-                                         tol=None, random_state=args.seed)
-                return HogwildClassifier(loss="log_loss", alpha=1e-4, max_iter=args.epochs,
-                                         tol=None, instrument=instrument,
-                                         random_state=args.seed, **kw)
-            times = []
-            for _ in range(2):                # the faster of two fits: the machine drifts
-                clf = make()
-                t = time.perf_counter()
-                clf.fit(Xtr, ytr)
-                times.append((time.perf_counter() - t) / args.epochs)
-            per_epoch = min(times)
-            acc = clf.score(Xte, yte)
-            stale = ""
-            if kw is not None and kw["n_workers"] > 1:
-                # staleness from a third, instrumented fit (the shared update counter
-                # it needs costs one contended atomic per update, so it is not timed)
-                mean_tau, frac0 = staleness_summary(make(instrument=True).fit(Xtr, ytr).staleness_)
-                stale = f"mean tau {mean_tau:.2f}, {100 * frac0:.0f}% tau=0"
-        print(f"{name:28s} {per_epoch:13.3f} {acc:13.4f} {stale:>24s}")
-    print("\n(fit s / epoch: the faster of two whole fits, input checks and worker "
-          "start-up included (on wide data with 2 workers and 10 or more epochs also the "
-          "hot-first copy of the rows in the first, see docs/hogwild.md), over the epochs; "
-          "`python -m bench hogwild` times epochs alone.\n tau "
-          "(from a separate instrumented fit): updates by other "
-          "workers between a worker's read of the weights and its write; speed-ups need as "
-          "many free cores as workers)")
-    return 0
+def standalone(name: str, argv=None, prog: str | None = None) -> int:
+    """One command as a program of its own (``python -m sgd_shm.ps``,
+    ``python -m sgd_shm.eager``, ``python -m sgd_shm.hogwild``): the same options,
+    rules and run as ``python -m sgd_shm NAME``."""
+    mod = _module(name)
+    ap = argparse.ArgumentParser(prog=prog or f"python -m sgd_shm {name}",
+                                 description=mod.__doc__, formatter_class=_RAW,
+                                 parents=[_verbosity()])
+    mod.add_arguments(ap)
+    args = ap.parse_args(sys.argv[1:] if argv is None else list(argv))
+    return _run(name, ap, args)
 
 
 if __name__ == "__main__":

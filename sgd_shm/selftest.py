@@ -1,4 +1,5 @@
-"""``python -m sgd_shm selftest``: a smoke test of every component of an installed kit.
+"""``python -m sgd_shm selftest``: a smoke test of every component of an installed kit
+(``--only NAMES`` runs some of the checks).
 
 Each check runs a component briefly on a tiny input and asserts a property with an
 independent answer (a count, a sequential result, a closed form), so a broken build, a
@@ -154,30 +155,63 @@ CHECKS = [check_multiqueue, check_multicounter, check_greedy, check_stm_and_conf
           check_compress, check_spawned_workers]
 
 
-def main(argv=None) -> int:
+def _name(check):
+    return check.__name__[len("check_"):]
+
+
+def add_arguments(ap):
+    """The command's options, on ``ap``."""
+    ap.add_argument("--only", default=None, metavar="NAMES",
+                    help="comma-separated checks to run, from "
+                         f"{', '.join(map(_name, CHECKS))} (default: every check)")
+    return ap
+
+
+def check(ap, args):
+    """The options' rules (``ap.error``: exit status 2 naming the option); returns args
+    with ``checks``, the check functions to run."""
+    names = {_name(c): c for c in CHECKS}
+    if args.only is None:
+        args.checks = list(CHECKS)
+        return args
+    want = [n.strip() for n in args.only.split(",") if n.strip()]
+    bad = [n for n in want if n not in names]
+    if bad or not want:
+        ap.error(f"--only: unknown check(s) {bad}; choose from {', '.join(names)}")
+    args.checks = [names[n] for n in want]
+    return args
+
+
+def run(args) -> int:
+    """Run the checks (each reported, then the /dev/shm check); 0 when all passed."""
     import relaxed
     print(f"relaxed-sgd-kit {relaxed.__version__} selftest (python {sys.version.split()[0]}, "
           f"from {os.path.dirname(os.path.dirname(os.path.abspath(relaxed.__file__)))})")
     before = _shm_names()
     failed = 0
-    for check in CHECKS:
+    for chk in args.checks:
         t = time.perf_counter()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")             # few iterations on purpose
-                check()
+                chk()
             status = "ok"
         except Exception:                                   # report every check, then fail
             failed += 1
             status = "FAILED\n" + traceback.format_exc()
-        print(f"  {check.__name__[6:]:28s} {time.perf_counter() - t:6.2f} s  {status}",
-              flush=True)
+        print(f"  {_name(chk):28s} {time.perf_counter() - t:6.2f} s  {status}", flush=True)
     left = {n for n in _shm_names() - before if _leaked(n)}
     if left:
         failed += 1
         print(f"  left in /dev/shm: {sorted(left)}")
     print("all checks passed" if not failed else f"{failed} check(s) failed")
     return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    """``python -m sgd_shm.selftest [options]``: the same as ``python -m sgd_shm selftest``."""
+    from sgd_shm.__main__ import standalone
+    return standalone("selftest", argv, "python -m sgd_shm.selftest")
 
 
 if __name__ == "__main__":

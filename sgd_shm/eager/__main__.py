@@ -1,5 +1,6 @@
-"""``python -m sgd_shm eager``: synchronous, solo and majority allreduce side by side
-on an embedded default, under the eager-SGD paper's load-imbalance model.
+"""``python -m sgd_shm eager`` (also ``python -m sgd_shm.eager``): synchronous, solo
+and majority allreduce side by side on an embedded default, under the eager-SGD
+paper's load-imbalance model.
 
 An RCV1-like sparse problem (20k x 2k by default) is trained by 4 ranks; each round,
 a draw from a shared seed puts one rank to sleep for a while (``--imbalance``) before
@@ -11,7 +12,6 @@ prints: ``mpiexec -n 4 python -m sgd_shm eager --backend mpi --seconds 5``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -22,9 +22,8 @@ from sgd_shm.eager.trainer import train
 COLLECTIVES = ("sync", "solo", "majority")
 
 
-def _args(argv):
-    ap = argparse.ArgumentParser(prog="python -m sgd_shm eager", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap):
+    """The command's options, on ``ap``."""
     ap.add_argument("--backend", choices=("shm", "mpi"), default="shm",
                     help="shm: forked processes on shared memory (default); mpi: the ranks "
                          "of mpiexec")
@@ -44,16 +43,22 @@ def _args(argv):
     ap.add_argument("--lr", type=float, default=8.0, help="step size (default 8)")
     ap.add_argument("--alpha", type=float, default=1e-4, help="L2 penalty (default 1e-4)")
     ap.add_argument("--batch", type=int, default=64, help="rows per rank per step")
-    ap.add_argument("--samples", type=int, default=20_000)
-    ap.add_argument("--features", type=int, default=2_000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--samples", type=int, default=20_000, help="rows (default 20000)")
+    ap.add_argument("--features", type=int, default=2_000, help="columns (default 2000)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the data, the imbalance "
+                    "draws and the runs (default 0)")
     ap.add_argument("--compress", default=None,
                     help="send compressed gradients: 'topk:RATIO' or 'randomk:RATIO' "
                          "(error feedback on; default: dense)")
     ap.add_argument("--epochs", type=int, default=None,
                     help="stop every run after this many epochs (--seconds still caps it)")
     ap.add_argument("--out", default=".", help="folder for eager-main.json / .png (default .)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def check(ap, args):
+    """The options' rules (``ap.error``: exit status 2 naming the option); returns args
+    with ``collectives`` as a list and ``imbalance`` as (int, float)."""
     args.collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
     bad = [c for c in args.collectives if c not in COLLECTIVES]
     if bad or not args.collectives:
@@ -154,7 +159,13 @@ def _table(summ):
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
+    """``python -m sgd_shm.eager [options]``: the same as ``python -m sgd_shm eager``."""
+    from sgd_shm.__main__ import standalone
+    return standalone("eager", argv, "python -m sgd_shm.eager")
+
+
+def run(args) -> int:
+    """The comparison on checked ``args`` (see :func:`check`); rank 0 prints and writes."""
     rank, n_workers = 0, args.workers
     if args.backend == "mpi":
         from mpi4py import MPI

@@ -1,5 +1,6 @@
-"""``python -m sgd_shm`` (or ``python -m sgd_shm.ps``): the kit's main job, the
-parameter server on an embedded default.
+"""``python -m sgd_shm ps`` (also ``python -m sgd_shm`` with no command, and
+``python -m sgd_shm.ps``): the kit's main job, the parameter server on an embedded
+default.
 
 An RCV1-like sparse problem (20k x 2k by default, generated in about a second)
 is trained by 4 worker processes with worker 0 slowed 4x, under each policy
@@ -10,7 +11,6 @@ updates, staleness histograms, the detection timeline) to --out.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
@@ -18,11 +18,8 @@ from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import POLICIES, curves_of, plot_losses, train
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sgd_shm", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="Also: python -m sgd_shm hogwild --help (lock-free "
-                                        "Hogwild SGD beside scikit-learn's SGDClassifier)")
+def add_arguments(ap):
+    """The main job's options, on ``ap`` (its own parser, or the ``ps`` subcommand's)."""
     ap.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     ap.add_argument("--slow", type=float, default=4.0,
                     help="slowdown factor of worker 0 (default 4; 1 for none)")
@@ -31,9 +28,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="seconds per policy (default 5)")
     ap.add_argument("--target", type=float, default=0.53,
                     help="target training loss (default 0.53)")
-    ap.add_argument("--samples", type=int, default=20_000)
-    ap.add_argument("--features", type=int, default=2_000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--samples", type=int, default=20_000, help="rows (default 20000)")
+    ap.add_argument("--features", type=int, default=2_000, help="columns (default 2000)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the data and the runs "
+                    "(default 0)")
     ap.add_argument("--backend", choices=("shm", "ray"), default="shm",
                     help="shm: worker processes on shared memory (default); ray: Ray actors "
                          "(a local Ray instance, or --address)")
@@ -42,11 +40,17 @@ def main(argv=None) -> int:
                     help="how --backend shm starts its worker processes (default fork; "
                          "spawn/forkserver for a parent that runs threads)")
     ap.add_argument("--out", default=".", help="folder for ps-main.json / ps-main.png (default .)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def check(ap, args):
+    """The options' rules (``ap.error``: exit status 2 naming the option); returns args
+    with ``policies`` as a list."""
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
         ap.error(f"--policies: unknown {bad}; choose from {', '.join(POLICIES)}")
+    args.policies = policies
     for name in ("workers", "samples", "features"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1")
@@ -59,6 +63,11 @@ def main(argv=None) -> int:
         ap.error("--address joins a Ray cluster: add --backend ray")
     if args.start_method != "fork" and args.backend != "shm":
         ap.error("--start-method applies to --backend shm (Ray starts its own actors)")
+    return args
+
+
+def run(args) -> int:
+    """The main job on checked ``args`` (see :func:`check`)."""
     X, y = make_rcv1_like(args.samples, args.features, random_state=args.seed)
     kind = "worker processes" if args.backend == "shm" else "Ray worker actors"
     print(f"parameter server: {args.samples:,} x {args.features:,} RCV1-like, {args.workers} "
@@ -67,7 +76,7 @@ def main(argv=None) -> int:
     print(f"{'policy':8s} {'time to target':>15s} {'final loss':>11s} {'updates':>9s} "
           f"{'mean tau':>9s} {'stolen':>7s}  detections")
     out, results = {}, {}
-    for pol in policies:
+    for pol in args.policies:
         r = train(X, y, n_workers=args.workers, policy=pol, max_seconds=args.seconds,
                   slowdown={0: args.slow} if args.slow > 1 else None, seed=args.seed,
                   backend=args.backend, address=args.address, start_method=args.start_method)
@@ -83,6 +92,11 @@ def main(argv=None) -> int:
                     "mean_staleness": tau, "detections": r.detections, "events": r.events,
                     "workers": r.workers, "staleness_hist": r.staleness_hist,
                     "batches": r.batches, "history": r.history}
+    _write(args, out, results)
+    return 0
+
+
+def _write(args, out, results):
     by = {p: o["time_to_target"] for p, o in out.items()}
     if by.get("bsp") and by.get("saps"):
         print(f"SaPS reached the target {by['bsp'] / by['saps']:.2f}x sooner than BSP")
@@ -95,7 +109,12 @@ def main(argv=None) -> int:
                 f"parameter server, {args.workers} workers, worker 0 slowed {args.slow:g}x",
                 n_workers=args.workers)
     print(f"wrote {path} and {png}")
-    return 0
+
+
+def main(argv=None) -> int:
+    """``python -m sgd_shm.ps [options]``: the same as ``python -m sgd_shm ps``."""
+    from sgd_shm.__main__ import standalone
+    return standalone("ps", argv, "python -m sgd_shm.ps")
 
 
 if __name__ == "__main__":
