@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import POLICIES, curves_of, plot_losses, train
+from sgd_shm.ps.transport import Push
 
 BACKENDS = ("shm", "ray")
 N_SHARDS = 8                 # train()'s default, used by every run of the scenario
@@ -58,7 +59,8 @@ def _median(xs):
 # ---- transport ------------------------------------------------------------------------
 
 def pull_push_loop(link, k, g, seconds):
-    """Worker k repeats ``link.pull(k)`` then ``link.push(k, g, v, 1.0)`` for ``seconds``;
+    """Worker k repeats a pull (``link.exchange(k)``) then a push of ``g``
+    (``link.exchange(k, Push(v, 1.0, grad=g), pull=False)``) for ``seconds``;
     returns the count, the seconds it took and its latency medians (µs)."""
     perf = time.perf_counter
     pulls, pushes = [], []
@@ -66,9 +68,9 @@ def pull_push_loop(link, k, g, seconds):
     end = t0 + seconds
     while True:
         a = perf()
-        _, v = link.pull(k)
+        _, v = link.exchange(k)
         b = perf()
-        link.push(k, g, v, 1.0)
+        link.exchange(k, Push(v, 1.0, grad=g), pull=False)
         c = perf()
         pulls.append(b - a)
         pushes.append(c - b)
@@ -91,11 +93,12 @@ def transport_shm(d, n_shards, n, seconds, g):
     """``n`` forked processes pulling and pushing on one :class:`ParameterStore`."""
     import multiprocess as mp
 
+    from sgd_shm.ps.server import ServerState
     from sgd_shm.ps.shm_backend import ShmLink, warm_up
     from sgd_shm.ps.store import ParameterStore, WaitPolicy
     warm_up()                                    # the kernels compiled before the fork
     with ParameterStore(d, n_shards=n_shards, n_workers=n) as store:
-        link = ShmLink(store, None, TRANSPORT_LR, WaitPolicy(), os.getpid())
+        link = ShmLink(ServerState(store, None), TRANSPORT_LR, WaitPolicy(), os.getpid())
         ctx = mp.get_context("fork")
         barrier, queue = ctx.Barrier(n), ctx.Queue()
         procs = [ctx.Process(target=_shm_main, args=(link, k, g, seconds, barrier, queue),
@@ -144,8 +147,11 @@ def transport_ray(d, n_shards, n, seconds, g):
     bounds = np.linspace(0, d, n_shards + 1).astype(np.int64)
     shards, hub = _POOL.take(_Shard, n_shards), _POOL.take(_Hub, 1)[0]
     try:
+        from sgd_shm.ps.partitions import Batches
+        one = Batches.draw(n, n, 1, np.random.default_rng(0))    # no minibatch is taken
         ray.get([s.reset.remote(np.zeros(int(bounds[i + 1] - bounds[i])), 0)
-                 for i, s in enumerate(shards)] + [hub.reset.remote(n, [1] * n, 0)])
+                 for i, s in enumerate(shards)]
+                + [hub.reset.remote(d, n_shards, n, one, [0] * n)])
         g_ref = ray.put(g)
         out = ray.get([p.run.remote(hub, shards, bounds, TRANSPORT_LR, k, g_ref, seconds)
                        for k, p in enumerate(_PUSHERS[:n])])

@@ -8,7 +8,8 @@ import pytest
 
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import ParameterStore, WaitPolicy, load_checkpoint, train
-from sgd_shm.ps.store import LINE, store_release_py
+from sgd_shm.core.atomics import store_release_py
+from sgd_shm.ps.store import LINE
 from tests.naive import fixed_gradient_model
 
 LR = 2.0 ** -10                          # powers of two: the updates are exact
@@ -175,6 +176,7 @@ def test_sparse_push_on_ray(data, local_ray):
     dense push of the scattered vector."""
     from sgd_shm.ps.partitions import Batches
     from sgd_shm.ps.ray_backend import RayBackend, RayLink
+    from sgd_shm.ps.transport import Push
     n, rng = 100, np.random.default_rng(0)
     batches = Batches.draw(64, 2, 8, rng)
     backend = RayBackend(n, 4, 2, batches, rng)
@@ -182,10 +184,10 @@ def test_sparse_push_on_ray(data, local_ray):
         link = RayLink(backend.hub, backend.shards, backend.bounds, LR)
         idx = np.array([1, 2, 60, 99], np.int32)            # shards 0, 2, 3
         vals = np.array([1.0, -2.0, 0.5, 4.0])
-        link.push_sparse(0, idx, vals, 0, 0.5, 24)
+        link.exchange(0, Push(0, 0.5, indices=idx, values=vals, nbytes=24), pull=False)
         g = np.zeros(n)
         g[idx] = vals
-        link.push(1, g, 0, 1.0)
+        link.exchange(1, Push(0, 1.0, grad=g), pull=False)
         w, vers, v, pushes, _ = backend.snapshot()
         np.testing.assert_array_equal(w, -LR * 1.5 * g)
         assert vers.tolist() == [2, 1, 2, 2] and v == 2 and pushes.tolist() == [1, 1]

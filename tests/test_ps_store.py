@@ -203,7 +203,8 @@ def test_wait_policy_from_ski_rental_conflict_policies():
     """A relaxed.conflict policy decides how long a push yields on a held shard before
     deferring it: "abort" and a finite deterministic delay defer, "wait" waits until
     the holder lets go (here a thread that releases after 30 ms)."""
-    from sgd_shm.ps.store import LINE, store_release_py
+    from sgd_shm.core.atomics import store_release_py
+    from sgd_shm.ps.store import LINE
     g = np.ones(8)
     with ParameterStore(8, n_shards=2, n_workers=1) as s:
         s._lock_shard_for_test(1)

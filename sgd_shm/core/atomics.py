@@ -1,8 +1,10 @@
 """Numba intrinsics: a software prefetch (LLVM's ``llvm.prefetch``), the atomics of
 a spinlock and of work claiming, word atomics at an offset with the orderings a
 cross-process protocol states (acquire loads, release stores, acq_rel add and
-compare-and-swap: the shared-memory collectives), and the padding of shared words
-(``LINE_WORDS``). The kit's one home for atomics.
+compare-and-swap: the shared-memory collectives), the padding of shared words
+(``LINE_WORDS``), and the same word atomics callable from Python (``fetch_add_py``,
+``cas_py``, ``store_release_py``: compiled once, for the parameter server's and the
+partitions' counters and locks). The kit's one home for atomics.
 
 SGD visits rows in a shuffled order, so every row starts with a cache miss and
 the epoch is bound by memory latency, not by arithmetic. Asking for the row a
@@ -11,6 +13,7 @@ faults and changes no result.
 """
 import numpy as np
 from llvmlite import ir
+from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -214,3 +217,35 @@ def cas_acq_rel(typingctx, arr, off, expected, desired):
                               args[2], args[3], "acq_rel", "acquire")
         return builder.extract_value(res, 1)
     return types.boolean(arr, off, types.int64, types.int64), codegen
+
+
+# ---- the same atomics, callable from Python ----------------------------------------------
+@njit(cache=True, nogil=True)
+def _fetch_add_at(arr, i, v):
+    return fetch_add(arr[i:i + 1], v)
+
+
+@njit(cache=True, nogil=True)
+def _cas_at(arr, expected, desired):
+    return cas_acquire(arr, expected, desired)
+
+
+@njit(cache=True, nogil=True)
+def _store_at(arr, v):
+    store_release(arr, v)
+
+
+def fetch_add_py(arr, i, v) -> int:
+    """Atomic arr[i] += v (int64 array, relaxed) from Python; returns the old value."""
+    return int(_fetch_add_at(arr, i, v))
+
+
+def cas_py(arr, expected, desired) -> bool:
+    """Atomic compare-and-swap of arr[0] (int64 array, acquire on success) from Python:
+    True if it held ``expected`` and now holds ``desired``."""
+    return bool(_cas_at(arr, expected, desired))
+
+
+def store_release_py(arr, v) -> None:
+    """arr[0] = v (int64 array) with release order, from Python."""
+    _store_at(arr, v)

@@ -96,15 +96,16 @@ def _layout(shapes):
     return offsets, max(pos, _ALIGN)
 
 
-def shared_arrays(arrays):
+def shared_arrays(arrays, shared=True):
     """One shared :class:`Segment` holding ``arrays`` ({name: (shape, dtype)}),
     each on cache lines of its own; returns (segment, {name: array view}).
     Forked processes inherit the views; a :class:`Shipment` sends them to spawned
-    ones. Close the segment (after dropping the views) to unlink it."""
+    ones. Close the segment (after dropping the views) to unlink it.
+    ``shared=False``: the same layout in private memory (threads of one process)."""
     names = list(arrays)
     shapes = [arrays[k] for k in names]
     offsets, size = _layout(shapes)
-    seg = Segment.create(max(size, HEADER_SIZE), shared=True)
+    seg = Segment.create(max(size, HEADER_SIZE), shared=bool(shared))
     try:
         views = {k: np.ndarray(shape, dtype=dt, buffer=seg.buf, offset=off)
                  for k, (shape, dt), off in zip(names, shapes, offsets)}
@@ -112,6 +113,26 @@ def shared_arrays(arrays):
         seg.close()
         raise
     return seg, views
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie counts as dead; a process of another
+    user counts as alive). The kit's one liveness test: a shard lock or a collective
+    slot whose holder is dead is taken over."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 # -- shipping objects to spawned processes ----------------------------------------------------

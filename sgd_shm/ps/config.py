@@ -18,9 +18,10 @@ from sgd_shm.core.validation import (check_bool, check_callbacks, check_int, che
                                      check_positive, check_seed, resolve_workers)
 from sgd_shm.ps.policies import Policy, make_policy
 from sgd_shm.ps.store import WaitPolicy
+from sgd_shm.ps.transport import TRANSPORTS
 
 PROFILES = ("none", "straggler", "hetero")
-BACKENDS = ("shm", "ray")
+BACKENDS = TRANSPORTS                   # "shm", "ray", "threads"
 PARTITIONS = (None, "blocks")
 
 
@@ -174,7 +175,8 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
     pol = make_policy(policy, staleness=staleness, window=window, detect_factor=detect_factor)
     _model(model, partition, pol, compress, drop)
     if backend not in BACKENDS:
-        raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
+        raise ValueError(f"backend: must be one of {BACKENDS} (worker processes on shared "
+                         f"memory, Ray actors, threads of this process), got {backend!r}")
     if address is not None and backend != "ray":
         raise ValueError(f"address: joins a Ray cluster, so it needs backend='ray' "
                          f"(got backend={backend!r})")

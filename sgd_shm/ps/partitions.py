@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from relaxed import MultiQueue
+from sgd_shm.core.atomics import cas_py, fetch_add_py
 from sgd_shm.core.launcher import shared_arrays
-from sgd_shm.ps.store import LINE, _cas_py, fetch_add_py
+from sgd_shm.ps.store import LINE
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,24 @@ class Batches:
 
 
 class Partitions:
-    """Partitions, their minibatch queues and the shared counters behind them.
+    """Partitions(batches, seeds, budget=None, *, shared=True)
+
+    Partitions, their minibatch queues and the shared counters behind them.
 
     Shared (one segment, inherited by fork): the stop flag; per-partition epoch
     counters and lags (written-off deficits, set by the coordinator), each in its own
     line; per worker, how many times it applied each minibatch (written by that worker
-    only)."""
+    only). ``seeds``: a generator (one queue seed drawn per partition) or the seeds
+    themselves; ``shared=False`` keeps everything in private memory (threads of one
+    process, or a Ray actor that hosts the partitions)."""
 
-    def __init__(self, batches: Batches, rng, budget=None):
+    def __init__(self, batches: Batches, seeds, budget=None, *, shared=True):
         n_workers = len(batches.part_lo)
+        if isinstance(seeds, np.random.Generator):
+            seeds = [int(seeds.integers(2**31)) for _ in range(n_workers)]
+        if len(seeds) != n_workers:
+            raise ValueError(f"seeds: expected {n_workers} queue seeds (one per partition), "
+                             f"got {len(seeds)}")
         self.nb = batches.n_batches
         self.boff = np.concatenate([[0], np.cumsum(self.nb)])
         self.n_workers = n_workers
@@ -80,7 +90,8 @@ class Partitions:
                                       "epochs": ((LINE * n_workers,), np.int64),
                                       "lag": ((LINE * n_workers,), np.int64),
                                       "tickets": ((LINE,), np.int64),
-                                      "taken": ((n_workers, total), np.int64)})
+                                      "taken": ((n_workers, total), np.int64)},
+                                     shared=shared)
         self.stop, self.epochs, self.lag_words, self.taken = (v["stop"], v["epochs"],
                                                               v["lag"], v["taken"])
         self.tickets = v["tickets"]              # [0]: claimed (may overshoot the budget)
@@ -90,7 +101,7 @@ class Partitions:
             for p in range(n_workers):
                 # at most one epoch per concurrent refiller can be in a queue (see take)
                 self.queues.append(MultiQueue(n_workers * int(self.nb[p]), n_queues=2,
-                                              shared=True, seed=int(rng.integers(2**31))))
+                                              shared=bool(shared), seed=int(seeds[p])))
         except BaseException:
             self.close()
             raise
@@ -126,15 +137,36 @@ class Partitions:
         enqueue epoch e + 1. The epoch is read before the pop, so a claim (CAS
         e -> e + 1) only succeeds if no one refilled since: at most one epoch per
         concurrent refiller is ever in the queue."""
-        ep = self.epochs[p * LINE:p * LINE + 1]
         while True:
-            e = int(ep[0])
-            it = self.queues[p].try_pop()
-            if it is not None or (refill_limit is not None and e >= refill_limit):
+            it, e = self.pop(p, refill_limit)
+            if e is None:
                 return it
-            if _cas_py(ep, e, e + 1):
-                n = int(self.nb[p])
-                self.queues[p].push_many((e + 1) * n + rng.permutation(n), np.arange(n))
+            self.refill(p, e, rng)
+
+    def pop(self, p, refill_limit=None):
+        """One look at partition p's queue: ((key, batch), None) when it had one;
+        (None, e) when it was empty at epoch e and may be refilled (e below
+        ``refill_limit``); (None, None) when it was empty and may not. The epoch is
+        read before the pop (see :meth:`take`)."""
+        e = int(self.epochs[p * LINE])
+        it = self.queues[p].try_pop()
+        if it is not None:
+            return it, None
+        if refill_limit is not None and e >= refill_limit:
+            return None, None
+        return None, e
+
+    def refill(self, p, e, order) -> bool:
+        """Claim epoch e + 1 of partition p (CAS e -> e + 1) and enqueue it in a fresh
+        order: ``order`` is a generator (a permutation is drawn only once the claim
+        succeeded) or the permutation itself. False: someone refilled first."""
+        if not cas_py(self.epochs[p * LINE:p * LINE + 1], e, e + 1):
+            return False
+        n = int(self.nb[p])
+        perm = order.permutation(n) if isinstance(order, np.random.Generator) \
+            else np.asarray(order, np.int64)
+        self.queues[p].push_many((e + 1) * n + perm, np.arange(n))
+        return True
 
     def requeue(self, p, key, j):
         self.queues[p].push(key, j)

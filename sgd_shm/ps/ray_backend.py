@@ -4,11 +4,17 @@
   version counter; a push applies the worker's gradient slice there. A sparse push
   (a compressed gradient) sends each shard actor its indices hit only the (indices,
   values) run that falls in its slice, and leaves the other shards alone.
-* A hub actor (:class:`_Hub`) holds what the shared segment holds on one box: the
-  global version, the per-worker slots and staleness histograms, the stop flag, and
-  the partitions' minibatch queues with their epoch counters, lags and the
-  exactly-once tally. An actor runs one call at a time, so its counters and its
-  queue refills are atomic without locks.
+* A hub actor (:class:`_Hub`) hosts the run's server state, the same
+  :class:`sgd_shm.ps.server.ServerState` that the shared segment holds on one box
+  (in private memory here): the global version, the per-worker slots and staleness
+  histograms (its :class:`~sgd_shm.ps.store.ParameterStore` counts the pushes the
+  shard actors applied, :meth:`~sgd_shm.ps.store.ParameterStore.account`), the stop
+  flag, and the partitions' minibatch queues with their epoch counters, lags,
+  tickets and the exactly-once tally. An actor runs one call at a time, so each
+  verb is atomic. A queue refill needs the worker's random numbers: the hub answers
+  a :class:`~sgd_shm.ps.transport.Refill` and the worker asks again with the new
+  epoch's order (:meth:`RayLink.take`), so a run draws the same numbers as on
+  shared memory.
 * Workers are actors (:class:`_Worker`) running the same loop as the processes of the
   shared-memory transport (:func:`sgd_shm.ps.worker.run_worker`) through a
   :class:`RayLink`. The data and the job travel once, through Ray's object store
@@ -34,16 +40,14 @@ partial push stays applied on the shards it reached, as on shared memory.
 """
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from sgd_shm.ps.partitions import tally, written_off_lag
 from sgd_shm.ps.policies import server_average
-from sgd_shm.ps.store import DEAD, HIST_BINS, SLOT_FIELDS, SLOT_INDEX as _SLOT, staleness_bin
-from sgd_shm.ps.worker import MESSAGE_FIELDS, Diverged, run_worker, warm
+from sgd_shm.ps.server import ServerState
+from sgd_shm.ps.transport import Refill
+from sgd_shm.ps.worker import Diverged, run_worker, warm
 
 
 def _gather(shards):
@@ -110,163 +114,114 @@ class _Shard:
 
 @ray.remote(num_cpus=0)
 class _Hub:
-    """Global version, slots, histograms, stop flag and minibatch queues."""
+    """Hosts the run's :class:`ServerState` (private memory, one call at a time): the
+    workers' verbs and the coordinator's reads are calls of it."""
 
-    def reset(self, n_workers, n_batches, seed, version=0, pushes=None, epochs=None,
-              budget=None, n_params=0, n_shards=1):
-        self.n, self.nb = n_workers, np.asarray(n_batches, np.int64)
-        self.boff = np.concatenate([[0], np.cumsum(self.nb)])
-        self.rng = np.random.default_rng(seed)
-        self.version = int(version)
-        self.slots = np.zeros((n_workers, len(SLOT_FIELDS)), np.int64)
-        self.applied_weight = np.zeros(n_workers)
-        self.hist = np.zeros((n_workers, HIST_BINS), np.int64)
-        self.epochs = np.zeros(n_workers, np.int64)
-        if pushes is not None:
-            self.slots[:, _SLOT["pushes"]] = pushes
-            self.epochs[:] = epochs
-        self.epoch0 = self.epochs.copy()
-        self.lags = np.zeros(n_workers, np.int64)
-        self.queues = [[] for _ in range(n_workers)]
-        self.taken = np.zeros((n_workers, int(self.boff[-1])), np.int64)
-        self.stop = False
-        self.budget, self.claimed, self.n_params = budget, 0, int(n_params)
-        self.msgs = np.zeros((n_workers, n_shards, len(MESSAGE_FIELDS)), np.int64)
+    def reset(self, n_params, n_shards, n_workers, batches, seeds, budget=None, lossy=False,
+              resume=None):
+        """A fresh state (``seeds``: the partitions' queue seeds; ``resume``: a
+        checkpoint's versions, pushes and epochs, without its weights)."""
+        if getattr(self, "server", None) is not None:
+            self.server.close()
+        self.server = ServerState.private(n_params, n_shards, n_workers, batches, seeds,
+                                          budget, lossy)
+        if resume is not None:
+            self.server.resume(resume, weights=False)
 
-    # ---- workers ---------------------------------------------------------------------
+    def call(self, verb, *args):
+        """One of the state's methods (the coordinator's reads and writes)."""
+        return getattr(self.server, verb)(*args)
+
+    # ---- the workers' verbs ------------------------------------------------------------
     def view(self):
-        """(stop, pushes, statuses, epochs, lags): a worker's once-per-step read."""
-        return (self.stop, self.slots[:, _SLOT["pushes"]].copy(),
-                self.slots[:, _SLOT["status"]].copy(), self.epochs.copy(), self.lags.copy())
+        return self.server.snapshot_state()
 
     def get_version(self):
-        return self.version
+        return self.server.store.version
 
     def pulled(self, k):
-        self.slots[k, _SLOT["pulled_version"]] = self.version
-        return self.version
+        return self.server.store.pulled(k)
 
-    def pushed(self, k, pulled_version, scale, nbytes=None):
-        stale = self.version - pulled_version
-        s = self.slots[k]
-        s[_SLOT["pushes"]] += 1
-        s[_SLOT["bytes_sent"]] += 8 * self.n_params if nbytes is None else int(nbytes)
-        s[_SLOT["bytes_dense"]] += 8 * self.n_params
-        s[_SLOT["staleness_sum"]] += max(stale, 0)
-        self.hist[k, staleness_bin(stale)] += 1
-        self.applied_weight[k] += scale
-        self.version += 1
+    def pushed(self, k, version, scale, nbytes, skipped):
+        self.server.store.account(k, version, scale=scale, nbytes=nbytes, skipped=skipped)
 
-    def add(self, k, field, n):
-        self.slots[k, _SLOT[field]] += n
+    def take(self, k, sources, claim, refill=None):
+        return self.server.take(k, sources, claim, None, refill)
+
+    def report(self, k, counts, applied, requeue, messages):
+        self.server.report(k, counts, applied, requeue, messages)
 
     def deposited(self, k):
-        """RPS: worker k sent its round (one push of staleness 0, every block sent);
-        the version is the rounds every live worker has sent."""
-        s = self.slots[k]
-        s[_SLOT["pushes"]] += 1
-        s[_SLOT["bytes_sent"]] += 8 * self.n_params
-        s[_SLOT["bytes_dense"]] += 8 * self.n_params
-        self.hist[k, 0] += 1
-        self.applied_weight[k] += 1.0
-        live = self.slots[:, _SLOT["status"]] != DEAD
-        if live.any():
-            self.version = max(self.version, int(self.slots[live, _SLOT["pushes"]].min()))
-
-    def add_messages(self, k, counts):
-        self.msgs[k] += counts
-
-    def messages(self):
-        return self.msgs.copy()
-
-    def take(self, p, limit):
-        q = self.queues[p]
-        if not q:
-            e = int(self.epochs[p])
-            if limit is not None and e >= limit:
-                return None
-            self.epochs[p] = e + 1
-            n = int(self.nb[p])
-            keys = (e + 1) * n + self.rng.permutation(n)
-            for j in range(n):
-                heapq.heappush(q, (int(keys[j]), j))
-        return heapq.heappop(q)
-
-    def requeue(self, p, key, j):
-        heapq.heappush(self.queues[p], (key, j))
-
-    def claim(self):
-        """A ticket of the work budget (see :mod:`sgd_shm.ps.partitions`)."""
-        if self.budget is None:
-            return True
-        self.claimed += 1
-        return self.claimed <= self.budget
-
-    def budget_done(self, n_killed=0):
-        if self.budget is None:
-            return False
-        applied = int(self.taken.sum())
-        return applied >= self.budget or (n_killed > 0 and self.claimed >= self.budget
-                                          and applied >= self.budget - n_killed)
-
-    def applied(self, k, p, j):
-        self.taken[k, self.boff[p] + j] += 1
-
-    # ---- coordinator -----------------------------------------------------------------
-    def counters(self):
-        s = self.slots
-        return (s[:, _SLOT["staleness_sum"]].copy(),
-                s[:, _SLOT["pushes"]] + s[:, _SLOT["dropped"]])
-
-    def set_status(self, k, status):
-        self.slots[k, _SLOT["status"]] = status
-
-    def write_off(self, q, unflagged_live):
-        lag = written_off_lag(self.epochs, q, unflagged_live)
-        if lag is not None:
-            self.lags[q] = lag
-
-    def set_stop(self):
-        self.stop = True
-
-    def state(self):
-        """(version, pushes, epochs) for a checkpoint."""
-        return self.version, self.slots[:, _SLOT["pushes"]].copy(), self.epochs.copy()
-
-    def report(self):
-        workers = []
-        for k in range(self.n):
-            d = {f: int(self.slots[k, i]) for i, f in enumerate(SLOT_FIELDS)}
-            d["applied_weight"] = float(self.applied_weight[k])
-            workers.append(d)
-        queued = [np.bincount([j for _, j in self.queues[p]], minlength=int(self.nb[p]))
-                  for p in range(self.n)]
-        batches = tally(self.taken, queued, self.epochs, self.epoch0, self.nb, self.boff)
-        return workers, self.hist.tolist(), batches
+        """RPS: worker k sent its round; the version is the rounds every live worker
+        has sent."""
+        st = self.server.store
+        self.server.round_sent(k, 8 * st.n_params, advance=True)
 
 
 class RayLink:
-    """A worker's view of the run on Ray (see :mod:`sgd_shm.ps.worker`). The hub's
-    counters are read once per step, when the loop asks whether to stop, and cached
-    for the policy's questions of that step."""
+    """A worker's link on Ray (:class:`sgd_shm.ps.transport.Link`): weights to and
+    from the shard actors, everything else one call of the hub's state."""
 
     poll_s = 0.002                   # a look at the gate is an actor call
 
     def __init__(self, hub, shards, bounds, lr):
         self.hub, self.shards, self.bounds, self.lr = hub, shards, bounds, lr
-        self._view = ray.get(hub.view.remote())
 
-    def messages(self, k, counts):
-        self.hub.add_messages.remote(k, counts)        # fire and forget, in order
+    def state(self, k):
+        return ray.get(self.hub.view.remote())
 
-    def deposit(self, k, r, x, up):
+    def exchange(self, k, push=None, pull=True):
+        if push is not None:
+            skipped = self._sparse(push) if push.sparse else self._dense(push)
+            ray.get(self.hub.pushed.remote(k, push.version, push.scale, push.nbytes,
+                                           skipped))
+        if not pull:
+            return None
+        v = ray.get(self.hub.pulled.remote(k))
+        return _gather(self.shards)[0], v
+
+    def _dense(self, push):
+        """Each shard actor (of ``push.shards``) applies its slice; True when some
+        shard was skipped."""
+        step, b, g = self.lr * push.scale, self.bounds, push.grad
+        to = range(len(self.shards)) if push.shards is None else push.shards
+        ray.get([self.shards[i].apply.remote(g[b[i]:b[i + 1]], step) for i in to])
+        return len(to) < len(self.shards)
+
+    def _sparse(self, push):
+        """Send each shard actor hit by the (ascending) indices its run of (offsets,
+        values); the others get nothing. True when some shard was not hit."""
+        step, b = self.lr * push.scale, self.bounds
+        idx = np.asarray(push.indices)
+        vals = np.asarray(push.values, dtype=np.float64)
+        cuts = np.searchsorted(idx, b)
+        hit = np.flatnonzero(cuts[1:] > cuts[:-1])
+        ray.get([self.shards[i].apply_sparse.remote(idx[cuts[i]:cuts[i + 1]] - b[i],
+                                                     vals[cuts[i]:cuts[i + 1]], step)
+                 for i in hit])
+        return len(hit) < len(self.shards)
+
+    def take(self, k, sources, rng, claim):
+        got = ray.get(self.hub.take.remote(k, sources, claim))
+        while isinstance(got, Refill):           # the new epoch's order, from k's numbers
+            got = ray.get(self.hub.take.remote(k, sources, False,
+                                               (got.p, got.e, rng.permutation(got.n))))
+        return got
+
+    def report(self, k, counts=None, *, applied=None, requeue=None, messages=None):
+        # fire and forget: ordered before this worker's later calls to the hub
+        self.hub.report.remote(k, counts, applied, requeue, messages)
+
+    def average_round(self, k, r, x, up, down, barrier):
+        """The blocks to the shard actors (waited for), the round counted at the hub,
+        the barrier, then each server's average (``finish`` where the answer is lost,
+        so the server still completes the round)."""
         b = self.bounds
         ray.get([self.shards[j].deposit.remote(r, k, x[b[j]:b[j + 1]].copy())
                  for j in np.flatnonzero(up)])
         self.hub.deposited.remote(k)                   # ordered before k's next view
-
-    def collect(self, k, r, x, down):
-        b = self.bounds
+        if not barrier():
+            return None
         refs = [(s.average if down[j] else s.finish).remote(r)
                 for j, s in enumerate(self.shards)]
         answered = np.zeros(len(self.shards), bool)
@@ -278,67 +233,6 @@ class RayLink:
             else:
                 answered[j] = bool(got)
         return answered
-
-    def stopped(self):
-        self._view = ray.get(self.hub.view.remote())
-        return self._view[0]
-
-    def coordinator_alive(self):
-        return True                      # Ray ends a job's actors with its driver
-
-    def pull(self, k):
-        v = ray.get(self.hub.pulled.remote(k))
-        return _gather(self.shards)[0], v
-
-    def push(self, k, g, v, scale, nbytes=None, shards=None):
-        step = self.lr * scale
-        b = self.bounds
-        to = range(len(self.shards)) if shards is None else shards
-        ray.get([self.shards[i].apply.remote(g[b[i]:b[i + 1]], step) for i in to])
-        ray.get(self.hub.pushed.remote(k, v, scale, nbytes))
-
-    def push_sparse(self, k, idx, vals, v, scale, nbytes):
-        """Send each shard actor hit by ``idx`` (ascending) its run of (offsets,
-        values); the others get nothing. One push for the hub, as a dense one."""
-        step = self.lr * scale
-        b = self.bounds
-        idx = np.asarray(idx)
-        vals = np.asarray(vals, dtype=np.float64)
-        cuts = np.searchsorted(idx, b)
-        ray.get([self.shards[i].apply_sparse.remote(idx[cuts[i]:cuts[i + 1]] - b[i],
-                                                     vals[cuts[i]:cuts[i + 1]], step)
-                 for i in np.flatnonzero(cuts[1:] > cuts[:-1])])
-        ray.get(self.hub.pushed.remote(k, v, scale, nbytes))
-
-    def claim(self):
-        return ray.get(self.hub.claim.remote())
-
-    def version(self):
-        return ray.get(self.hub.get_version.remote())
-
-    def pushes(self, j):
-        return int(self._view[1][j])
-
-    def status(self, j):
-        return int(self._view[2][j])
-
-    def add(self, k, field, n):
-        self.hub.add.remote(k, field, n)            # ordered after this worker's earlier calls
-
-    def epoch(self, p):
-        return int(self._view[3][p])
-
-    def lag(self, p):
-        return int(self._view[4][p])
-
-    def take(self, p, rng, limit):
-        return ray.get(self.hub.take.remote(p, limit))
-
-    def requeue(self, p, key, j):
-        self.hub.requeue.remote(p, key, j)
-
-    def applied(self, k, p, j):
-        self.hub.applied.remote(k, p, j)
 
 
 @ray.remote(num_cpus=0)
@@ -416,16 +310,13 @@ class RayBackend:
         self.shards = _POOL.take(_Shard, n_shards)
         self.hub = _POOL.take(_Hub, 1)[0]
         self.workers, self.runs, self._seen, self.nodes, self._killed = [], [], set(), [], set()
-        self.lossy = lossy
-        restore = ckpt is not None and len(ckpt["pushes"]) == n_workers
+        seeds = [int(rng.integers(2**31)) for _ in range(n_workers)]   # as on shared memory
+        resume = None if ckpt is None else {f: ckpt[f] for f in (
+            "version", "shard_versions", "pushes", "epochs")}
         ray.get([s.reset.remote(w[self.bounds[i]:self.bounds[i + 1]], int(vers[i]))
                  for i, s in enumerate(self.shards)]
-                + [self.hub.reset.remote(n_workers, batches.n_batches, int(rng.integers(2**31)),
-                                         version=0 if ckpt is None else ckpt["version"],
-                                         pushes=ckpt["pushes"] if restore else None,
-                                         epochs=ckpt["epochs"] if restore else None,
-                                         budget=budget, n_params=n_params,
-                                         n_shards=n_shards)])
+                + [self.hub.reset.remote(n_params, n_shards, n_workers, batches, seeds,
+                                         budget, lossy, resume)])
 
     def start(self, job, seeds, lr, wait):
         job_ref = ray.put(job)
@@ -454,7 +345,7 @@ class RayBackend:
         return out
 
     def stop(self):
-        ray.get(self.hub.set_stop.remote())
+        ray.get(self.hub.call.remote("stop"))
         if self.runs:
             done, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=30)
             self._killed |= {k for k, r in enumerate(self.runs) if r not in done}
@@ -466,31 +357,34 @@ class RayBackend:
     def version(self):
         return ray.get(self.hub.get_version.remote())
 
+    def _call(self, verb, *args):
+        return ray.get(self.hub.call.remote(verb, *args))
+
     def counters(self):
         """(staleness sums, pushes tried: applied + dropped) of every worker."""
-        return ray.get(self.hub.counters.remote())
+        return self._call("counters")
 
     def set_status(self, k, status):
-        ray.get(self.hub.set_status.remote(k, status))
+        self._call("set_status", k, status)
 
     def budget_done(self, n_killed=0):
-        """True once the work budget is spent (see ``ShmBackend.budget_done``)."""
-        return ray.get(self.hub.budget_done.remote(n_killed))
+        """True once the work budget is spent (see ``ServerState.budget_done``)."""
+        return self._call("budget_done", n_killed)
 
     def write_off(self, q, unflagged_live):
-        ray.get(self.hub.write_off.remote(q, unflagged_live))
+        self._call("write_off", q, unflagged_live)
 
     def snapshot(self):
-        v, pushes, epochs = ray.get(self.hub.state.remote())
+        v, pushes, epochs = self._call("checkpoint_state")
         w, vers = _gather(self.shards)
         return w, vers, v, pushes, epochs
 
     def report(self):
-        return ray.get(self.hub.report.remote())
+        return self._call("report_end")
 
     def messages(self):
         """(n_workers, n_shards, 4) message counts, or None without message loss."""
-        return ray.get(self.hub.messages.remote()) if self.lossy else None
+        return self._call("messages")
 
     def close(self):
         """Idle actors go back to the pool for the next run; a killed or stuck worker

@@ -1,10 +1,11 @@
-"""The shared-memory transport: worker processes on one box, the store and the
-partitions in shared memory.
+"""The shared-memory transport: worker processes on one box, the server's state
+(:class:`sgd_shm.ps.server.ServerState`: the store and the partitions) in shared
+memory.
 
-:class:`ShmLink` is what a worker's loop talks to (the store verbs and the
-partitions, by direct loads, stores and atomics); :class:`ShmBackend` is what the
-coordinator drives (start, watch and kill the workers, read their slots, flag them,
-snapshot, stop and report).
+:class:`ShmLink` is what a worker's loop talks to (the verbs of
+:class:`sgd_shm.ps.transport.Link`, by direct loads, stores and atomics on the
+state); :class:`ShmBackend` is what the coordinator drives (start, watch and kill the
+workers, read their slots, flag them, snapshot, stop and report).
 
 Model averaging (RPS) and message loss add a :class:`Mailbox` segment: the servers'
 inboxes (a worker's blocks of round r, stamped r + 1 where they arrived, in one of two
@@ -41,10 +42,12 @@ import time
 import multiprocess as mp
 import numpy as np
 
+from sgd_shm.core.atomics import cas_py, store_release_py
 from sgd_shm.core.launcher import Shipment, check_start_method, exit_now, shared_arrays
 from sgd_shm.ps.partitions import Partitions
 from sgd_shm.ps.policies import server_average
-from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy, _cas_py, store_release_py
+from sgd_shm.ps.server import ServerState
+from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy
 from sgd_shm.ps.worker import EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, run_worker, warm
 
 
@@ -69,7 +72,7 @@ def warm_up(compressor=None, n_features=4):
             mem = compressor.memory(n_features, np.float64)
             mem.step(np.random.default_rng(0).standard_normal(n_features))
     word = np.zeros(1, np.int64)
-    _cas_py(word, 0, 1)
+    cas_py(word, 0, 1)
     store_release_py(word, 0)
 
 
@@ -80,12 +83,12 @@ class Mailbox:
     arrived; ``counts[k, j]``: worker k's messages with server j (columns
     :data:`sgd_shm.ps.worker.MESSAGE_FIELDS`), written by worker k only."""
 
-    def __init__(self, n_params, n_shards, n_workers, replicas):
+    def __init__(self, n_params, n_shards, n_workers, replicas, shared=True):
         shape = (2, n_workers, n_params) if replicas else (0,)
         self._seg, v = shared_arrays({
             "box": (shape, np.float64),
             "stamps": ((2, n_workers, n_shards) if replicas else (0,), np.int64),
-            "counts": ((n_workers, n_shards, len(MESSAGE_FIELDS)), np.int64)})
+            "counts": ((n_workers, n_shards, len(MESSAGE_FIELDS)), np.int64)}, shared=shared)
         self.box, self.stamps, self.counts = v["box"], v["stamps"], v["counts"]
 
     def close(self):
@@ -96,49 +99,96 @@ class Mailbox:
             self._seg = None
 
 
+class _LiveState:
+    """The run's state as a worker reads it on shared memory: live loads, no copy
+    (see :class:`sgd_shm.ps.transport.RunState`)."""
+
+    def __init__(self, link):
+        self._link = link
+        self._store, self._parts = link.server.store, link.server.parts
+
+    @property
+    def stopped(self):
+        return bool(self._parts.stop[0])
+
+    @property
+    def alive(self):
+        return self._link.coordinator_alive()
+
+    @property
+    def version(self):
+        return self._store.version
+
+    def pushes(self, j):
+        return self._store.counter(j, "pushes")
+
+    def status(self, j):
+        return self._store.counter(j, "status")
+
+    def epoch(self, p):
+        return self._parts.epoch(p)
+
+    def lag(self, p):
+        return self._parts.lag(p)
+
+
 class ShmLink:
-    """A worker's view of the run on shared memory (see :mod:`sgd_shm.ps.worker`)."""
+    """A worker's link on shared memory (:class:`sgd_shm.ps.transport.Link`): every
+    verb is a call of the :class:`ServerState` mapped into this process."""
 
     poll_s = 0.0002                  # a look at the gate is a few loads
 
-    def __init__(self, store, parts, lr, wait, parent, mail=None):
-        self.store, self.parts, self.lr, self.wait, self.parent = store, parts, lr, wait, parent
+    def __init__(self, server, lr, wait, parent, mail=None):
+        self.server, self.lr, self.wait, self.parent = server, lr, wait, parent
+        self.store = server.store
         self.mail = mail
         self.lifeline = None             # forkserver: see the module notes
+        self._state = None
 
     @property
     def bounds(self):
         return self.store.bounds
-
-    def stopped(self):
-        return bool(self.parts.stop[0])
 
     def coordinator_alive(self):
         if self.lifeline is not None:    # EOF (readable) once the coordinator is gone
             return not select.select([self.lifeline], [], [], 0)[0]
         return os.getppid() == self.parent
 
-    def pull(self, k):
-        return self.store.pull(worker=k)
+    # ---- the verbs -------------------------------------------------------------------------
+    def state(self, k):
+        if self._state is None:
+            self._state = _LiveState(self)
+        return self._state
 
-    def push(self, k, g, v, scale, nbytes=None, shards=None):
-        res = self.store.push(g, v, lr=self.lr, worker=k, scale=scale, wait=self.wait,
-                              nbytes=nbytes, shards=shards)
-        while res.deferred:                          # finish it even when stopping
-            self.store.push_deferred(res, wait=self.wait)
+    def exchange(self, k, push=None, pull=True):
+        if push is not None:
+            st, wait = self.store, self.wait
+            if push.sparse:
+                res = st.push_sparse(push.indices, push.values, push.version, lr=self.lr,
+                                     worker=k, scale=push.scale, wait=wait, nbytes=push.nbytes)
+            else:
+                res = st.push(push.grad, push.version, lr=self.lr, worker=k, scale=push.scale,
+                              wait=wait, nbytes=push.nbytes, shards=push.shards)
+            while res.deferred:                      # finish it even when stopping
+                st.push_deferred(res, wait=wait)
+        return self.store.pull(worker=k) if pull else None
 
-    def messages(self, k, counts):
-        self.mail.counts[k] += counts
+    def take(self, k, sources, rng, claim):
+        return self.server.take(k, sources, claim, rng)
 
-    def deposit(self, k, r, x, up):
+    def report(self, k, counts=None, *, applied=None, requeue=None, messages=None):
+        self.server.report(k, counts, applied, requeue, messages)
+
+    def average_round(self, k, r, x, up, down, barrier):
+        """Deposit in the mailbox, the barrier, then each server's average (published
+        to the store by its first reader)."""
         box, stamps, b = self.mail.box[r % 2], self.mail.stamps[r % 2], self.bounds
         for j in np.flatnonzero(up):
             box[k, b[j]:b[j + 1]] = x[b[j]:b[j + 1]]
             stamps[k, j] = r + 1                     # after the block (see the module notes)
-        self.store.deposited(k, 8 * x.shape[0])      # the worker sent every block
-
-    def collect(self, k, r, x, down):
-        box, stamps, b = self.mail.box[r % 2], self.mail.stamps[r % 2], self.bounds
+        self.server.round_sent(k, 8 * x.shape[0])    # the worker sent every block
+        if not barrier():
+            return None
         answered = np.zeros(len(b) - 1, bool)
         for j in range(len(b) - 1):
             who = np.flatnonzero(stamps[:, j] == r + 1)
@@ -151,44 +201,10 @@ class ShmLink:
                 x[b[j]:b[j + 1]] = avg
         return answered
 
-    def push_sparse(self, k, idx, vals, v, scale, nbytes):
-        res = self.store.push_sparse(idx, vals, v, lr=self.lr, worker=k, scale=scale,
-                                     wait=self.wait, nbytes=nbytes)
-        while res.deferred:
-            self.store.push_deferred(res, wait=self.wait)
-
-    def claim(self):
-        return self.parts.claim()
-
-    def version(self):
-        return self.store.version
-
-    def pushes(self, j):
-        return self.store.counter(j, "pushes")
-
-    def status(self, j):
-        return self.store.counter(j, "status")
-
-    def add(self, k, field, n):
-        if field == "compute_ns":
-            self.store.record(k, compute_ns=n)
-        else:
-            self.store.add(k, field, n)
-
-    def epoch(self, p):
-        return self.parts.epoch(p)
-
-    def lag(self, p):
-        return self.parts.lag(p)
-
-    def take(self, p, rng, limit):
-        return self.parts.take(p, rng, limit)
-
-    def requeue(self, p, key, j):
-        self.parts.requeue(p, key, j)
-
-    def applied(self, k, p, j):
-        self.parts.applied(k, p, j)
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_state"] = None
+        return d
 
 
 def _process_main(payload, k, seed, start_method, lifeline=None):
@@ -219,36 +235,113 @@ def _process_main(payload, k, seed, start_method, lifeline=None):
         exit_now()                                   # skip a fresh interpreter's shutdown
 
 
-class ShmBackend:
+class LocalState:
+    """The server's state of a run on this box (shared memory, or private memory
+    for threads): the :class:`ServerState` and, with RPS or message loss, the
+    :class:`Mailbox`; and the coordinator's reads and writes of it (the
+    :class:`sgd_shm.ps.transport.Backend` methods that are one call of the state).
+    ``shared``: in shared-memory segments (worker processes) or private memory."""
+
+    shared = True
+
+    def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
+                 replicas=False, lossy=False, init=None):
+        self.n_workers = n_workers
+        self.server = self.mail = None
+        store = parts = None
+        try:
+            store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers,
+                                   init=init, shared=self.shared)
+            parts = Partitions(batches, rng, budget, shared=self.shared)
+            if replicas or lossy:
+                self.mail = Mailbox(n_params, n_shards, n_workers, replicas,
+                                    shared=self.shared)
+            self.server = ServerState(store, parts,
+                                      None if self.mail is None else self.mail.counts)
+            if ckpt is not None:
+                self.server.resume(ckpt)
+        except BaseException:
+            for part in (store, parts, self.mail):
+                if part is not None:
+                    part.close()
+            self.server = self.mail = None
+            raise
+
+    @property
+    def store(self):
+        return None if self.server is None else self.server.store
+
+    @property
+    def parts(self):
+        return None if self.server is None else self.server.parts
+
+    # ---- the coordinator's reads and writes ------------------------------------------
+    def pull(self):
+        return self.store.pull()
+
+    def version(self):
+        return self.store.version
+
+    def counters(self):
+        """(staleness sums, pushes tried: applied + dropped) of every worker."""
+        return self.server.counters()
+
+    def set_status(self, k, status):
+        self.server.set_status(k, status)
+
+    def budget_done(self, n_killed=0):
+        """True once the work budget is spent (see :meth:`ServerState.budget_done`)."""
+        return self.server.budget_done(n_killed)
+
+    def write_off(self, q, unflagged_live):
+        self.server.write_off(q, unflagged_live)
+
+    def snapshot(self):
+        """(weights, shard_versions, version, pushes, epochs) for a checkpoint."""
+        w, vers, v = self.store.snapshot()
+        return w, vers, v, self.store.all_pushes(), self.parts.all_epochs()
+
+    def report(self):
+        """At quiescence: per-worker slot dicts, staleness histograms, the
+        exactly-once check of the minibatches. Checks the store's invariants."""
+        self.store.release_dead_locks()                  # a worker killed inside a push
+        self.store._check()
+        return self.server.report_end()
+
+    def messages(self):
+        """(n_workers, n_shards, 4) message counts (columns
+        :data:`sgd_shm.ps.worker.MESSAGE_FIELDS`), or None without message loss."""
+        return self.server.messages()
+
+    def close(self):
+        """Unlink every segment of the run (after ``stop``)."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self.mail is not None:
+            self.mail.close()
+            self.mail = None
+
+
+class ShmBackend(LocalState):
     """Coordinator side of the shared-memory transport."""
 
     name = "shm"
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
                  replicas=False, lossy=False, start_method="fork", init=None):
-        self.n_workers = n_workers
         self.start_method = check_start_method(start_method)
-        self.store = self.parts = self.mail = self._shipment = self._ready_seg = None
-        self._lifeline = None            # forkserver: the write end (see the module notes)
+        self._shipment = self._ready_seg = self._lifeline = None   # lifeline: forkserver's
         self.procs = []
         try:
             # a word per worker, then the go word, each on a line of its own
             self._ready_seg, v = shared_arrays({"ready": ((LINE * (n_workers + 1),),
                                                           np.int64)})
             self.ready = v["ready"]
-            self.store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers,
-                                        init=init)
-            self.parts = Partitions(batches, rng, budget)
-            if replicas or lossy:
-                self.mail = Mailbox(n_params, n_shards, n_workers, replicas)
-            if ckpt is not None:                     # sparse pushes may leave shards behind
-                slack = max(0, int(ckpt["version"]) - int(np.min(ckpt["shard_versions"])))
-                self.store.restore(ckpt["weights"], ckpt["shard_versions"], ckpt["version"],
-                                   slack=slack)
-                if len(ckpt["pushes"]) == n_workers:
-                    self.store.set_pushes(ckpt["pushes"])
-                    self.parts.restore_epochs(ckpt["epochs"])
+            super().__init__(n_params, n_shards, n_workers, batches, rng, ckpt, budget,
+                             replicas, lossy, init)
         except BaseException:
+            self.server = self.mail = None
             self.close()
             raise
         self._seen = set()
@@ -259,7 +352,7 @@ class ShmBackend:
         """Start the workers with ``start_method`` and return once each one is ready
         (or has ended; at most ``ready_timeout`` seconds), after giving them the go."""
         warm_up(job.compressor, job.n_params)     # spawned workers load it from the cache
-        link = ShmLink(self.store, self.parts, lr, wait, os.getpid(), self.mail)
+        link = ShmLink(self.server, lr, wait, os.getpid(), self.mail)
         ctx = mp.get_context(self.start_method)
         payload = (link, job, self.ready)
         if self.start_method != "fork":
@@ -302,8 +395,8 @@ class ShmBackend:
         return out
 
     def stop(self):
-        if self.parts is not None:
-            self.parts.stop[0] = 1
+        if self.server is not None:
+            self.server.stop()
         for p in self.procs:
             if p.pid is None:
                 continue
@@ -312,66 +405,9 @@ class ShmBackend:
                 p.kill()
                 p.join()
 
-    # ---- the coordinator's reads and writes ------------------------------------------
-    def pull(self):
-        return self.store.pull()
-
-    def version(self):
-        return self.store.version
-
-    def counters(self):
-        """(staleness sums, pushes tried: applied + dropped) of every worker."""
-        st = self.store
-        ks = range(self.n_workers)
-        return (np.array([st.counter(k, "staleness_sum") for k in ks]),
-                np.array([st.counter(k, "pushes") + st.counter(k, "dropped") for k in ks]))
-
-    def set_status(self, k, status):
-        self.store.record(k, status=status)
-
-    def budget_done(self, n_killed=0):
-        """True once the work budget is spent: every ticket applied, or every ticket
-        claimed and at most one per killed worker missing (a killed worker may die
-        holding one)."""
-        parts = self.parts
-        if parts.budget is None:
-            return False
-        applied = parts.applied_total()
-        return applied >= parts.budget or (
-            n_killed > 0 and int(parts.tickets[0]) >= parts.budget
-            and applied >= parts.budget - n_killed)
-
-    def write_off(self, q, unflagged_live):
-        self.parts.write_off(q, unflagged_live)
-
-    def snapshot(self):
-        """(weights, shard_versions, version, pushes, epochs) for a checkpoint."""
-        w, vers, v = self.store.snapshot()
-        return w, vers, v, self.store.all_pushes(), self.parts.all_epochs()
-
-    def report(self):
-        """At quiescence: per-worker slot dicts, staleness histograms, the
-        exactly-once check of the minibatches. Checks the store's invariants."""
-        workers = [self.store.slot(k) for k in range(self.n_workers)]
-        hist = [self.store.staleness_histogram(k).tolist() for k in range(self.n_workers)]
-        batches = self.parts.check()
-        self.store.release_dead_locks()                  # a worker killed inside a push
-        self.store._check()
-        return workers, hist, batches
-
-    def messages(self):
-        """(n_workers, n_shards, 4) message counts (columns
-        :data:`sgd_shm.ps.worker.MESSAGE_FIELDS`), or None without message loss."""
-        return None if self.mail is None else self.mail.counts.copy()
-
     def close(self):
         """Unlink every segment of the run (after :meth:`stop`)."""
-        if self.store is not None:
-            self.store.close()
-        if self.parts is not None:
-            self.parts.close()
-        if self.mail is not None:
-            self.mail.close()
+        super().close()
         if self._shipment is not None:
             self._shipment.close()
             self._shipment = None

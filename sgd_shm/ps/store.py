@@ -71,7 +71,11 @@ import numpy as np
 from numba import njit
 
 from relaxed import shm as _shm
-from sgd_shm.core.atomics import LINE_WORDS, cas_acquire, fetch_add, load_relaxed, store_release
+from sgd_shm.core.atomics import (LINE_WORDS, cas_acquire, fetch_add, fetch_add_py,
+                                  load_relaxed, store_release)
+from sgd_shm.core.atomics import cas_py as _cas_py
+from sgd_shm.core.atomics import store_release_py as _store_release_py
+from sgd_shm.core.launcher import pid_alive as _pid_alive
 
 KIND_PS = 4
 #: int64 words per padded slot (a cache line as the compiled core pads it); a segment
@@ -255,23 +259,6 @@ def _account_slot(slot, slotf, hist, stale, hbin, deferred, nbytes, dense, scale
     slot[_HEARTBEAT] = now
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
-        return True
-
-
 def _attach(name):
     return ParameterStore.attach(name)
 
@@ -438,7 +425,7 @@ class ParameterStore:
                     os.sched_yield()
             w[lo:hi] = self.weights[lo:hi]
             vers[s] = self._versions[s * LINE]
-            store_release_py(lock, 0)
+            _store_release_py(lock, 0)
         return w, vers, v
 
     @property
@@ -663,13 +650,47 @@ class ParameterStore:
             if values is not None:
                 self.weights[lo:hi] = values
             self._versions[s * LINE] = int(version)
-        store_release_py(lock, 0)
-        done = int(self._versions[::LINE].min())
-        g = self._global[0:1]
-        cur = int(g[0])
-        while cur < done and not _cas_py(g, cur, done):
-            cur = int(g[0])
+        _store_release_py(lock, 0)
+        self.advance(int(self._versions[::LINE].min()))
         return wrote
+
+    def advance(self, version) -> int:
+        """Raise the global version to at least ``version`` (atomically: a CAS loop,
+        never lowering it); returns the global version after."""
+        self._check_open()
+        g = self._global[0:1]
+        cur, version = int(g[0]), int(version)
+        while cur < version and not _cas_py(g, cur, version):
+            cur = int(g[0])
+        return max(cur, version)
+
+    # ---- accounting of updates applied elsewhere (the Ray transport's shard actors) -----
+    def pulled(self, worker) -> int:
+        """Record in the worker's slot that it pulled now (the version it saw, its
+        heartbeat), without copying the weights: the weights came from elsewhere.
+        Returns the global version."""
+        self._check_open()
+        v = int(self._global[0])
+        s = self._slots[self._worker(worker)]
+        s[_PULLED] = v
+        s[_HEARTBEAT] = time.monotonic_ns()
+        return v
+
+    def account(self, worker, version, *, scale=1.0, nbytes=None, skipped=False):
+        """Count one push of ``worker`` whose shard updates were applied elsewhere (by
+        the Ray transport's shard actors): its slot counters and histogram as
+        :meth:`push` counts them (staleness: the global version now minus
+        ``version``), then +1 on the global version; ``skipped``: it missed some
+        shard (the slack is raised, as for a sparse push). Returns the staleness."""
+        self._check_open()
+        lr, scale, wid = self._push_args(0.0, scale, WaitPolicy(), version, worker)
+        stale = int(self._global[0]) - int(version)
+        if skipped:
+            fetch_add_py(self._global, 1, 1)
+        res = PushResult([], [], stale)
+        self._account(wid, stale, res, scale, 8 * self.n_params if nbytes is None else nbytes)
+        fetch_add_py(self._global, 0, 1)
+        return stale
 
     def _apply(self, res, shards, wait):
         pid = os.getpid()
@@ -848,26 +869,6 @@ class ParameterStore:
                 f"n_workers={self.n_workers} version={self.version} name={self.name!r}>")
 
 
-@njit(cache=True, nogil=True)
-def _fetch_add_at(arr, i, v):
-    return fetch_add(arr[i:i + 1], v)
-
-
-@njit(cache=True, nogil=True)
-def _cas_at(arr, expected, desired):
-    return cas_acquire(arr, expected, desired)
-
-
-@njit(cache=True, nogil=True)
-def _store_at(arr, v):
-    store_release(arr, v)
-
-
-def store_release_py(arr, v):
-    """arr[0] = v with release order (int64)."""
-    _store_at(arr, v)
-
-
 def _field(field):
     try:
         return SLOT_INDEX[field]
@@ -879,15 +880,6 @@ def staleness_bin(stale: int) -> int:
     """Histogram bin of a staleness: 0 for <= 0, else bit_length (1; 2-3; 4-7;
     ...), capped at the last bin."""
     return min(max(int(stale), 0).bit_length(), HIST_BINS - 1)
-
-
-def fetch_add_py(arr, i, v):
-    """Atomic arr[i] += v (int64) from Python."""
-    return _fetch_add_at(arr, i, v)
-
-
-def _cas_py(lock, expected, desired):
-    return bool(_cas_at(lock, expected, desired))
 
 
 def _pos_int(name, v):

@@ -6,7 +6,9 @@ arguments), :mod:`~sgd_shm.ps.partitions` (rows, minibatches and their queues),
 :mod:`~sgd_shm.ps.policies` (BSP, ASP, SSP, SaPS, or a user's policy object),
 :mod:`~sgd_shm.ps.worker` (the worker loop), :mod:`~sgd_shm.ps.coordinator`
 (sampling, detection, faults, checkpoints, stop), :mod:`~sgd_shm.ps.checkpoint`,
-the transports :mod:`~sgd_shm.ps.shm_backend` and :mod:`~sgd_shm.ps.ray_backend`,
+the transports (:mod:`~sgd_shm.ps.transport`: :mod:`~sgd_shm.ps.shm_backend`,
+:mod:`~sgd_shm.ps.ray_backend`, :mod:`~sgd_shm.ps.threads_backend`, over one
+:mod:`~sgd_shm.ps.server` state),
 and :mod:`~sgd_shm.ps.plots`. This module wires them together and returns a
 :class:`TrainResult` that carries the trained model.
 """
@@ -49,7 +51,7 @@ class TrainResult(Result):
     worker, push staleness counts in log2 bins (bin 0: 0; bin i: [2**(i-1), 2**i));
     batches: per-partition epochs and the exactly-once check of minibatches; killed:
     workers that died; checkpoints: (seconds, path) written; resumed_from: the
-    checkpoint's seconds and version, when resumed; backend: "shm" or "ray"; nodes:
+    checkpoint's seconds and version, when resumed; backend: "shm", "ray" or "threads"; nodes:
     where each worker ran (the host name, or the Ray node id); compress: the
     compressor (its repr) or None; epochs: the work budget or None; bytes_sent and
     bytes_dense: what the pushes sent, and what they would have sent dense (equal
@@ -153,6 +155,9 @@ def _backend(cfg, d, batches, rng, ckpt, budget, init=None):
     if cfg.backend == "ray":
         from sgd_shm.ps.ray_backend import RayBackend     # Ray is an optional extra
         return RayBackend(d, shards, cfg.n_workers, batches, rng, ckpt, cfg.address, **kw)
+    if cfg.backend == "threads":
+        from sgd_shm.ps.threads_backend import ThreadsBackend
+        return ThreadsBackend(d, shards, cfg.n_workers, batches, rng, ckpt, **kw)
     from sgd_shm.ps.shm_backend import ShmBackend
     return ShmBackend(d, shards, cfg.n_workers, batches, rng, ckpt,
                       start_method=cfg.start_method, **kw)
@@ -240,8 +245,10 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         (same number of features; either backend): weights, versions, pushes and
         epochs are restored and the clock goes on from its seconds.
     wait [WaitPolicy()] : how a push waits on a held shard lock (shared memory).
-    backend ["shm"] : "shm" (processes on this box) or "ray" (actors; optional
-        extra). address [None] : a Ray cluster to join; None starts a local one.
+    backend ["shm"] : "shm" (processes on this box), "ray" (actors; optional
+        extra) or "threads" (threads of this process over private memory, for tests
+        and debugging; see :mod:`sgd_shm.ps.transport`). address [None] : a Ray
+        cluster to join; None starts a local one.
     start_method ["fork"] : how backend "shm" starts its worker processes: "fork"
         (fastest: they inherit the store and the data) or "forkserver" / "spawn"
         (for a parent that runs threads, which Python 3.12+ warns about forking, or

@@ -51,38 +51,14 @@ A replicated policy (``policy="rps"``, :class:`sgd_shm.ps.policies.RPS`) runs
 round of model averaging through the servers (the paper's rule, with the same
 losses).
 
-It talks to the store and the partitions only through a
-*link*, which each transport implements (:class:`sgd_shm.ps.shm_backend.ShmLink`,
-:class:`sgd_shm.ps.ray_backend.RayLink`):
-
-=============================  =========================================================
-``poll_s``                     seconds between two looks at a closed gate
-``stopped()``                  the run's stop flag
-``coordinator_alive()``        False once the coordinator is gone (the worker exits)
-``pull(k)``                    (weights, version); records the version in k's slot
-``push(k, g, v, scale, nbytes, shards)``  apply ``-lr * scale * g``, completing deferred
-                               shards (``nbytes``: the bytes it cost; ``None``: dense;
-                               ``shards``: only those, ``None``: all)
-``push_sparse(k, i, x, v, s, b)``  apply ``-lr * s * x`` at the ascending indices ``i``
-                               to the shards they hit only; ``b`` bytes sent
-``claim()``                    a ticket of the work budget (False: none left)
-``version()``                  the global version (pushes applied in full)
-``pushes(j)``, ``status(j)``   worker j's applied pushes, status (0, FLAGGED, DEAD)
-``add(k, field, n)``           add to a counter of k's slot (``dropped``,
-                               ``staleness_sum``, ``stolen``, ``spells``, ``compute_ns``)
-``epoch(p)``, ``lag(p)``       partition p's epoch counter and written-off deficit
-``take(p, rng, limit)``        a (key, batch) of partition p, refilling below ``limit``
-``requeue(p, key, j)``         put a minibatch back
-``applied(k, p, j)``           record that k applied minibatch j of partition p
-``bounds``                     the shard bounds (shard j: ``bounds[j]:bounds[j + 1]``)
-``messages(k, counts)``        add k's message counts of a step (:class:`Losses`)
-``deposit(k, r, x, ok)``       RPS: send block j of replica ``x`` to server j where
-                               ``ok[j]`` (round r); counts as k's push of the round
-``collect(k, r, x, ok)``       RPS, after the round's barrier: each server's average of
-                               round r (published to the store by its first reader);
-                               block j of ``x`` replaced where ``ok[j]`` and server j
-                               received anything; returns which servers answered
-=============================  =========================================================
+It talks to the server only through a *link*: the five verbs of
+:class:`sgd_shm.ps.transport.Link` (``state``, ``exchange``, ``take``, ``report``,
+``average_round``), which every transport implements
+(:class:`sgd_shm.ps.shm_backend.ShmLink` over shared memory, its threads variant
+:class:`sgd_shm.ps.threads_backend.ThreadLink`, :class:`sgd_shm.ps.ray_backend.RayLink`)
+over the same server state (:class:`sgd_shm.ps.server.ServerState`). A step costs one
+``state`` (and one more for the staleness of a push), one ``take``, one pulling
+``exchange``, one pushing ``exchange`` and one ``report``.
 """
 from __future__ import annotations
 
@@ -93,6 +69,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sgd_shm.ps.store import FLAGGED
+from sgd_shm.ps.transport import Push
 
 #: a worker's exit code when its gradient is NaN or inf (the coordinator reports it)
 EXIT_DIVERGED = 3
@@ -171,20 +148,17 @@ class Losses:
         return c
 
 
-def _take(link, job, k, rng):
+def _take(link, job, k, rng, state, claim=False):
     """(partition, key, batch): from the policy's sources first, then k's own; under
     block partitioning from a partition drawn uniformly instead of k's own, so that
     every block learns from all the data (worker k alone steps its blocks, and the
     data partitions are fixed: from its own partition only, block k would see only
-    1/n of the rows)."""
-    for q, limit in job.policy.sources(k, link):
-        it = link.take(q, rng, limit)
-        if it is not None:
-            return q, it[0], it[1]
+    1/n of the rows). ``claim``: claim a ticket of the budget first (None: none
+    left)."""
+    sources = list(job.policy.sources(k, state))
     n = job.batches.part_lo.shape[0]
-    q = int(rng.integers(n)) if job.blocks is not None and n > 1 else k
-    key, j = link.take(q, rng, None)
-    return q, key, j
+    sources.append((int(rng.integers(n)) if job.blocks is not None and n > 1 else k, None))
+    return link.take(k, sources, rng, claim)
 
 
 class _Spells:
@@ -208,17 +182,19 @@ class _Spells:
         return (self.spec[1] if now < self.until else 1.0), began
 
 
-def _wait_gate(link, job, k, my_pushes):
+def _wait_gate(link, job, k, my_pushes, state):
     """Sleep while the policy's gate is closed. False: stop (or the coordinator died).
-    An open gate costs no further look at the stop flag (the loop has just read it)."""
-    if job.policy.may_step(k, my_pushes, link):
+    An open gate costs no further look at the stop flag (``state`` has just shown it
+    unset)."""
+    if job.policy.may_step(k, my_pushes, state):
         return True
     while True:
-        if link.stopped() or not link.coordinator_alive():
+        if state.stopped or not state.alive:
             return False
         time.sleep(link.poll_s)
-        if job.policy.may_step(k, my_pushes, link):
-            return not link.stopped()
+        state = link.state(k)
+        if job.policy.may_step(k, my_pushes, state):
+            return not state.stopped
 
 
 def _gradient(job, p, j, w, g, block=None):
@@ -249,15 +225,18 @@ def _sparse_message():
     return _SPARSE[0]
 
 
-def _idle(link):
+def _idle(link, k):
     """No ticket left: wait for the stop flag (the coordinator ends the run)."""
-    while not link.stopped() and link.coordinator_alive():
+    while True:
+        st = link.state(k)
+        if st.stopped or not st.alive:
+            return
         time.sleep(max(link.poll_s, 0.001))
 
 
-def push_message(link, k, msg, v, scale, shards=None):
-    """Push a compressor's message: sparse ones sparsely, others decoded to dense;
-    either way the message's ``nbytes`` are what the slot counts as sent.
+def push_message(bounds, msg, v, scale, shards=None) -> Push:
+    """The :class:`Push` of a compressor's message: sparse ones sparse, others decoded
+    to dense; either way the message's ``nbytes`` are what the slot counts as sent.
     ``shards``: the shards it reaches (``None``: all); a sparse message keeps only
     the indices that fall in them."""
     if isinstance(msg, _sparse_message()):
@@ -266,30 +245,30 @@ def push_message(link, k, msg, v, scale, shards=None):
         if ms is not None and ms != 1.0:
             vals = vals * ms
         if shards is not None:
-            keep = np.isin(np.searchsorted(link.bounds, idx, side="right") - 1, shards)
+            keep = np.isin(np.searchsorted(bounds, idx, side="right") - 1, shards)
             idx, vals = idx[keep], vals[keep]
-        link.push_sparse(k, idx, vals, v, scale, int(msg.nbytes))
-    else:
-        link.push(k, np.asarray(msg.to_dense(), dtype=np.float64), v, scale, int(msg.nbytes),
-                  shards)
+        return Push(v, scale, indices=idx, values=vals, nbytes=int(msg.nbytes))
+    return Push(v, scale, grad=np.asarray(msg.to_dense(), dtype=np.float64),
+                nbytes=int(msg.nbytes), shards=shards)
 
 
-def _stretch(link, job, k, spells, t_step, t0):
+def _stretch(job, k, spells, t_step, t0):
     """Emulate a slower machine after a step's work: sleep ``factor - 1`` times the
-    time since ``t_step`` (the worker's factor times a slow spell's), and add the
-    time since ``t0`` (the computation and the sleep) to k's compute time. The
-    caller moves ``t_step`` back by its last push's time: a slower machine pushes
-    slower too, and where pushes cost more than gradients (small models, a slow
-    host) stretching the pull and the gradient alone would leave a worker slowed
-    "4x" far less than 4x slower."""
+    time since ``t_step`` (the worker's factor times a slow spell's); returns k's
+    counters of it (the time since ``t0``, the computation and the sleep, as
+    ``compute_ns``; ``spells``: 1 when a slow spell began). The caller moves
+    ``t_step`` back by its last push's time: a slower machine pushes slower too, and
+    where pushes cost more than gradients (small models, a slow host) stretching the
+    pull and the gradient alone would leave a worker slowed "4x" far less than 4x
+    slower."""
     now = time.perf_counter()
     extra, began = spells.factor(now)
-    if began:
-        link.add(k, "spells", 1)
     factor = job.factors[k] * extra
     if factor > 1:
         time.sleep((factor - 1.0) * (now - t_step))
-    link.add(k, "compute_ns", int(1e9 * (time.perf_counter() - t0)))
+    counts = {"spells": 1} if began else {}
+    counts["compute_ns"] = int(1e9 * (time.perf_counter() - t0))
+    return counts
 
 
 def _receive(link, w, view, down):
@@ -304,17 +283,31 @@ def _receive(link, w, view, down):
     return view
 
 
-def _send(link, job, k, grad, v, scale, memory, shards, block=None):
+def _send(link, k, grad, v, scale, memory, shards, block=None):
     """One push of ``grad`` (through the compressor's memory when there is one) to
     ``shards`` (``None``: all); with a ``block`` (lo, hi), of that range only, sent as
     its values (the shards it does not reach see nothing)."""
     if block is not None:
         lo, hi = block
-        link.push_sparse(k, np.arange(lo, hi), grad[lo:hi], v, scale, 8 * (hi - lo) + 16)
+        push = Push(v, scale, indices=np.arange(lo, hi), values=grad[lo:hi],
+                    nbytes=8 * (hi - lo) + 16)
     elif memory is None:
-        link.push(k, grad, v, scale, None, shards)
+        push = Push(v, scale, grad=grad, shards=shards)
     else:
-        push_message(link, k, memory.step(grad), v, scale, shards)
+        push = push_message(link.bounds, memory.step(grad), v, scale, shards)
+    link.exchange(k, push, pull=False)
+
+
+def _start(link, job, k):
+    """Worker k's compressor memory, loss coins and view of the weights (a lossy run
+    starts from the initial weights)."""
+    memory = None if job.compressor is None else job.compressor.memory(
+        job.n_params, np.float64, stream=k)          # worker k draws from (seed, k)
+    losses = view = None
+    if job.drop is not None:
+        losses = Losses(job.drop, job.loss_seed, k, len(link.bounds) - 1)
+        view = link.exchange(k)[0].copy()
+    return memory, losses, view
 
 
 def run_worker(link, job, k, seed):
@@ -327,31 +320,29 @@ def run_worker(link, job, k, seed):
     g = None
     spells = _Spells(job.transient, rng)
     policy = job.policy
-    memory = None if job.compressor is None else job.compressor.memory(
-        job.n_params, np.float64, stream=k)          # worker k draws from (seed, k)
-    losses = view = None
-    if job.drop is not None:             # the worker starts from the initial weights
-        losses = Losses(job.drop, job.loss_seed, k, len(link.bounds) - 1)
-        view = link.pull(k)[0].copy()
+    memory, losses, view = _start(link, job, k)
     budget = job.budget is not None
     ticket = False                                   # holding a ticket of the budget
-    my_pushes = link.pushes(k)
+    my_pushes = link.state(k).pushes(k)
     step = 0
     push_s = 0.0                                     # the last push's seconds
-    while not link.stopped():
-        step += 1
-        if step % 64 == 0 and not link.coordinator_alive():
-            return                                   # the coordinator died: do not linger
-        if not _wait_gate(link, job, k, my_pushes):
+    while True:
+        state = link.state(k)                        # one read of the run per step
+        if state.stopped:
             return
-        if budget and not ticket:
-            if not link.claim():
-                _idle(link)
-                return
-            ticket = True
-        p, key, j = _take(link, job, k, rng)
+        step += 1
+        if step % 64 == 0 and not state.alive:
+            return                                   # the coordinator died: do not linger
+        if not _wait_gate(link, job, k, my_pushes, state):
+            return
+        got = _take(link, job, k, rng, state, claim=budget and not ticket)
+        if got is None:                              # no ticket left
+            _idle(link, k)
+            return
+        p, key, j = got
+        ticket = True
         t_step = time.perf_counter() - push_s   # a slower machine pulls (and pushed) slower
-        w, v = link.pull(k)
+        w, v = link.exchange(k)
         if losses is not None:
             up, down = losses.draw()
             w = _receive(link, w, view, down)
@@ -360,31 +351,31 @@ def run_worker(link, job, k, seed):
         block = _block(job, k, rng)
         t0 = time.perf_counter()
         grad = _gradient(job, p, j, w, g, block)
-        _stretch(link, job, k, spells, t_step, t0)
+        counts = _stretch(job, k, spells, t_step, t0)
         scale = 1.0
         if policy.uses_staleness:
-            tau = link.version() - v
-            scale = policy.push_scale(tau, link.status(k) == FLAGGED)
+            now = link.state(k)
+            tau = now.version - v
+            scale = policy.push_scale(tau, now.status(k) == FLAGGED)
             if scale is None:                        # dropped: re-queue, pull again
-                link.add(k, "staleness_sum", tau)    # detection sees its staleness too
-                link.add(k, "dropped", 1)
-                link.requeue(p, key, j)
+                counts.update(staleness_sum=tau, dropped=1)   # detection sees it too
+                link.report(k, counts, requeue=(p, key, j))
                 continue
         if not np.isfinite(grad if block is None else grad[block[0]:block[1]]).all():
             raise Diverged(f"worker {k}'s gradient is NaN or inf")
-        shards = None
+        shards = msgs = None
         if losses is not None:
-            link.messages(k, losses.counts(up, down))
+            msgs = losses.counts(up, down)
             shards = None if up.all() else np.flatnonzero(up).tolist()
         t_push = time.perf_counter()
         if shards != []:                             # [] : lost on the way to every shard
-            _send(link, job, k, grad, v, scale, memory, shards, block)
+            _send(link, k, grad, v, scale, memory, shards, block)
             my_pushes += 1
-        link.applied(k, p, j)
+        if p != k:
+            counts["stolen"] = 1
+        link.report(k, counts, applied=(p, j), messages=msgs)
         push_s = time.perf_counter() - t_push
         ticket = False
-        if p != k:
-            link.add(k, "stolen", 1)
 
 
 def _wait_round(link, job, k, sent):
@@ -393,15 +384,17 @@ def _wait_round(link, job, k, sent):
     round every worker has sent is completed; False: stop (or the coordinator died)
     before it opened. The gate is asked again after the stop flag is seen: the
     coordinator stops once every worker has sent the last round, which may be after
-    this worker's last look at the gate (on Ray a cached view), and that round must
+    this worker's last look at the gate (on Ray a snapshot), and that round must
     still be collected."""
-    while not job.policy.may_step(k, sent, link):
-        if not link.coordinator_alive():
+    while True:
+        state = link.state(k)
+        if job.policy.may_step(k, sent, state):
+            return True
+        if not state.alive:
             return False
-        if link.stopped():                  # the view now holds the others' rounds
-            return job.policy.may_step(k, sent, link)
+        if state.stopped:                   # a fresh state now holds the others' rounds
+            return job.policy.may_step(k, sent, link.state(k))
         time.sleep(link.poll_s)
-    return True
 
 
 def run_rounds(link, job, k, seed):
@@ -415,31 +408,33 @@ def run_rounds(link, job, k, seed):
     rng = np.random.default_rng(seed)
     spells = _Spells(job.transient, rng)
     losses = Losses(job.drop or 0.0, job.loss_seed, k, len(link.bounds) - 1)
-    x = np.array(link.pull(k)[0], dtype=np.float64, copy=True)
+    x = np.array(link.exchange(k)[0], dtype=np.float64, copy=True)
     g = np.empty_like(x)
-    sent = link.pushes(k)                            # rounds sent (a resumed run goes on)
+    state = link.state(k)
+    sent = state.pushes(k)                           # rounds sent (a resumed run goes on)
     left = job.budget
-    while not link.stopped():
-        if sent % 64 == 0 and not link.coordinator_alive():
+    while not state.stopped:
+        if sent % 64 == 0 and not state.alive:
             return
         if left is not None:
             if left == 0:
-                _idle(link)
+                _idle(link, k)
                 return
             left -= 1
-        p, key, j = _take(link, job, k, rng)
+        p, key, j = _take(link, job, k, rng, state)
         t0 = time.perf_counter()
         grad = _gradient(job, p, j, x, g)
-        _stretch(link, job, k, spells, t0, t0)
+        counts = _stretch(job, k, spells, t0, t0)
         if not np.isfinite(grad).all():
             raise Diverged(f"worker {k}'s gradient is NaN or inf")
         x -= job.lr * grad                           # the local step
         up, down = losses.draw()
-        link.deposit(k, sent, x, up)
-        link.messages(k, losses.counts(up=up))
         sent += 1
-        if not _wait_round(link, job, k, sent):
+        answered = link.average_round(k, sent - 1, x, up, down,
+                                      lambda: _wait_round(link, job, k, sent))
+        if answered is None:
+            link.report(k, counts, messages=losses.counts(up=up))
             return
-        answered = link.collect(k, sent - 1, x, down)
-        link.messages(k, losses.counts(down=down, answered=answered))
-        link.applied(k, p, j)
+        msgs = losses.counts(up=up) + losses.counts(down=down, answered=answered)
+        link.report(k, counts, applied=(p, j), messages=msgs)
+        state = link.state(k)
