@@ -1,4 +1,5 @@
-"""sgd_shm.ps: a parameter server with straggler-aware policies, on shared memory or Ray.
+"""sgd_shm.ps: a parameter server with straggler-aware policies, on shared memory, Ray or
+threads (the transports of sgd_shm.ps.transport, over one sgd_shm.ps.server state).
 
     train            train a linear model, or any sgd_shm.models.Model (model=, with
                      partition="blocks"), with worker processes (shm) or Ray actors
@@ -15,8 +16,10 @@
     load_checkpoint  read a checkpoint written by train (either backend)
     plot_losses, curves_of   loss against time and updates, staleness, detections
 
-The parts: config, partitions, policies, worker, coordinator, checkpoint, plots, and
-the transports shm_backend and ray_backend (Ray is imported only for backend="ray").
+The parts: config, partitions, policies, worker, coordinator, checkpoint, plots, server
+(the server's state every transport uses), and the transports (transport: the Link
+protocol; shm_backend, ray_backend, threads_backend; Ray is imported only for
+backend="ray").
 ``python -m sgd_shm`` (the kit's main job) runs all four policies on an embedded
 default with worker 0 slowed 4x.
 """

@@ -215,7 +215,8 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
     Parameters (all keyword; defaults in brackets)
     ----------------------------------------------
     X, y : CSR/dense matrix and labels (two classes for the linear model).
-    n_workers [4] : worker processes (``backend="shm"``) or Ray actors; -1: one per CPU.
+    n_workers [4] : worker processes (``backend="shm"``), Ray actors or threads; -1: one
+        per CPU.
     policy ["saps"] : "bsp", "asp", "ssp", "saps", "rps", or a
         :class:`sgd_shm.ps.Policy` instance (e.g. ``SSP(staleness=2)`` or a user's
         subclass).
