@@ -281,6 +281,28 @@ def data_parallel_sgd_naive(X, y, batches, lr, alpha):
     return w
 
 
+def topk_feedback_sgd_naive(X, y, batches, lr, alpha, k):
+    """Synchronous data-parallel SGD as :func:`data_parallel_sgd_naive`, where each
+    rank sends only the k largest entries of (its gradient + its residual) and keeps
+    the rest as its residual (TopK with error feedback, Alistarh et al. 2018); every
+    step applies w -= lr * (sum of the ranks' sparse messages) / P."""
+    X = np.asarray(X.todense()) if hasattr(X, "todense") else np.asarray(X, dtype=float)
+    w = np.zeros(X.shape[1])
+    residual = [np.zeros_like(w) for _ in batches[0]]
+    for step in batches:
+        total = np.zeros_like(w)
+        for r, rows in enumerate(step):
+            Xb, yb = X[rows], y[rows]
+            dl = -yb / (1.0 + np.exp(yb * (Xb @ w)))
+            acc = residual[r] + (Xb.T @ dl / len(rows) + alpha * w)
+            idx = topk_naive(acc, k)
+            total[idx] += acc[idx]
+            residual[r] = acc.copy()
+            residual[r][idx] = 0.0
+        w = w - lr * total / len(step)
+    return w
+
+
 def topk_naive(g, k):
     """Indices of the k largest |g| (ties: lower index first), ascending."""
     order = sorted(range(len(g)), key=lambda i: (-abs(float(g[i])), i))

@@ -272,18 +272,31 @@ class Communicator:
         t = self.timeout if timeout is None else check_timeout("timeout", timeout)
         deadline = None if t is None else time.monotonic() + t
         if req._op == "gather":
-            mask, contributed, parts = self._finish_gather(req._handle, deadline)
-            self._pending = None
+            mask, contributed, parts = self._settle(self._finish_gather, req._handle,
+                                                    deadline)
             self._count(contributed)
             return Round(req._round, req._kind, mask_ranks(mask), bool(contributed),
                          tuple(parts))
-        mask, contributed = self._finish(req._handle, req._buf, deadline)
-        self._pending = None
+        mask, contributed = self._settle(self._finish, req._handle, req._buf, deadline)
         ranks = mask_ranks(mask)
         if req._op == "mean":
             req._buf /= self.size if self.average == "size" else len(ranks)
         self._count(contributed)
         return Round(req._round, req._kind, ranks, bool(contributed))
+
+    def _settle(self, finish, *args):
+        """The backend's finish of the pending round. A timeout leaves the round
+        pending (wait() may be called again); any other error ends it, so that the
+        communicator can still be closed."""
+        try:
+            out = finish(*args)
+        except CollectiveTimeout:
+            raise
+        except BaseException:
+            self._pending = None
+            raise
+        self._pending = None
+        return out
 
     def _count(self, contributed):
         self.stats["rounds"] += 1

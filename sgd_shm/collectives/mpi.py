@@ -62,8 +62,14 @@ import weakref
 
 import numpy as np
 
-from sgd_shm.collectives.base import (MAX_RANKS, CollectiveError, CollectiveTimeout,
-                                      Communicator, initiator)
+from sgd_shm.collectives.base import (
+    MAX_RANKS,
+    CollectiveError,
+    CollectiveTimeout,
+    Communicator,
+    initiator,
+)
+from sgd_shm.collectives.stale import remove_stale_segments
 
 try:
     from mpi4py import MPI
@@ -177,6 +183,8 @@ class MPICommunicator(Communicator):
                          timeout=timeout)
         self.depth = int(depth)
         self.seed = int(seed)
+        if comm.Get_rank() == 0:        # a killed job's MPICH segments (see collectives.stale)
+            remove_stale_segments()
         self._comm = comm.Dup()         # collective; from here on only the thread uses it
         self._cv = threading.Condition(threading.Lock())
         self._posts = {}                # round -> _Post (at most one is outstanding)

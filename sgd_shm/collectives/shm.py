@@ -99,15 +99,27 @@ import numpy as np
 from numba import njit
 
 from relaxed import shm as _shm
+from sgd_shm.collectives.base import (
+    AVERAGE,
+    LATE,
+    MAX_RANKS,
+    CollectiveError,
+    CollectiveTimeout,
+    Communicator,
+    RankFailure,
+    _choice,
+    _int_in,
+    check_dtype,
+    check_timeout,
+    initiator,
+)
 from sgd_shm.core.atomics import LINE_WORDS
 from sgd_shm.core.atomics import add_acq_rel as _add
 from sgd_shm.core.atomics import cas_acq_rel as _cas
 from sgd_shm.core.atomics import load_acquire as _load_acq
 from sgd_shm.core.atomics import store_release_at as _store_rel
 from sgd_shm.core.launcher import check_start_method, exit_now
-from sgd_shm.collectives.base import (AVERAGE, LATE, MAX_RANKS, CollectiveError,
-                                      CollectiveTimeout, Communicator, RankFailure, _choice,
-                                      _int_in, check_dtype, check_timeout, initiator)
+from sgd_shm.core.launcher import pid_alive as _pid_alive
 
 __all__ = ["ShmGroup", "ShmCommunicator"]
 
@@ -366,25 +378,6 @@ def _k_complete(W, base, line, r, state, C, R, out, nchunks, chunk, n, size, dep
         out[:n] = R[:n]
     _k_finish_slot(W, base, line, size, depth, r)
     return 0, state
-
-
-# ---- liveness -------------------------------------------------------------------------
-def _pid_alive(pid: int) -> bool:
-    """Whether pid runs (a zombie counts as dead)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def _attach_group(name, late, average, timeout):

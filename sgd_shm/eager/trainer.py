@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE, check_timeout
+from sgd_shm.compress import pack, packed_size, unpack
 from sgd_shm.core.errors import DivergenceError
 from sgd_shm.core.model import Model, blas_limited
 from sgd_shm.core.results import Result, held_out
@@ -64,7 +65,7 @@ class EagerResult(Result):
     over the ranks: ``bytes_sent`` (the gradients, or compressed messages, that made
     their round), ``bytes_dense`` (8 bytes per weight per gradient computed: what
     dense gradients would be), ``bytes_moved`` (the buffers the collectives combined,
-    per rank and round).
+    per rank and round; with compression, the payloads each rank put into the gathers).
     """
     collective: str
     history: list
@@ -167,10 +168,12 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
     seed [0] : an int >= 0 (every rank derives the same draws from it, so no fresh
         entropy); backend ["shm"] : "shm" or "mpi" (run under mpiexec; optional
         extra); comm [None] : the MPI communicator (default COMM_WORLD).
-    compress [None] : a compressor (``sgd_shm.compress.TopK(ratio=0.001)``, RandomK,
-        or a spec such as "topk:0.001") applied to each rank's gradient, with its
-        error feedback; the messages travel as a sparse allgather. ``late="carry"``
-        puts a message that missed its round back into the rank's memory.
+    compress [None] : a compressor (any :class:`sgd_shm.compress.Compressor`:
+        ``TopK(ratio=0.001)``, RandomK, ThresholdTopK, QSGD, one of your own; or a
+        spec such as "topk:0.001") applied to each rank's gradient, with its error
+        feedback; the messages travel by the collective's allgather (their sizes may
+        differ between ranks and rounds). ``late="carry"`` puts a message that missed
+        its round back into the rank's memory.
     progress [stderr is a terminal] : a progress bar (rank 0), True or False.
     model [None] : a :class:`sgd_shm.models.Model` (e.g. ``MLP(n_features, (64,),
         n_classes)``) instead of the linear model: every replica starts at
@@ -407,130 +410,108 @@ class _Rank:
             self.pause(r)
             g = ex.gradient_buffer()
             self.job.gradient(self.minibatch(), self.w, g)
-        buf = ex.pack(g, vote)
-        res = self.comm.start(buf, cfg.collective, ex.op).wait()
+        update, stop, res = ex.round(g, vote, cfg.collective)
         self.contributors += res.n_contributors
         if self.v is None:
-            self.w -= cfg.lr * ex.unpack(res)
+            self.w -= cfg.lr * update
         else:                                    # heavy ball, the same on every replica
             self.v *= cfg.momentum
-            self.v -= cfg.lr * ex.unpack(res)
+            self.v -= cfg.lr * update
             self.w += self.v
         if not math.isfinite(self.w[0]):
             raise DivergenceError(f"training diverged at round {r}; lower lr (got {cfg.lr})")
-        return buf[-1] > 0
+        return stop
 
 
 def make_exchange(comm, job):
     cfg = job.cfg
     if cfg.compress is None:
         return _DenseExchange(comm, job.d)
-    return _SparseExchange(comm, job.d, cfg.compress, job.k, cfg.late, cfg.average)
+    return _GatherExchange(comm, job.d, cfg.compress, cfg.late, cfg.average)
 
 
 def exchange_size(cfg, d, k):
-    """Elements of the buffer every round combines (see the exchanges)."""
-    return d + 1 if cfg.compress is None else cfg.n_workers * (1 + 2 * k) + 1
+    """Elements of one rank's buffer: the gradient and the vote (a reduction), or the
+    vote and the largest packed message of k entries (a gather)."""
+    return d + 1 if cfg.compress is None else 1 + packed_size(k, d)
 
 
 def message_capacity(comp, d):
-    """The entries of a message of ``comp`` on d weights: fixed for TopK and RandomK;
-    other compressors cannot travel in the fixed-size exchange."""
-    from sgd_shm.compress import RandomK, TopK
-    if not isinstance(comp, (TopK, RandomK)):
-        raise ValueError(f"compress: the eager trainer exchanges fixed-size sparse messages, "
-                         f"so it takes TopK or RandomK, got {comp!r}; use the parameter "
-                         "server (sgd_shm.ps.train) for the others")
-    return comp.k_for(d)
+    """The most entries of a message of ``comp`` on d weights (its ``max_entries``;
+    d when it states no tighter bound), checking that it runs on d weights."""
+    comp.check(d)
+    return min(int(comp.max_entries(d)), d)
 
 
 class _DenseExchange:
-    """The gradient travels whole: the buffer is [gradient, vote]; op mean."""
-    op = "mean"
+    """The gradient travels whole: the buffer is [gradient, vote], reduced with the
+    round's collective (op mean)."""
 
     def __init__(self, comm, d):
-        self.d = d
+        self.comm, self.d = comm, d
         self.buf = np.zeros(d + 1)
-        self.sent = False
         self.bytes_sent = self.bytes_dense = self.bytes_moved = 0
 
     def gradient_buffer(self):
         return self.buf[:self.d]
 
-    def pack(self, g, vote):
-        self.sent = g is not None
+    def round(self, g, vote, kind):
+        """(the mean gradient, whether any contributor voted to stop, the Round)."""
         if g is None:
             self.buf[:self.d] = 0.0
         else:
             self.bytes_dense += 8 * self.d
         self.buf[self.d] = 1.0 if vote else 0.0
         self.bytes_moved += 8 * self.buf.size
-        return self.buf
-
-    def unpack(self, res):
-        if self.sent and res.contributed:
+        res = self.comm.start(self.buf, kind, "mean").wait()
+        if g is not None and res.contributed:
             self.bytes_sent += 8 * self.d
-        return self.buf[:self.d]
+        return self.buf[:self.d], self.buf[-1] > 0, res
 
 
-class _SparseExchange:
-    """The gradient travels compressed (error feedback in the rank's memory): an
-    allgather built on the round's allreduce. Rank j writes [count, indices, values] of
-    its message into its own segment of a P * (1 + 2k) buffer, zeros elsewhere; the
-    round's sum is then every contributor's message side by side, which each rank
-    decodes in rank order (so every replica applies the same bits). A message that
-    misses its round goes back into the memory with ``late="carry"``; with "drop" it is
-    lost."""
-    op = "sum"
+class _GatherExchange:
+    """The gradient travels compressed: the rank's :class:`~sgd_shm.compress.Channel`
+    (its error-feedback memory) makes the message, the round's collective gathers
+    every contributor's [vote, packed message], and each rank decodes them in rank
+    order (so every replica applies the same bits). A message that misses its round
+    goes back into the memory with ``late="carry"``; with "drop" it is lost."""
 
-    def __init__(self, comm, d, compressor, k, late, average):
-        self.d, self.k, self.P, self.rank = d, k, comm.size, comm.rank
-        self.seg = 1 + 2 * k
-        self.buf = np.zeros(self.P * self.seg + 1)
-        self.mem = compressor.memory(d, np.float64, stream=comm.rank)
+    def __init__(self, comm, d, compressor, late, average):
+        from sgd_shm.compress import Channel
+        self.comm, self.d, self.P = comm, d, comm.size
+        self.channel = Channel(compressor, d, stream=comm.rank, keep_lost=late == "carry")
+        self.payload = np.zeros(comm.n)
         self.g = np.zeros(d)
         self.update = np.zeros(d)
-        self.late, self.average = late, average
-        self.msg = None
-        self.bytes_sent = self.bytes_dense = self.bytes_moved = 0
+        self.average = average
+        self.bytes_dense = self.bytes_moved = 0
+
+    @property
+    def bytes_sent(self):
+        return self.channel.bytes_sent
 
     def gradient_buffer(self):
         return self.g
 
-    def pack(self, g, vote):
-        self.buf[:] = 0.0
-        self.msg = None
+    def round(self, g, vote, kind):
+        """(the mean decoded update, whether any contributor voted to stop, the Round)."""
+        msg, used = None, 1
+        self.payload[0] = 1.0 if vote else 0.0
         if g is not None:
-            msg = self.mem.step(g)
-            m = msg.indices.size
-            if m > self.k:
-                raise ValueError(f"compress: a message of {m} entries exceeds the {self.k} "
-                                 "the exchange was sized for; use TopK or RandomK")
-            o = self.rank * self.seg
-            self.buf[o] = m
-            self.buf[o + 1:o + 1 + m] = msg.indices
-            self.buf[o + 1 + self.k:o + 1 + self.k + m] = msg.values * msg.scale
-            self.msg = msg
+            msg = self.channel.message(g)
+            used += pack(msg, self.payload[1:])
             self.bytes_dense += 8 * self.d
-        self.buf[-1] = 1.0 if vote else 0.0
-        self.bytes_moved += 8 * self.buf.size
-        return self.buf
-
-    def unpack(self, res):
-        if self.msg is not None:
-            if res.contributed:
-                self.bytes_sent += self.msg.nbytes
-            elif self.late == "carry":
-                self.mem.keep(self.msg)
+        self.bytes_moved += 8 * used
+        res = self.comm.start_gather(self.payload[:used], kind).wait()
+        if msg is not None:
+            self.channel.delivered(msg, res.contributed)
         up = self.update
         up[:] = 0.0
-        for j in res.contributors:
-            o = j * self.seg
-            m = int(self.buf[o])
-            idx = self.buf[o + 1:o + 1 + m].astype(np.int64)
-            up[idx] += self.buf[o + 1 + self.k:o + 1 + self.k + m]
-        up /= self.P if self.average == "size" else max(len(res.contributors), 1)
-        return up
+        for part in res.parts:
+            if part.size > 1:
+                unpack(part[1:], self.d).add_to(up)
+        up /= self.P if self.average == "size" else max(res.n_contributors, 1)
+        return up, any(part[0] > 0 for part in res.parts), res
 
 
 def rank_main(comm, job):
@@ -592,14 +573,13 @@ def _run_shm(job):
     cfg = job.cfg
     n, kw = job.comm_args
     from sgd_shm.collectives.base import CollectiveError
-    with ShmGroup(cfg.n_workers, n, **kw) as group:
+    with ShmGroup(cfg.n_workers, n, gather=cfg.compress is not None, **kw) as group:
         try:
             return group.run(rank_main, job)
         except CollectiveError as e:        # a rank's divergence: the trainers' one error
-            if "DivergenceError:" not in str(e):
-                raise
-            line = str(e).split("DivergenceError:", 1)[1].strip().splitlines()[0]
-            raise DivergenceError(line) from e
+            if isinstance(e.__cause__, DivergenceError):
+                raise DivergenceError(str(e.__cause__)) from e
+            raise
 
 
 def _run_mpi(job, comm):
