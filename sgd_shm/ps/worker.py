@@ -8,17 +8,18 @@ gradient with the weight its policy gives the push's staleness (or drop it and
 re-queue the minibatch).
 
 With a compressor (``train(..., compress=...)``), each worker keeps its own
-error-feedback memory (made in the worker's process): a gradient that is pushed goes
-through ``msg = memory.step(g)`` (the gradient plus the residual of earlier steps is
-compressed, and what the message leaves out stays in the residual); a sparse message
-is pushed sparsely (only the shards its indices hit), any other kind is decoded and
-pushed densely, and the worker's slot counts the message's bytes. The policy decides
-before the memory is touched: a push it scales is applied with ``scale`` times the
-message's values (the (1 - scale) part is the policy's damping, not kept), and a
-push it drops leaves the memory as it was (the dropped gradient is not folded into
-the residual, since its minibatch is redone; the residual of the earlier steps is
-kept whole): the same as ``memory.step(g)`` followed by ``memory.keep(msg)`` and
-taking ``g`` back out, so error feedback conserves the mass of every applied
+:class:`~sgd_shm.compress.Channel` (GRACE's communicator role, holding the worker's
+error-feedback memory; made in the worker's process): a gradient that is pushed goes
+through ``msg = channel.message(g)`` (the gradient plus the residual of earlier steps
+is compressed, and what the message leaves out stays in the residual); the message is
+pushed sparsely (its values times its decoding scale, only to the shards its indices
+hit), and the worker's slot counts the message's bytes. The policy decides before the
+memory is touched: a push it scales is applied with ``scale`` times the message's
+values (the (1 - scale) part is the policy's damping, not kept), and a push it drops
+leaves the memory as it was (the dropped gradient is not folded into the residual,
+since its minibatch is redone; the residual of the earlier steps is kept whole): the
+same as ``memory.step(g)`` followed by ``memory.keep(msg)`` and taking ``g`` back
+out, so error feedback conserves the mass of every applied
 minibatch and counts no minibatch twice.
 
 The gradient is the model's (``job.model``, a :class:`sgd_shm.models.Model`: the
@@ -68,6 +69,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sgd_shm.compress import Channel
 from sgd_shm.ps.store import FLAGGED
 from sgd_shm.ps.transport import Push
 
@@ -214,17 +216,6 @@ def _block(job, k, rng):
     return int(bounds[b]), int(bounds[b + 1])
 
 
-_SPARSE = []
-
-
-def _sparse_message():
-    """sgd_shm.compress.SparseMessage, imported on first use."""
-    if not _SPARSE:
-        from sgd_shm.compress import SparseMessage
-        _SPARSE.append(SparseMessage)
-    return _SPARSE[0]
-
-
 def _idle(link, k):
     """No ticket left: wait for the stop flag (the coordinator ends the run)."""
     while True:
@@ -235,21 +226,18 @@ def _idle(link, k):
 
 
 def push_message(bounds, msg, v, scale, shards=None) -> Push:
-    """The :class:`Push` of a compressor's message: sparse ones sparse, others decoded
-    to dense; either way the message's ``nbytes`` are what the slot counts as sent.
-    ``shards``: the shards it reaches (``None``: all); a sparse message keeps only
-    the indices that fall in them."""
-    if isinstance(msg, _sparse_message()):
-        idx, vals = msg.indices, msg.values
-        ms = getattr(msg, "scale", 1.0)
-        if ms is not None and ms != 1.0:
-            vals = vals * ms
-        if shards is not None:
-            keep = np.isin(np.searchsorted(bounds, idx, side="right") - 1, shards)
-            idx, vals = idx[keep], vals[keep]
-        return Push(v, scale, indices=idx, values=vals, nbytes=int(msg.nbytes))
-    return Push(v, scale, grad=np.asarray(msg.to_dense(), dtype=np.float64),
-                nbytes=int(msg.nbytes), shards=shards)
+    """The sparse :class:`Push` of a compressor's message (a
+    :class:`~sgd_shm.compress.SparseMessage`, which the memory has checked): its
+    values times its decoding scale at its indices, counting the message's ``nbytes``
+    as sent. ``shards``: the shards it reaches (``None``: all); only the indices
+    that fall in them are kept."""
+    idx, vals = msg.indices, msg.values
+    if msg.scale != 1.0:
+        vals = vals * msg.scale
+    if shards is not None:
+        keep = np.isin(np.searchsorted(bounds, idx, side="right") - 1, shards)
+        idx, vals = idx[keep], vals[keep]
+    return Push(v, scale, indices=idx, values=vals, nbytes=int(msg.nbytes))
 
 
 def _stretch(job, k, spells, t_step, t0):
@@ -283,31 +271,36 @@ def _receive(link, w, view, down):
     return view
 
 
-def _send(link, k, grad, v, scale, memory, shards, block=None):
-    """One push of ``grad`` (through the compressor's memory when there is one) to
+def _send(link, k, grad, v, scale, channel, shards, block=None):
+    """One push of ``grad`` (through the compressor's channel when there is one) to
     ``shards`` (``None``: all); with a ``block`` (lo, hi), of that range only, sent as
     its values (the shards it does not reach see nothing)."""
+    msg = None
     if block is not None:
         lo, hi = block
         push = Push(v, scale, indices=np.arange(lo, hi), values=grad[lo:hi],
                     nbytes=8 * (hi - lo) + 16)
-    elif memory is None:
+    elif channel is None:
         push = Push(v, scale, grad=grad, shards=shards)
     else:
-        push = push_message(link.bounds, memory.step(grad), v, scale, shards)
+        msg = channel.message(grad)
+        push = push_message(link.bounds, msg, v, scale, shards)
     link.exchange(k, push, pull=False)
+    if msg is not None:
+        channel.delivered(msg)        # a push is applied (the server answers no loss)
 
 
 def _start(link, job, k):
-    """Worker k's compressor memory, loss coins and view of the weights (a lossy run
-    starts from the initial weights)."""
-    memory = None if job.compressor is None else job.compressor.memory(
-        job.n_params, np.float64, stream=k)          # worker k draws from (seed, k)
+    """Worker k's compressor channel (its error-feedback memory; the worker draws from
+    the stream (seed, k)), loss coins and view of the weights (a lossy run starts from
+    the initial weights)."""
+    channel = None if job.compressor is None else Channel(job.compressor, job.n_params,
+                                                          stream=k)
     losses = view = None
     if job.drop is not None:
         losses = Losses(job.drop, job.loss_seed, k, len(link.bounds) - 1)
         view = link.exchange(k)[0].copy()
-    return memory, losses, view
+    return channel, losses, view
 
 
 def run_worker(link, job, k, seed):
@@ -320,7 +313,7 @@ def run_worker(link, job, k, seed):
     g = None
     spells = _Spells(job.transient, rng)
     policy = job.policy
-    memory, losses, view = _start(link, job, k)
+    channel, losses, view = _start(link, job, k)
     budget = job.budget is not None
     ticket = False                                   # holding a ticket of the budget
     my_pushes = link.state(k).pushes(k)
@@ -369,7 +362,7 @@ def run_worker(link, job, k, seed):
             shards = None if up.all() else np.flatnonzero(up).tolist()
         t_push = time.perf_counter()
         if shards != []:                             # [] : lost on the way to every shard
-            _send(link, k, grad, v, scale, memory, shards, block)
+            _send(link, k, grad, v, scale, channel, shards, block)
             my_pushes += 1
         if p != k:
             counts["stolen"] = 1
