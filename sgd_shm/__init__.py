@@ -24,8 +24,12 @@ Example::
     clf = HogwildClassifier(loss="log_loss", n_workers=2, random_state=0).fit(X, y)
 """
 import importlib
+import logging
 
 from relaxed import __version__
+
+# a library configures no logging: the application decides what its loggers show
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 #: the estimators, imported on first use (PEP 562): scikit-learn, which they build on,
 #: takes about as long to import as the rest of the kit, and a worker process (spawned,
