@@ -288,8 +288,9 @@ def test_verbose_without_logging_configured_prints_to_stdout():
             "Z = np.random.default_rng(0).normal(size=(100, 3))\n"
             "HogwildRegressor(max_iter=1, tol=None, verbose=1).fit(Z, Z[:, 0])\n"
             "HogwildRegressor(max_iter=1, tol=None).fit(Z, Z[:, 0])\n"
-            "assert not logging.root.handlers and not any(logging.getLogger(n).handlers "
-            "for n in logging.root.manager.loggerDict if n.startswith('sgd_shm'))\n")
+            "assert not logging.root.handlers and not any("
+            "not isinstance(h, logging.NullHandler) for n in logging.root.manager.loggerDict "
+            "if n.startswith('sgd_shm') for h in logging.getLogger(n).handlers)\n")
     r = _run("-c", code, timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
