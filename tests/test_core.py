@@ -166,3 +166,18 @@ def test_a_callback_sees_every_record_and_can_stop_the_run(data, trainer, tmp_pa
     seen = [json.loads(line) for line in open(log)]
     assert r.seconds < 10                          # stopped long before max_seconds
     assert len(seen) >= 3 and all(s in r.history for s in seen)
+
+
+def test_epochs_are_the_default_stopping_rule():
+    """With neither epochs nor max_seconds both trainers run DEFAULT_EPOCHS epochs (the
+    same work on any machine); max_seconds alone is a wall clock with no epoch limit."""
+    from sgd_shm.core.validation import DEFAULT_EPOCHS
+    X, y = make_rcv1_like(640, 20, random_state=0)
+    r = ps.train(X, y, n_workers=1, policy="asp", batch_size=64, progress=False)
+    assert r.epochs == DEFAULT_EPOCHS and r.history[-1]["step"] == DEFAULT_EPOCHS * 10
+    e = eager.train(X, y, n_workers=2, batch_size=32, progress=False)
+    assert e.rounds == DEFAULT_EPOCHS * 640 // 64
+    timed = eager.train(X, y, n_workers=2, batch_size=32, max_seconds=0.3, progress=False)
+    assert timed.seconds >= 0.3                   # ran to the clock, no epoch limit
+    with pytest.raises(ValueError, match="max_seconds"):
+        ps.train(X, y, max_seconds=0)

@@ -194,3 +194,24 @@ def check_eval_set(eval_set, model, classes):
         raise ValueError("eval_set: y_val holds labels that are not among the training "
                          f"classes {classes[:5].tolist()}")
     return Xv, pos.astype(np.int64)
+
+
+#: the epochs a trainer runs when it is given neither ``epochs`` nor ``max_seconds``
+DEFAULT_EPOCHS = 5
+
+
+def stopping_rule(epochs, max_seconds, check_epochs):
+    """(epochs, max_seconds) of a run. Epochs are the default rule (a run repeats its
+    work whatever the machine's load): with neither given, ``DEFAULT_EPOCHS``; the
+    wall clock is an option (``max_seconds``; ``math.inf`` when None). With both, the
+    run stops at whichever comes first. ``check_epochs(name, v)`` checks epochs."""
+    if epochs is None and max_seconds is None:
+        epochs = DEFAULT_EPOCHS
+    epochs = None if epochs is None else check_epochs("epochs", epochs)
+    return epochs, math.inf if max_seconds is None else check_positive("max_seconds",
+                                                                      max_seconds)
+
+
+def progress_total(max_seconds):
+    """A progress bar's total in seconds, or None when the run has no time limit."""
+    return round(max_seconds, 1) if math.isfinite(max_seconds) else None

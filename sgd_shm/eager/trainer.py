@@ -37,7 +37,8 @@ from sgd_shm.core.results import Result, held_out
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, check_int,
                                      check_number, check_eval_set, check_positive,
-                                     model_data, n_columns, resolve_workers)
+                                     model_data, n_columns, progress_total, resolve_workers,
+                                     stopping_rule)
 
 __all__ = ["train", "EagerResult", "sleepers", "BACKENDS"]
 
@@ -131,7 +132,7 @@ def sleepers(seed, round_id, size, k):
 
 
 def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
-          imbalance=None, delay=None, max_seconds=5.0, target_loss=None, epochs=None,
+          imbalance=None, delay=None, max_seconds=None, target_loss=None, epochs=None,
           loss=None, lr=2.0, alpha=None, batch_size=64, sample_every=0.05,
           depth=8, timeout=None, seed=0, backend="shm", comm=None,
           compress=None, progress=None, model=None, momentum=0.0, eval_set=None,
@@ -153,9 +154,11 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         sleep that long before their gradient (the eager-SGD paper's model).
     delay [None] : ("exponential", mean seconds) or ("pareto", mean seconds, shape
         > 1): a random delay of each rank's own before each gradient.
-    max_seconds [5.0], target_loss [None], epochs [None] : stop after this long,
+    max_seconds [None], target_loss [None], epochs [None] : stop after this long,
         once rank 0 sees the training loss (on up to 4096 rows) <= target_loss, or
-        after this many passes over the data (rounds = epochs * rows / (P * batch)).
+        after this many passes over the data (rounds = epochs * rows / (P * batch)),
+        whichever comes first. Epochs are the default rule: with neither epochs nor
+        max_seconds, 5 epochs.
     loss [None: "log_loss"], lr [2.0], alpha [None: 1e-4], batch_size [64] : the
         default linear model's loss and L2 (a ``model`` brings its own: leave them
         out), a constant step (applied to the mean of the round's gradients, so it
@@ -229,11 +232,10 @@ def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
     for name, v, opts in (("collective", collective, KINDS), ("late", late, LATE),
                           ("average", average, AVERAGE)):
         check_choice(name, v, opts)
-    if epochs is not None:
-        epochs = check_positive("epochs", epochs)
+    epochs, max_seconds = stopping_rule(epochs, max_seconds, check_positive)
     cfg = _Config(n_workers=n_workers, collective=collective, late=late, average=average,
                   imbalance=_imbalance(imbalance, n_workers), delay=_delay(delay),
-                  max_seconds=check_positive("max_seconds", max_seconds),
+                  max_seconds=max_seconds,
                   target_loss=None if target_loss is None else check_number("target_loss",
                                                                              target_loss),
                   max_rounds=None, lr=check_positive("lr", lr),
@@ -563,8 +565,10 @@ def _bar(cfg, k):
     if not cfg.progress or k != 0:
         return None
     from tqdm import tqdm
-    return tqdm(total=round(cfg.max_seconds, 1), desc=cfg.collective, unit="s", leave=False,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s {postfix}")
+    total = progress_total(cfg.max_seconds)
+    fmt = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s {postfix}" if total
+           else "{desc}: {n:.1f} s {postfix}")
+    return tqdm(total=total, desc=cfg.collective, unit="s", leave=False, bar_format=fmt)
 
 
 # ---- backends and the result -------------------------------------------------------------

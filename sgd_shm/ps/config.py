@@ -15,7 +15,8 @@ import numpy as np
 from sgd_shm.core.launcher import check_start_method
 from sgd_shm.core.model import Model
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_int, check_number,
-                                     check_positive, check_seed, resolve_workers)
+                                     check_positive, check_seed, resolve_workers,
+                                     stopping_rule)
 from sgd_shm.ps.policies import Policy, make_policy
 from sgd_shm.ps.store import WaitPolicy
 from sgd_shm.ps.transport import TRANSPORTS
@@ -183,10 +184,11 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
     _start_method(start_method, backend)
     check_positive("window", window)                   # checked for every policy, used by SaPS
     check_positive("detect_factor", detect_factor)
+    epochs, max_seconds = stopping_rule(epochs, max_seconds, check_int)
     return TrainConfig(
         n_workers=n_workers, policy=pol.bind(n_workers),
         factors=factors_of(slowdown, n_workers),
-        max_seconds=check_positive("max_seconds", max_seconds),
+        max_seconds=max_seconds,
         target_loss=None if target_loss is None else check_number("target_loss", target_loss),
         lr=check_positive("lr", lr), batch_size=check_int("batch_size", batch_size),
         n_shards=check_int("n_shards", n_shards),
@@ -197,7 +199,7 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
         resume=None if resume is None else os.fspath(resume), wait=_wait(wait),
         seed=check_seed("seed", seed), progress=_progress(progress), backend=backend,
         address=address, compress=_compress(compress),
-        epochs=None if epochs is None else check_int("epochs", epochs),
+        epochs=epochs,
         drop=_drop(drop, pol, compress), start_method=start_method, model=model,
         partition=partition, callbacks=check_callbacks(callbacks))
 

@@ -57,8 +57,6 @@ class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
         params = self.get_params()
         seed = params.pop("random_state")
         params["epochs"] = params.pop("max_iter")
-        if params["max_seconds"] is None:
-            params["max_seconds"] = _NO_LIMIT
         self.result_ = train(X, y, seed=seed, progress=False, **params)
         self.coef_ = self.result_.coef_[None, :]
         self.intercept_ = np.zeros(1)
@@ -74,6 +72,3 @@ class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
     def predict(self, X):
         return np.where(self.decision_function(X) > 0, self.classes_[1], self.classes_[0])
 
-
-#: the wall-clock limit of a fit with max_seconds=None: a year (the epochs stop it)
-_NO_LIMIT = 365 * 24 * 3600.0

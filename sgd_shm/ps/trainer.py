@@ -21,7 +21,7 @@ import numpy as np
 
 from sgd_shm.core.model import blas_limited
 from sgd_shm.core.results import Result, held_out
-from sgd_shm.core.validation import check_eval_set, model_data, n_columns
+from sgd_shm.core.validation import check_eval_set, model_data, n_columns, progress_total
 from sgd_shm.ps.checkpoint import load_checkpoint
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.ps.config import make_config
@@ -196,13 +196,14 @@ def _progress_bar(cfg, label):
     if not cfg.progress:
         return None
     from tqdm import tqdm
-    return tqdm(total=round(cfg.max_seconds, 1), desc=label, unit="s",
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s {postfix}",
-                leave=False)
+    total = progress_total(cfg.max_seconds)
+    fmt = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s {postfix}" if total
+           else "{desc}: {n:.1f} s {postfix}")
+    return tqdm(total=total, desc=label, unit="s", bar_format=fmt, leave=False)
 
 
 def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
-          detect_factor=2.0, slowdown=None, transient=None, max_seconds=5.0, epochs=None,
+          detect_factor=2.0, slowdown=None, transient=None, max_seconds=None, epochs=None,
           target_loss=None, loss=None, lr=0.5, alpha=None, batch_size=64, n_shards=8,
           sample_every=0.02, faults=None, checkpoint=None, checkpoint_every=5.0, resume=None,
           wait=None, backend="shm", address=None, start_method="fork", seed=0, progress=None,
@@ -230,8 +231,11 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
     transient [None] : (spells per second, factor, seconds): random slow spells (a
         Poisson process) during which a worker's compute time is stretched by
         ``factor``; counted in the slots.
-    max_seconds [5.0], target_loss [None] : stop after this long (this call), or
-        once the training loss (on up to 4096 rows) is <= target_loss.
+    epochs [None], max_seconds [None], target_loss [None] : when to stop. Epochs are
+        the default rule: with neither ``epochs`` nor ``max_seconds``, 5 epochs (see
+        ``epochs`` below); ``max_seconds`` stops after this long (this call), and
+        ``target_loss`` once the training loss (on up to 4096 rows) is <= it; given
+        together, whichever comes first.
     loss [None: "log_loss"] : "log_loss", "hinge", "modified_huber" or "squared_error"
         (the default :class:`sgd_shm.models.Linear`).
     lr [0.5], alpha [None: 1e-4], batch_size [64] : constant step (applied to each
@@ -278,7 +282,8 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         worker keeps a replica, takes a local step and averages its blocks through
         the n_shards servers each round (:class:`sgd_shm.ps.policies.RPS`); with
         ``epochs=E`` it runs E times the largest partition's minibatches rounds.
-    epochs [None] : a work budget, to compare runs at equal work: the run stops
+    epochs [None: 5 when max_seconds is None] : a work budget, to compare runs at
+        equal work (and the default stopping rule): the run stops
         once ``epochs * n_batches`` minibatches have been applied in total
         (n_batches: the minibatches of all partitions together, i.e. one pass over
         the data), whichever partitions they came from (under ASP a fast worker's
