@@ -770,12 +770,13 @@ def _child_main(group, k, fn, args, conn, parent, start_method="fork"):
 
 class _Handle:
     __slots__ = ("r", "base", "mode", "buf", "flat", "arrived", "state", "done", "gather",
-                 "kind")
+                 "kind", "out")
 
     def __init__(self, r, base, mode, buf, gather=False):
         self.r, self.base, self.mode, self.buf = r, base, mode, buf
         self.gather = gather
         self.kind = 1 << (min(mode, _MAJ_INIT) + (3 if gather else 0))
+        self.out = None                         # a gather's parts, one buffer per round
         self.flat = buf.reshape(-1)
         self.arrived = False                    # our arrival CAS ran (or we were late)
         self.state = 0                          # the closed state, once seen
@@ -806,7 +807,6 @@ class ShmCommunicator(Communicator):
         self._nchunks = group.nchunks
         self._row = group._C[self.rank, :self.n]
         self._gather_row = group._C[self.rank]     # count, then the payload
-        self._out = None                           # a gather's result (made on first use)
         self._rowaddr = self._row.ctypes.data
         self._bit = 1 << self.rank
         self._full = (1 << self.size) - 1
@@ -864,9 +864,9 @@ class ShmCommunicator(Communicator):
         if not self.group.gather:
             raise ValueError("this ShmGroup cannot gather: make it with ShmGroup(size, n, "
                              "gather=True) (n: the largest payload)")
-        if self._out is None:
-            self._out = np.zeros(self.size * (self.n + 1), self.dtype)
-        return self._post(r, kind, payload, gather=True)
+        h = self._post(r, kind, payload, gather=True)
+        h.out = np.empty(self.size * (self.n + 1), self.dtype)   # the round's own parts
+        return h
 
     def _arrive(self, h):
         """Arrive at h's round if its slot serves it; True once arrived (or late)."""
@@ -899,7 +899,7 @@ class ShmCommunicator(Communicator):
 
     def _complete_once(self, h, spins):
         g = self.group
-        out, nchunks = (self._out, g.gchunks) if h.gather else (h.flat, self._nchunks)
+        out, nchunks = (h.out, g.gchunks) if h.gather else (h.flat, self._nchunks)
         code, state = _k_complete(self._W, h.base, L, h.r, h.state, g._C,
                                   g._R[h.r % self._depth], out, nchunks, g.chunk,
                                   self.n, self.size, self._depth, spins, h.gather)
@@ -931,11 +931,11 @@ class ShmCommunicator(Communicator):
 
     def _finish_gather(self, h, deadline):
         mask, contributed = self._finish(h, h.buf, deadline)
-        out, n1, parts = self._out, self.n + 1, []
+        out, n1, parts = h.out, self.n + 1, []
         for j in range(self.size):
             if mask >> j & 1:
                 o = j * n1
-                parts.append(out[o + 1:o + 1 + int(out[o])].copy())
+                parts.append(out[o + 1:o + 1 + int(out[o])])     # views of the round's
         return mask, contributed, parts
 
     def _backoff(self, h, deadline, what, attempt):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE, check_timeout
-from sgd_shm.compress import pack, packed_size, unpack
+from sgd_shm.compress import add_packed, pack, packed_size
 from sgd_shm.core.errors import DivergenceError
 from sgd_shm.core.model import Model, blas_limited
 from sgd_shm.core.results import Result, held_out
@@ -511,7 +511,7 @@ class _GatherExchange:
         up[:] = 0.0
         for part in res.parts:
             if part.size > 1:
-                unpack(part[1:], self.d).add_to(up)
+                add_packed(part[1:], self.d, up)
         up /= self.P if self.average == "size" else max(res.n_contributors, 1)
         return up, any(part[0] > 0 for part in res.parts), res
 
