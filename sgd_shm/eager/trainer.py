@@ -164,7 +164,9 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         out), a constant step (applied to the mean of the round's gradients, so it
         can be larger than the parameter server's 0.5, which applies to each
         worker's push), rows per rank per step.
-    sample_every [0.05] : seconds between rank 0's loss samples.
+    sample_every [0.05] : seconds between rank 0's loss samples (rank 0 computes them
+        between its rounds, so sampling costs it training time: a longer period than
+        the parameter server's 0.02, whose coordinator samples beside the workers).
     depth [8] : rounds a rank may fall behind before the others wait for it.
     timeout [None] : seconds a collective may wait (None: no limit; a dead rank is
         still reported).
