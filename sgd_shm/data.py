@@ -18,14 +18,9 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from sgd_shm.core.validation import check_int
+
 __all__ = ["make_rcv1_like", "make_ratings", "load_svmlight"]
-
-
-def _check_pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
 
 
 def make_rcv1_like(n_samples=200_000, n_features=50_000, *, density=0.0015, zipf=1.1,
@@ -45,8 +40,8 @@ def make_rcv1_like(n_samples=200_000, n_features=50_000, *, density=0.0015, zipf
     X : scipy.sparse.csr_matrix (float64, sorted int32 indices, rows of unit norm)
     y : ndarray of ±1.0
     """
-    _check_pos_int("n_samples", n_samples)
-    _check_pos_int("n_features", n_features)
+    check_int("n_samples", n_samples)
+    check_int("n_features", n_features)
     if not 0 < density <= 1:
         raise ValueError(f"density must be in (0, 1], got {density}")
     if not 0 <= noise < 0.5:
@@ -108,7 +103,7 @@ def make_ratings(n_users=10_000, n_items=2_000, n_ratings=500_000, *, rank=10, n
     """
     for name, v in (("n_users", n_users), ("n_items", n_items), ("n_ratings", n_ratings),
                     ("rank", rank)):
-        _check_pos_int(name, v)
+        check_int(name, v)
     if noise < 0:
         raise ValueError(f"noise must be >= 0, got {noise}")
     rng = np.random.default_rng(random_state)

@@ -455,7 +455,7 @@ def mode_single(args):
            if hasattr(MPI.COMM_WORLD, "group") else 3)
     expect(ValueError, ["depth", ">= 1"], MPICommunicator, 4, comm=MPI.COMM_SELF, depth=0)
     expect(TypeError, ["depth"], MPICommunicator, 4, comm=MPI.COMM_SELF, depth=1.5)
-    expect(ValueError, ["n must be"], MPICommunicator, 0, comm=MPI.COMM_SELF)
+    expect(ValueError, ["n: must be"], MPICommunicator, 0, comm=MPI.COMM_SELF)
     expect(TypeError, ["dtype"], MPICommunicator, 4, np.int32, comm=MPI.COMM_SELF)
     expect(ValueError, ["late"], MPICommunicator, 4, comm=MPI.COMM_SELF, late="keep")
     expect(ValueError, ["timeout"], MPICommunicator, 4, comm=MPI.COMM_SELF, timeout=-1)

@@ -295,13 +295,13 @@ def test_dead_rank_detected_without_run():
 
 # ---- arguments -----------------------------------------------------------------------------
 @pytest.mark.parametrize("kw,exc,text", [
-    (dict(size=0), ValueError, "size must be in"),
-    (dict(size=61), ValueError, "size must be in"),
-    (dict(size=2.0), TypeError, "size must be an int"),
-    (dict(n=0), ValueError, "n must be >= 1"),
+    (dict(size=0), ValueError, "size: must be an int in"),
+    (dict(size=61), ValueError, "size: must be an int in"),
+    (dict(size=2.0), TypeError, "size: must be an int"),
+    (dict(n=0), ValueError, "n: must be an int >= 1"),
     (dict(dtype=np.int32), TypeError, "dtype must be float32 or float64"),
-    (dict(late="keep"), ValueError, "late must be one of"),
-    (dict(average="mean"), ValueError, "average must be one of"),
+    (dict(late="keep"), ValueError, "late: must be one of"),
+    (dict(average="mean"), ValueError, "average: must be one of"),
     (dict(depth=0), ValueError, "depth must be >= 1"),
     (dict(depth=1.5), TypeError, "depth must be an int"),
     (dict(seed=-1), ValueError, "seed must be in"),
@@ -316,9 +316,9 @@ def test_bad_group_arguments(kw, exc, text):
 
 def test_bad_calls():
     with ShmGroup(1, 6) as g:
-        with pytest.raises(ValueError, match="rank must be in"):
+        with pytest.raises(ValueError, match="rank: must be an int in"):
             g.communicator(1)
-        with pytest.raises(TypeError, match="rank must be an int"):
+        with pytest.raises(TypeError, match="rank: must be an int"):
             g.communicator("0")
         with g.communicator(0) as c:
             with pytest.raises(TypeError, match="dtype float64"):
@@ -329,9 +329,9 @@ def test_bad_calls():
                 c.allreduce(np.zeros(12)[::2])
             with pytest.raises(TypeError, match="numpy array"):
                 c.allreduce([0.0] * 6)
-            with pytest.raises(ValueError, match="kind must be one of"):
+            with pytest.raises(ValueError, match="kind: must be one of"):
                 c.start(np.zeros(6), "gossip")
-            with pytest.raises(ValueError, match="op must be one of"):
+            with pytest.raises(ValueError, match="op: must be one of"):
                 c.allreduce(np.zeros(6), op="max")
             req = c.start(np.zeros(6), "solo")
             with pytest.raises(CollectiveError, match="not waited for"):

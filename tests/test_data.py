@@ -22,7 +22,7 @@ def test_rcv1_like_shape_density_norms_and_seed():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(n_samples=0), "n_samples must be >= 1"),
+    (dict(n_samples=0), "n_samples: must be an int >= 1"),
     (dict(density=0.0), "density"),
     (dict(noise=0.6), "noise"),
 ])

@@ -120,7 +120,7 @@ def test_pickle_attach_and_bad_input():
         s.push(np.ones(5), 0, lr=0.1)
     with pytest.raises(ValueError, match="NaN"):
         s.push(np.full(6, np.nan), 0, lr=0.1)
-    with pytest.raises(ValueError, match="lr must be finite"):
+    with pytest.raises(ValueError, match="lr: must be a finite number"):
         s.push(np.ones(6), 0, lr=float("inf"))
     with pytest.raises(ValueError, match="worker"):
         s.pull(worker=2)

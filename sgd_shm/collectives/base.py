@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sgd_shm.core.validation import check_positive
+from sgd_shm.core.validation import check_choice, check_int, check_positive
 
 __all__ = ["Round", "Request", "Communicator", "CollectiveError", "RankFailure",
            "CollectiveTimeout", "KINDS", "LATE", "AVERAGE", "OPS", "initiator",
@@ -154,12 +154,12 @@ class Communicator:
 
     def __init__(self, rank, size, n, dtype=np.float64, *, late="drop", average="size",
                  timeout=None):
-        self.size = _int_in("size", size, 1, MAX_RANKS)
-        self.rank = _int_in("rank", rank, 0, self.size - 1)
-        self.n = _int_in("n", n, 1, None)
+        self.size = check_int("size", size, 1, MAX_RANKS)
+        self.rank = check_int("rank", rank, 0, self.size - 1)
+        self.n = check_int("n", n, 1, None)
         self.dtype = check_dtype(dtype)
-        self.late = _choice("late", late, LATE)
-        self.average = _choice("average", average, AVERAGE)
+        self.late = check_choice("late", late, LATE)
+        self.average = check_choice("average", average, AVERAGE)
         self.timeout = check_timeout("timeout", timeout)
         self._carry = np.zeros(self.n, self.dtype) if self.late == "carry" else None
         self._carry_live = False
@@ -188,7 +188,7 @@ class Communicator:
     def start_gather(self, payload, kind="sync") -> Request:
         """Start this rank's next round as a gather of ``payload`` (non-blocking); its
         wait returns the Round with ``parts``. The payload is copied in at the start."""
-        kind = _choice("kind", kind, KINDS)
+        kind = check_choice("kind", kind, KINDS)
         payload = self._check_payload(payload)
         self._check_idle()
         r = self._next
@@ -200,8 +200,8 @@ class Communicator:
 
     def start(self, buf, kind="sync", op="sum") -> Request:
         """Start this rank's next round with ``buf`` (non-blocking); see Request."""
-        kind = _choice("kind", kind, KINDS)
-        op = _choice("op", op, OPS)
+        kind = check_choice("kind", kind, KINDS)
+        op = check_choice("op", op, OPS)
         self._check_buf(buf)
         self._check_idle()
         if self._carry_live:
@@ -352,18 +352,3 @@ def check_dtype(dtype):
 def check_timeout(name, t):
     """A timeout: None (no limit) or a finite number of seconds > 0."""
     return None if t is None else check_positive(name, t)
-
-
-def _int_in(name, v, lo, hi):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < lo or (hi is not None and v > hi):
-        rule = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name} must be {rule}, got {v}")
-    return int(v)
-
-
-def _choice(name, v, options):
-    if v not in options:
-        raise ValueError(f"{name} must be one of {options}, got {v!r}")
-    return v

@@ -99,20 +99,9 @@ import numpy as np
 from numba import njit
 
 from relaxed import shm as _shm
-from sgd_shm.collectives.base import (
-    AVERAGE,
-    LATE,
-    MAX_RANKS,
-    CollectiveError,
-    CollectiveTimeout,
-    Communicator,
-    RankFailure,
-    _choice,
-    _int_in,
-    check_dtype,
-    check_timeout,
-    initiator,
-)
+from sgd_shm.collectives.base import (AVERAGE, LATE, MAX_RANKS, CollectiveError,
+                                      CollectiveTimeout, Communicator, RankFailure,
+                                      check_dtype, check_timeout, initiator)
 from sgd_shm.core.atomics import LINE_WORDS
 from sgd_shm.core.atomics import add_acq_rel as _add
 from sgd_shm.core.atomics import cas_acq_rel as _cas
@@ -120,6 +109,7 @@ from sgd_shm.core.atomics import load_acquire as _load_acq
 from sgd_shm.core.atomics import store_release_at as _store_rel
 from sgd_shm.core.launcher import check_start_method, exit_now
 from sgd_shm.core.launcher import pid_alive as _pid_alive
+from sgd_shm.core.validation import check_choice, check_int
 
 __all__ = ["ShmGroup", "ShmCommunicator"]
 
@@ -407,8 +397,8 @@ class ShmGroup:
 
     def __init__(self, size, n, dtype=np.float64, *, late="drop", average="size", depth=8,
                  seed=0, timeout=None, gather=False):
-        size = _int_in("size", size, 1, MAX_RANKS)
-        n = _int_in("n", n, 1, None)
+        size = check_int("size", size, 1, MAX_RANKS)
+        n = check_int("n", n, 1, None)
         dt = check_dtype(dtype)
         if not isinstance(gather, (bool, np.bool_)):
             raise TypeError(f"gather must be True or False, got {type(gather).__name__}")
@@ -416,8 +406,8 @@ class ShmGroup:
             raise ValueError(f"n must be < 2**24 for a float32 group that gathers (a "
                              f"payload's count travels as a float32), got {n}; use "
                              "dtype=np.float64")
-        self.late = _choice("late", late, LATE)
-        self.average = _choice("average", average, AVERAGE)
+        self.late = check_choice("late", late, LATE)
+        self.average = check_choice("average", average, AVERAGE)
         if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)):
             raise TypeError(f"depth must be an int, got {type(depth).__name__}")
         if depth < 1:

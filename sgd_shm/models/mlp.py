@@ -29,6 +29,7 @@ import scipy.sparse as sp
 
 from sgd_shm.core.atomics import read_only_fields
 from sgd_shm.core.model import Model, one_blas_thread  # noqa: F401
+from sgd_shm.core.validation import check_int
 from sgd_shm.models import _mlp
 
 __all__ = ["MLP", "SoftmaxRegression", "scratch"]
@@ -41,12 +42,6 @@ def scratch(net, batch):
     n_params = int(net.b_off[-1] + sizes[-1])
     return _mlp.Scratch(np.empty(batch * int(sizes.sum())), np.zeros(sizes.shape[0], np.int64),
                         np.empty((2, batch * int(sizes[1:].max()))), np.empty(n_params))
-
-
-def _positive_int(name, v):
-    if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-    return int(v)
 
 
 class MLP(Model):
@@ -62,9 +57,9 @@ class MLP(Model):
 
     def __init__(self, n_features, hidden_layer_sizes=(100,), n_outputs=2, alpha=0.0001):
         hidden = tuple(hidden_layer_sizes)
-        sizes = [_positive_int("n_features", n_features)]
-        sizes += [_positive_int("hidden_layer_sizes", h) for h in hidden]
-        if _positive_int("n_outputs", n_outputs) < 2:
+        sizes = [check_int("n_features", n_features)]
+        sizes += [check_int("hidden_layer_sizes", h) for h in hidden]
+        if check_int("n_outputs", n_outputs) < 2:
             raise ValueError(f"n_outputs must be >= 2 (a softmax over the classes), got "
                              f"{n_outputs}; a binary problem has 2")
         sizes.append(int(n_outputs))
@@ -188,7 +183,7 @@ class MLP(Model):
         """Per-layer row blocks: W_l's rows split into min(n_parts, fan_in) contiguous
         chunks (b_l joins the last one), chunk c owned by part c. Every part owns at
         most one block per layer; a ValueError when some part would own none."""
-        n_parts = _positive_int("n_parts", n_parts)
+        n_parts = check_int("n_parts", n_parts)
         bounds, owners = [0], [[] for _ in range(n_parts)]
         for l in range(self.n_layers):
             fi, fo = int(self.sizes[l]), int(self.sizes[l + 1])

@@ -76,6 +76,7 @@ from sgd_shm.core.atomics import (LINE_WORDS, cas_acquire, fetch_add, fetch_add_
 from sgd_shm.core.atomics import cas_py as _cas_py
 from sgd_shm.core.atomics import store_release_py as _store_release_py
 from sgd_shm.core.launcher import pid_alive as _pid_alive
+from sgd_shm.core.validation import check_int, check_number
 
 KIND_PS = 4
 #: int64 words per padded slot (a cache line as the compiled core pads it); a segment
@@ -272,9 +273,9 @@ class ParameterStore:
     """
 
     def __init__(self, n_params, *, n_shards=8, n_workers=4, shared=True, init=None):
-        n_params = _pos_int("n_params", n_params)
-        n_shards = _pos_int("n_shards", n_shards)
-        n_workers = _pos_int("n_workers", n_workers)
+        n_params = check_int("n_params", n_params)
+        n_shards = check_int("n_shards", n_shards)
+        n_workers = check_int("n_workers", n_workers)
         if n_shards > n_params:
             raise ValueError(f"n_shards={n_shards} exceeds n_params={n_params}; use at most "
                              "one shard per parameter")
@@ -507,7 +508,7 @@ class ParameterStore:
         self._check_open()
         todo = range(self.n_shards) if shards is None else self._shard_list(shards)
         g = self._grad(grad)
-        lr, scale = _finite("lr", lr), _finite("scale", scale)
+        lr, scale = check_number("lr", lr), check_number("scale", scale)
         if not isinstance(wait, WaitPolicy):
             raise TypeError(f"wait: expected a WaitPolicy, got {type(wait).__name__}")
         if isinstance(version, bool) or not isinstance(version, (int, np.integer)) \
@@ -568,7 +569,7 @@ class ParameterStore:
         return res
 
     def _push_args(self, lr, scale, wait, version, worker):
-        lr, scale = _finite("lr", lr), _finite("scale", scale)
+        lr, scale = check_number("lr", lr), check_number("scale", scale)
         if not isinstance(wait, WaitPolicy):
             raise TypeError(f"wait: expected a WaitPolicy, got {type(wait).__name__}")
         if isinstance(version, bool) or not isinstance(version, (int, np.integer)) \
@@ -880,20 +881,3 @@ def staleness_bin(stale: int) -> int:
     """Histogram bin of a staleness: 0 for <= 0, else bit_length (1; 2-3; 4-7;
     ...), capped at the last bin."""
     return min(max(int(stale), 0).bit_length(), HIST_BINS - 1)
-
-
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
-    return int(v)
-
-
-def _finite(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(v).__name__}")
-    v = float(v)
-    if not np.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v}")
-    return v
