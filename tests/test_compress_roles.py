@@ -143,6 +143,16 @@ class _NotAMessage(Compressor):
         return {"indices": [0], "values": g[:1]}
 
 
+class _Overflowing(Compressor):
+    """Claims messages of at most 1 entry and sends 3."""
+
+    def max_entries(self, n):
+        return 1
+
+    def compress(self, g):
+        return SparseMessage(np.arange(3, dtype=np.int32), g[:3].copy(), g.size, 36)
+
+
 def test_contract_violations_are_clear_errors(split):
     g = np.arange(4.0)
     with pytest.raises(ValueError, match="ascending"):
@@ -160,6 +170,9 @@ def test_contract_violations_are_clear_errors(split):
     Xtr, _, ytr, _ = split
     with pytest.raises(Exception, match="ascending"):
         eager.train(Xtr, ytr, n_workers=2, compress=_Unsorted(), epochs=1,
+                    max_seconds=30, progress=False)
+    with pytest.raises(Exception, match="max_entries"):
+        eager.train(Xtr, ytr, n_workers=2, compress=_Overflowing(), epochs=1,
                     max_seconds=30, progress=False)
 
 

@@ -503,6 +503,12 @@ class _GatherExchange:
         self.payload[0] = 1.0 if vote else 0.0
         if g is not None:
             msg = self.channel.message(g)
+            if packed_size(msg.indices.size, self.d) >= self.payload.size:
+                comp = self.channel.memory.compressor
+                raise ValueError(
+                    f"compress: {comp!r} sent {msg.indices.size} entries, more than its "
+                    f"max_entries({self.d}) = {comp.max_entries(self.d)} that the exchange "
+                    "was sized for; make max_entries return a true bound (or leave it out)")
             used += pack(msg, self.payload[1:])
             self.bytes_dense += 8 * self.d
         self.bytes_moved += 8 * used
