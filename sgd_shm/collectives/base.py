@@ -24,7 +24,8 @@ A rank that arrives after its round closed is *late*: its wait returns at once w
 the round's result, and its contribution is dropped (``late="drop"``, as fflib2 does)
 or kept and added to what it contributes next (``late="carry"``, so no gradient mass
 is lost). A late *payload* of a gather is never carried (payloads do not add): the
-caller sees ``Round.contributed`` False and keeps it as it sees fit. ``op="mean"`` divides the sum by the number of ranks (``average="size"``,
+caller sees ``Round.contributed`` False and keeps it as it sees fit.
+``op="mean"`` divides the sum by the number of ranks (``average="size"``,
 as fflib2) or by the number of contributors (``average="contributors"``).
 
 Source: Li, Ben-Nun, Di Girolamo, Alistarh, Hoefler, "Taming unbalanced training
@@ -187,7 +188,10 @@ class Communicator:
 
     def start_gather(self, payload, kind="sync") -> Request:
         """Start this rank's next round as a gather of ``payload`` (non-blocking); its
-        wait returns the Round with ``parts``. The payload is copied in at the start."""
+        wait returns the Round with ``parts``. As a reduction's buffer, the payload
+        belongs to the communicator until the wait returns (a backend that waits for
+        its slot copies it in later). The parts are views of a buffer of that round's
+        own: a later round does not overwrite them."""
         kind = check_choice("kind", kind, KINDS)
         payload = self._check_payload(payload)
         self._check_idle()
