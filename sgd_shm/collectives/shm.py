@@ -105,8 +105,11 @@ from sgd_shm.collectives.base import (AVERAGE, LATE, MAX_RANKS, CollectiveError,
 from sgd_shm.core.atomics import LINE_WORDS
 from sgd_shm.core.atomics import add_acq_rel as _add
 from sgd_shm.core.atomics import cas_acq_rel as _cas
+from sgd_shm.core.atomics import cas_acq_rel_py as _k_cas
+from sgd_shm.core.atomics import load_acquire_py as _k_load
 from sgd_shm.core.atomics import load_acquire as _load_acq
 from sgd_shm.core.atomics import store_release_at as _store_rel
+from sgd_shm.core.atomics import store_release_at_py as _k_store
 from sgd_shm.core.launcher import check_start_method, exit_now
 from sgd_shm.core.launcher import pid_alive as _pid_alive
 from sgd_shm.core.validation import check_choice, check_int
@@ -153,21 +156,6 @@ def _layout(size, n, depth, itemsize, gather):
     row, rrow = page(n1), page(size * n1 if gather else n)
     total = data + (size * row + depth * rrow) * itemsize
     return slots, data, row, rrow, total
-
-
-@njit(cache=True, nogil=True)
-def _k_load(W, off):
-    return _load_acq(W, off)
-
-
-@njit(cache=True, nogil=True)
-def _k_store(W, off, v):
-    _store_rel(W, off, v)
-
-
-@njit(cache=True, nogil=True)
-def _k_cas(W, off, expected, desired):
-    return _cas(W, off, expected, desired)
 
 
 @njit(cache=True, nogil=True)

@@ -8,6 +8,7 @@ them (the import graph is trainers -> core).
     errors       DivergenceError (a FloatingPointError), ParameterError (a TypeError)
     launcher     worker processes on shared memory (start methods, shipments, reaping)
     atomics      Numba intrinsics: atomics, fences, prefetches, the cache-line constant
+    progress     the trainers' progress bar (seconds against the time limit, if any)
 """
 from sgd_shm.core.errors import DivergenceError, ParameterError
 from sgd_shm.core.model import Model, one_blas_thread

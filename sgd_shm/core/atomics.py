@@ -235,6 +235,25 @@ def _store_at(arr, v):
     store_release(arr, v)
 
 
+@njit(cache=True, nogil=True)
+def load_acquire_py(arr, off):
+    """arr.flat[off] (int64), acquire, from Python (the offset atomics' callable twins,
+    for the control words of the shm collectives)."""
+    return load_acquire(arr, off)
+
+
+@njit(cache=True, nogil=True)
+def store_release_at_py(arr, off, v):
+    """arr.flat[off] = v (int64), release, from Python."""
+    store_release_at(arr, off, v)
+
+
+@njit(cache=True, nogil=True)
+def cas_acq_rel_py(arr, off, expected, desired):
+    """Atomic CAS of arr.flat[off] (int64), acq_rel, from Python; True if it swapped."""
+    return cas_acq_rel(arr, off, expected, desired)
+
+
 def fetch_add_py(arr, i, v) -> int:
     """Atomic arr[i] += v (int64 array, relaxed) from Python; returns the old value."""
     return int(_fetch_add_at(arr, i, v))

@@ -66,6 +66,14 @@ def check_positive(name, v) -> float:
     return check_number(name, v, lo=0, lo_open=True)
 
 
+def check_momentum(v, name="momentum") -> float:
+    """Heavy-ball momentum: a finite number in [0, 1) (0: plain SGD)."""
+    v = check_number(name, v, lo=0)
+    if v >= 1.0:
+        raise ValueError(f"{name}: must be < 1, got {v}; 0.9 is usual (0: plain SGD)")
+    return v
+
+
 def check_bool(name, v) -> bool:
     """``v`` as a bool (True/False or numpy's bool; no strings, no ints)."""
     if not isinstance(v, (bool, np.bool_)):
@@ -210,8 +218,3 @@ def stopping_rule(epochs, max_seconds, check_epochs):
     epochs = None if epochs is None else check_epochs("epochs", epochs)
     return epochs, math.inf if max_seconds is None else check_positive("max_seconds",
                                                                       max_seconds)
-
-
-def progress_total(max_seconds):
-    """A progress bar's total in seconds, or None when the run has no time limit."""
-    return round(max_seconds, 1) if math.isfinite(max_seconds) else None

@@ -33,11 +33,12 @@ from sgd_shm.collectives.base import AVERAGE, KINDS, LATE, check_timeout
 from sgd_shm.compress import add_packed, pack, packed_size
 from sgd_shm.core.errors import DivergenceError
 from sgd_shm.core.model import Model, blas_limited
+from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.results import Result, held_out
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, check_int,
-                                     check_number, check_eval_set, check_positive,
-                                     model_data, n_columns, progress_total, resolve_workers,
+                                     check_eval_set, check_momentum, check_number,
+                                     check_positive, model_data, n_columns, resolve_workers,
                                      stopping_rule)
 
 __all__ = ["train", "EagerResult", "sleepers", "BACKENDS"]
@@ -197,7 +198,7 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
                               max_seconds, target_loss, epochs, lr, batch_size,
                               sample_every, depth, timeout, seed, backend, comm, progress,
                               compress)
-    cfg = replace(cfg, momentum=_momentum(momentum), model=_model(model),
+    cfg = replace(cfg, momentum=check_momentum(momentum), model=_model(model),
                   callbacks=check_callbacks(callbacks))
     X, ys, classes = model_data(X, y, cfg.model, cfg.n_workers)
     evals = check_eval_set(eval_set, cfg.model, classes)
@@ -249,14 +250,6 @@ def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
                       "progress", progress),
                   compress=_compressor(compress))
     return cfg, epochs
-
-
-def _momentum(momentum):
-    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not (
-            0 <= momentum < 1):
-        raise ValueError(f"momentum: must be a number in [0, 1) (0: plain SGD; 0.9 is "
-                         f"usual), got {momentum!r}")
-    return float(momentum)
 
 
 def _model(model):
@@ -570,13 +563,7 @@ def _rank_run(comm, job):
 
 
 def _bar(cfg, k):
-    if not cfg.progress or k != 0:
-        return None
-    from tqdm import tqdm
-    total = progress_total(cfg.max_seconds)
-    fmt = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s {postfix}" if total
-           else "{desc}: {n:.1f} s {postfix}")
-    return tqdm(total=total, desc=cfg.collective, unit="s", leave=False, bar_format=fmt)
+    return seconds_bar(cfg.max_seconds, cfg.collective) if cfg.progress and k == 0 else None
 
 
 # ---- backends and the result -------------------------------------------------------------

@@ -33,7 +33,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm.hogwild import _kernels as K
 from sgd_shm.core.launcher import check_start_method
-from sgd_shm.core.validation import check_choice, check_int, check_number, resolve_workers
+from sgd_shm.core.validation import (check_choice, check_int, check_momentum, check_number,
+                                     resolve_workers)
 from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem, auto_hot_features
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 
@@ -86,9 +87,7 @@ class _BaseHogwild(BaseEstimator):
             raise ValueError("alpha: must be > 0 with learning_rate='optimal' (it sets the "
                              "step size); use a positive alpha or another learning_rate")
         check_number("power_t", self.power_t)
-        check_number("momentum", self.momentum, lo=0)
-        if self.momentum >= 1.0:
-            raise ValueError(f"momentum: must be < 1, got {self.momentum}; 0.9 is usual")
+        check_momentum(self.momentum)
         resolve_workers(self.n_workers)
         if not (isinstance(self.hot_features, str) and self.hot_features == "auto"):
             if isinstance(self.hot_features, str):

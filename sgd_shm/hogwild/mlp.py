@@ -46,7 +46,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from sgd_shm.models import _mlp
 from sgd_shm.core.atomics import LINE_WORDS, read_only_fields
 from sgd_shm.core.launcher import check_start_method
-from sgd_shm.core.validation import check_choice, check_int, check_number, resolve_workers
+from sgd_shm.core.validation import (check_choice, check_int, check_momentum, check_number,
+                                     resolve_workers)
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
 from sgd_shm.models import MLP, one_blas_thread, scratch
@@ -284,9 +285,7 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
         check_int("max_iter", self.max_iter, lo=1)
         check_number("tol", self.tol, lo=0)
         check_int("n_iter_no_change", self.n_iter_no_change, lo=1)
-        check_number("momentum", self.momentum, lo=0)
-        if self.momentum >= 1.0:
-            raise ValueError(f"momentum: must be < 1, got {self.momentum}; 0.9 is usual")
+        check_momentum(self.momentum)
         resolve_workers(self.n_workers)
         check_choice("backend", self.backend, _BACKENDS)
         check_start_method(self.start_method)

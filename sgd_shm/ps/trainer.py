@@ -21,7 +21,8 @@ import numpy as np
 
 from sgd_shm.core.model import blas_limited
 from sgd_shm.core.results import Result, held_out
-from sgd_shm.core.validation import check_eval_set, model_data, n_columns, progress_total
+from sgd_shm.core.progress import seconds_bar
+from sgd_shm.core.validation import check_eval_set, model_data, n_columns
 from sgd_shm.ps.checkpoint import load_checkpoint
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.ps.config import make_config
@@ -193,13 +194,7 @@ class _RoundsCoordinator(Coordinator):
 
 
 def _progress_bar(cfg, label):
-    if not cfg.progress:
-        return None
-    from tqdm import tqdm
-    total = progress_total(cfg.max_seconds)
-    fmt = ("{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s {postfix}" if total
-           else "{desc}: {n:.1f} s {postfix}")
-    return tqdm(total=total, desc=label, unit="s", bar_format=fmt, leave=False)
+    return seconds_bar(cfg.max_seconds, label) if cfg.progress else None
 
 
 def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
