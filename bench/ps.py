@@ -42,13 +42,15 @@ def backends_of(choice: str) -> list[str]:
     return list(BACKENDS) if choice == "both" else [choice]
 
 
-def ensure_ray():
-    """A local Ray instance sized to this machine, started once (or the running one)."""
+def ensure_ray(n_workers):
+    """The bench's Ray session: the running Ray instance, or a local one declaring at
+    least ``n_workers`` CPUs (one per worker actor) started for the bench."""
+    from sgd_shm.ps.ray_session import RaySession
     import ray
     if not ray.is_initialized():
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False,
-                 log_to_driver=False)
-    return ray
+        ray.init(num_cpus=max(os.cpu_count(), n_workers), include_dashboard=False,
+                 configure_logging=False, log_to_driver=False)
+    return RaySession()
 
 
 def _median(xs):
@@ -116,65 +118,18 @@ def transport_shm(d, n_shards, n, seconds, g):
     return [out[k] for k in range(n)]
 
 
-_PUSHERS = []                # worker actors of the Ray transport runs, kept for the session
-
-
-def _pusher_class():
-    ray = ensure_ray()
-
-    @ray.remote(num_cpus=0)
-    class Pusher:
-        def ready(self):
-            return True
-
-        def run(self, hub, shards, bounds, lr, k, g, seconds):
-            from sgd_shm.ps.ray_backend import RayLink
-            return pull_push_loop(RayLink(hub, shards, bounds, lr), k, g, seconds)
-    return Pusher
-
-
-def transport_ray(d, n_shards, n, seconds, g):
-    """``n`` worker actors pulling and pushing through :class:`RayLink` on the shard and
-    hub actors that the Ray backend uses (taken from its pool, given back after)."""
-    ray = ensure_ray()
-    from sgd_shm.ps.ray_backend import _POOL, _Hub, _Shard
-    if _PUSHERS and not _alive(_PUSHERS[0]):
-        _PUSHERS.clear()                         # a new Ray session
-    if len(_PUSHERS) < n:
-        cls = _pusher_class()
-        _PUSHERS.extend(cls.remote() for _ in range(n - len(_PUSHERS)))
-    ray.get([p.ready.remote() for p in _PUSHERS[:n]])
-    bounds = np.linspace(0, d, n_shards + 1).astype(np.int64)
-    shards, hub = _POOL.take(_Shard, n_shards), _POOL.take(_Hub, 1)[0]
-    try:
-        from sgd_shm.ps.partitions import Batches
-        one = Batches.draw(n, n, 1, np.random.default_rng(0))    # no minibatch is taken
-        ray.get([s.reset.remote(np.zeros(int(bounds[i + 1] - bounds[i])), 0)
-                 for i, s in enumerate(shards)]
-                + [hub.reset.remote(d, n_shards, n, one, [0] * n)])
-        g_ref = ray.put(g)
-        out = ray.get([p.run.remote(hub, shards, bounds, TRANSPORT_LR, k, g_ref, seconds)
-                       for k, p in enumerate(_PUSHERS[:n])])
-        assert ray.get(hub.get_version.remote()) == sum(r["pushes"] for r in out)
-    finally:
-        for s in shards:
-            _POOL.give(_Shard, s)
-        _POOL.give(_Hub, hub)
-    return out
-
-
-def _alive(actor):
-    import ray
-    try:
-        return ray.get(actor.ready.remote(), timeout=30)
-    except Exception:
-        return False
-
-
 def transport(backend, d, n_shards, n, seconds, g):
-    """One transport measurement: per-worker dicts of :func:`pull_push_loop`."""
-    f = transport_ray if backend == "ray" else transport_shm
-    return f(d, n_shards, n, seconds, g)
+    """One transport measurement: per-worker dicts of :func:`pull_push_loop` (shared
+    memory; on Ray a worker's pull and push are the same loads and stores on its
+    node's replica, so Ray's own cost is measured by :func:`ray_calls`)."""
+    return transport_shm(d, n_shards, n, seconds, g)
+
+
+def ray_calls(seconds):
+    """Ray's own 1:1 actor-call rates on this machine (sync, and 32 calls in flight),
+    measured in the same repetition as the runs they are compared with."""
+    from bench.ray_calls import actor_call_rate
+    return actor_call_rate(seconds)
 
 
 def _transport_rows(tr, d, n_shards, seconds):
@@ -231,13 +186,14 @@ def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
         transport_seconds=1.0, progress=True):
     backends = list(backends)
     X, y = make_rcv1_like(samples, features, random_state=seed)
-    if "ray" in backends:
-        ensure_ray()
+    session = ensure_ray(n_workers) if "ray" in backends else None
     counts = sorted({1, n_workers})
     g = np.random.default_rng(seed).standard_normal(features)
     acc = {(b, p): [] for b in backends for p in POLICIES}
     control = {b: [] for b in backends}
-    tr = {(b, n): [] for b in backends for n in counts}
+    tr = {("shm", n): [] for n in counts}
+    calls = []
+    rates = {(b, n): [] for b in backends for n in sorted({2, n_workers})}
     first = {b: {} for b in backends}
     bar = tqdm(total=(reps + 1) * len(backends) * (len(POLICIES) + 1 + len(counts)),
                desc="ps", leave=False, disable=not progress)
@@ -248,18 +204,30 @@ def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
                 # one seed for every repetition: the same partitions and evaluation
                 # rows, so the targets mean the same; repetitions differ in timing only
                 r = train(X, y, n_workers=n_workers, policy=pol, slowdown={0: slow},
-                          max_seconds=seconds, seed=seed, backend=b)
+                          max_seconds=seconds, seed=seed, backend=b,
+                          session=session if b == "ray" else None)
                 if rep:
                     acc[b, pol].append(r)
                     first[b].setdefault(pol, r)
                 bar.update()
         for b in order:
             r = train(X, y, n_workers=n_workers, policy="saps", max_seconds=seconds,
-                      seed=seed, backend=b)
+                      seed=seed, backend=b, session=session if b == "ray" else None)
             if rep:
                 control[b].append([w for _, w in r.detections])
             bar.update()
+        for (b, n) in sorted(rates, key=lambda bn: (order.index(bn[0]), bn[1])):
+            r = train(X, y, n_workers=n, policy="asp", max_seconds=seconds / 2, seed=seed,
+                      backend=b, session=session if b == "ray" else None)
+            if rep:
+                rates[b, n].append(r.updates / r.seconds)
         for b in order:
+            if b == "ray":
+                res = ray_calls(3 * transport_seconds)
+                if rep:
+                    calls.append(res)
+                bar.update(len(counts))
+                continue
             for n in counts:
                 res = transport(b, features, N_SHARDS, n, transport_seconds, g)
                 if rep:
@@ -272,13 +240,22 @@ def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
     problem = {"samples": samples, "features": features, "seconds": seconds, "target": target,
                "tight_target": tight, "loose_target": loose, "backends": backends,
                "reps": reps, "n_shards": N_SHARDS, "transport_seconds": transport_seconds}
-    if "ray" in backends:
+    extra = {"asp_pushes_per_s": [
+        {"backend": b, "workers": n, "seconds": seconds / 2,
+         "median": statistics.median(v), "range": [min(v), max(v)], "runs": v}
+        for (b, n), v in rates.items()]}
+    if session is not None:
         import ray
         problem["ray_version"] = ray.__version__
+        session.close()
+        extra["ray_calls"] = {
+            f"{k}_median": statistics.median(c[k] for c in calls)
+            for k in ("sync_calls_per_s", "pipelined_calls_per_s")} | {"runs": calls}
     return rows, {"problem": problem,
                   "curves": {b: curves_of(first[b]) for b in backends},
                   "control_detections": control,
-                  "transport": _transport_rows(tr, features, N_SHARDS, transport_seconds)}
+                  "transport": _transport_rows(tr, features, N_SHARDS, transport_seconds),
+                  **extra}
 
 
 def ratios(rows):
@@ -532,22 +509,27 @@ def _policy_finding(p, b, o, mine, names):
     return s.rstrip("; ") + "."
 
 
-def _transport_finding(tr):
-    by = {(t["backend"], t["workers"]): t for t in tr}
-    n = max(t["workers"] for t in tr)
-    if ("shm", 1) not in by or ("ray", 1) not in by:
+def _ray_finding(d):
+    """Dense ASP's pushes/s (no slowdown) on each backend beside Ray's own actor-call
+    rates, measured in the same repetitions."""
+    calls, rates = d.get("ray_calls"), d.get("asp_pushes_per_s") or []
+    ray_rates = [r for r in rates if r["backend"] == "ray"]
+    if not calls or not ray_rates:
         return None
-    s1, r1 = by["shm", 1], by["ray", 1]
-    s = (f"A pull + push takes {r1['roundtrip_us_median'] / s1['roundtrip_us_median']:,.0f}"
-         f"× longer on Ray than on shared memory with one worker "
-         f"({_us(r1['roundtrip_us_median'])} against {_us(s1['roundtrip_us_median'])})")
-    if ("shm", n) in by and ("ray", n) in by and n > 1:
-        sn, rn = by["shm", n], by["ray", n]
-        s += (f"; with {n} workers shared memory moves "
-              f"{sn['pushes_per_s_median'] / rn['pushes_per_s_median']:,.0f}× as many "
-              f"pushes per second ({sn['pushes_per_s_median']:,.0f} against "
-              f"{rn['pushes_per_s_median']:,.0f})")
-    return s + "."
+    pipe = calls["pipelined_calls_per_s_median"]
+    shm = {r["workers"]: r["median"] for r in rates if r["backend"] == "shm"}
+    parts = []
+    for r in ray_rates:
+        t = (f"{r['workers']} workers {r['median']:,.0f}/s ({r['median'] / pipe:.1f}× the "
+             "pipelined actor-call rate")
+        if r["workers"] in shm:
+            t += f"; shared memory {shm[r['workers']]:,.0f}/s"
+        parts.append(t + ")")
+    return (f"Ray's own 1:1 actor calls on this machine, in the same repetitions: "
+            f"{calls['sync_calls_per_s_median']:,.0f}/s one at a time, {pipe:,.0f}/s with "
+            f"32 in flight. Dense ASP on one Ray node, no slowdown, pushes per second: "
+            + "; ".join(parts) + ". A worker's step is loads and stores on its node's "
+            "replica; only the node's agent makes actor calls.")
 
 
 def summary_markdown(d):
@@ -568,10 +550,9 @@ def summary_markdown(d):
     for b in backends:
         lines.append(_policy_finding(p, b, rt.get(b, {}),
                                      [r for r in rows if _backend_of(r) == b], names))
-    if tr and len(backends) > 1:
-        s = _transport_finding(tr)
-        if s:
-            lines.append(s)
+    s = _ray_finding(d)
+    if s:
+        lines.append(s)
     for b in backends:
         if b in ctl:
             lines.append(f"Control, SaPS with no slowdown on {_LABEL.get(b, b)}: workers "

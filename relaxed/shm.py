@@ -117,6 +117,18 @@ def _unlink_name(name: str) -> None:
     _live.discard(name)
 
 
+def unlink_orphan(name: str) -> None:
+    """Unlink the segment ``name`` whose owner died without unlinking it (killed with
+    its resource tracker, as a Ray actor is with its children); a missing name is
+    fine. Mappings that other processes hold stay valid until they exit."""
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"name: expected a segment name without '/', got {name!r}")
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
 def _finalize(mm: mmap.mmap, name: str | None, owner_pid: int) -> None:
     if name is not None and os.getpid() == owner_pid:
         _unlink_name(name)

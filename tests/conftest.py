@@ -73,12 +73,14 @@ def no_shm_leak():
 
 
 def _local_ray():
-    """A fresh local Ray instance of 2 CPUs (any running one shut down first), shut
-    down after; the test is skipped where Ray is not installed."""
+    """A fresh local Ray instance (any running one shut down first), shut down after;
+    the test is skipped where Ray is not installed. It declares 4 logical CPUs, so
+    that up to 4 worker actors of one CPU each are placed on this 2-core box (they
+    share its cores, as the shm backend's 4 processes do)."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False,
              log_to_driver=False)
     try:
         yield ray

@@ -179,7 +179,8 @@ def test_sparse_push_on_ray(data, local_ray):
     from sgd_shm.ps.transport import Push
     n, rng = 100, np.random.default_rng(0)
     batches = Batches.draw(64, 2, 8, rng)
-    backend = RayBackend(n, 4, 2, batches, rng)
+    from sgd_shm.ps import RaySession
+    backend = RayBackend(n, 4, 2, batches, rng, session=RaySession(), owned=True)
     try:
         link = RayLink(backend.hub, backend.shards, backend.bounds, LR)
         idx = np.array([1, 2, 60, 99], np.int32)            # shards 0, 2, 3

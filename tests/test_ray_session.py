@@ -77,8 +77,8 @@ def test_running_instance_is_used(local_ray):
     assert connect(f"127.0.0.1:{port}") is False        # this machine, by loopback
     with pytest.raises(ValueError, match=r"'10\.255\.255\.1:6379'.*ray\.shutdown\(\)"):
         connect("10.255.255.1:6379")
-    assert connect(num_cpus=2) is False
-    with pytest.raises(ValueError, match="num_cpus: Ray already runs .* 2 CPUs, not 3"):
+    assert connect(num_cpus=4) is False
+    with pytest.raises(ValueError, match="num_cpus: Ray already runs .* 4 CPUs, not 3"):
         connect(num_cpus=3)
     assert local_ray.is_initialized()
 
@@ -86,12 +86,12 @@ def test_running_instance_is_used(local_ray):
 def test_session_on_running_instance(local_ray):
     s = RaySession()
     assert s.started is False and s.worker_cpus == 1.0 and not s.closed
-    assert s.cluster_cpus() == 2
-    with pytest.raises(ValueError, match=r"4 workers.*need 4 CPUs.*has 2") as e:
-        s.check_fits(4, 1.0)
+    assert s.cluster_cpus() == 4
+    with pytest.raises(ValueError, match=r"8 workers.*need 8 CPUs.*has 4") as e:
+        s.check_fits(8, 1.0)
     assert "0.5" in str(e.value) and "num_cpus" in str(e.value)
-    s.check_fits(4, 0.5)
-    s.check_fits(2)
+    s.check_fits(8, 0.5)
+    s.check_fits(4)
     s.close()
     s.close()                                            # idempotent
     assert s.closed and local_ray.is_initialized()

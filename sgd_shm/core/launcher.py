@@ -286,6 +286,12 @@ class Shipment:
     def __reduce__(self):
         return (_land, (self.blob,))
 
+    @staticmethod
+    def land(blob):
+        """``obj`` back from a shipment's ``blob`` (bytes that travelled by other
+        means than pickling the shipment, e.g. as an actor call's argument)."""
+        return _land(blob)
+
     def close(self):
         """Unlink the segment of copied arrays (after the children attached it: each
         keeps its mapping until it exits)."""

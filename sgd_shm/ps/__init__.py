@@ -27,6 +27,7 @@ from sgd_shm.ps.checkpoint import load_checkpoint, save_checkpoint
 from sgd_shm.ps.plots import curves_of, plot_losses
 from sgd_shm.ps.policies import ASP, BSP, POLICIES, RPS, SSP, Policy, SaPS
 from sgd_shm.ps.store import ParameterStore, PushResult, WaitPolicy
+from sgd_shm.ps.ray_session import RaySession
 from sgd_shm.ps.trainer import TrainResult, train
 
 
@@ -41,6 +42,6 @@ def __getattr__(name):
 
 
 __all__ = ["train", "TrainResult", "ParameterServerClassifier", "Policy", "ASP", "BSP", "SSP", "SaPS",
-           "RPS", "POLICIES",
+           "RPS", "POLICIES", "RaySession",
            "ParameterStore", "PushResult", "WaitPolicy", "load_checkpoint",
            "save_checkpoint", "plot_losses", "curves_of"]

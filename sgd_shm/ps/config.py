@@ -47,6 +47,7 @@ class TrainConfig:
     progress: bool = False
     backend: str = "shm"
     address: str | None = None
+    session: object = None              # a caller's ray_session.RaySession (backend "ray")
     compress: object = None             # a sgd_shm.compress compressor; None: dense
     epochs: int | None = None           # work budget: epochs * (total minibatches)
     drop: float | None = None           # message loss probability; None: reliable links
@@ -168,7 +169,7 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
                 staleness, n_shards, sample_every, window, detect_factor, transient, faults,
                 checkpoint, checkpoint_every, resume, wait, seed, progress, backend, address,
                 compress, epochs, drop, start_method, model, partition,
-                callbacks) -> TrainConfig:
+                callbacks, session=None) -> TrainConfig:
     """A :class:`TrainConfig` from :func:`sgd_shm.ps.train`'s arguments (``model``
     already made: the trainer builds the default linear model from ``loss`` and
     ``alpha``)."""
@@ -182,6 +183,7 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
         raise ValueError(f"address: joins a Ray cluster, so it needs backend='ray' "
                          f"(got backend={backend!r})")
     _start_method(start_method, backend)
+    _ray_args(backend, address, session, wait, pol, drop)
     check_positive("window", window)                   # checked for every policy, used by SaPS
     check_positive("detect_factor", detect_factor)
     epochs, max_seconds = stopping_rule(epochs, max_seconds, check_int)
@@ -198,7 +200,7 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
         checkpoint_every=check_positive("checkpoint_every", checkpoint_every),
         resume=None if resume is None else os.fspath(resume), wait=_wait(wait),
         seed=check_seed("seed", seed), progress=_progress(progress), backend=backend,
-        address=address, compress=_compress(compress),
+        address=address, session=session, compress=_compress(compress),
         epochs=epochs,
         drop=_drop(drop, pol, compress), start_method=start_method, model=model,
         partition=partition, callbacks=check_callbacks(callbacks))
@@ -223,6 +225,26 @@ def _model(model, partition, pol, compress, drop):
         if bad:
             raise ValueError(f"{name}: not available with partition='blocks' ({why}); "
                              f"leave partition=None or drop the {name} option")
+
+
+def _ray_args(backend, address, session, wait, pol, drop):
+    """``session`` (a caller's RaySession) needs backend "ray" and carries its own
+    address; ``wait`` is honoured on Ray only by the node-local stores, not by model
+    averaging or lossy links (whose servers are actors: nothing waits on a lock)."""
+    if session is not None:
+        from sgd_shm.ps.ray_session import RaySession
+        if not isinstance(session, RaySession):
+            raise TypeError(f"session: expected a sgd_shm.ps.RaySession, got "
+                            f"{type(session).__name__}")
+        if backend != "ray" or address is not None:
+            raise ValueError("session: a RaySession needs backend='ray' and no address= "
+                             "(the session holds the connection; give the address to "
+                             "RaySession(address=...))")
+    if wait is not None and backend == "ray" and (pol.replicated or drop is not None):
+        raise ValueError("wait: on Ray, policy 'rps' and drop= run their servers as actors "
+                         "that apply one message at a time, so no push waits on a lock; "
+                         "leave wait=None there (wait applies to the shm and threads "
+                         "backends and to Ray's node-local stores)")
 
 
 def _start_method(start_method, backend):

@@ -126,6 +126,11 @@ class Partitions:
         if lag is not None:
             self.lag_words[q * LINE] = lag
 
+    def set_lag(self, q, lag):
+        """Set partition q's lag (computed elsewhere by :func:`written_off_lag`, from
+        every partition's epoch: the Ray transport's nodes hold some partitions each)."""
+        self.lag_words[int(q) * LINE] = int(lag)
+
     def restore_epochs(self, epochs):
         self.epochs[::LINE] = epochs
         self.epoch0 = np.asarray(epochs, np.int64).copy()

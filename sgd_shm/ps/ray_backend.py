@@ -1,4 +1,7 @@
-"""The Ray transport: the same parameter server on a Ray cluster (one box or several).
+"""The Ray transport's direct form: workers that call the server's actors, for model
+averaging (``policy="rps"``) and lossy links (``drop=``), whose servers take each
+worker's messages (every other run on Ray uses node-local shared memory,
+:mod:`sgd_shm.ps.ray_local`).
 
 * One actor per shard (:class:`_Shard`) holds its slice of the weights and its
   version counter; a push applies the worker's gradient slice there. A sparse push
@@ -15,10 +18,11 @@
   a :class:`~sgd_shm.ps.transport.Refill` and the worker asks again with the new
   epoch's order (:meth:`RayLink.take`), so a run draws the same numbers as on
   shared memory.
-* Workers are actors (:class:`_Worker`) running the same loop as the processes of the
-  shared-memory transport (:func:`sgd_shm.ps.worker.run_worker`) through a
-  :class:`RayLink`. The data and the job travel once, through Ray's object store
-  (numpy arrays are shared zero-copy by the workers of a node).
+* Workers are actors (:class:`_Worker`, declaring the session's ``worker_cpus``,
+  placed by Ray) running the same loop as the processes of the shared-memory
+  transport (:func:`sgd_shm.ps.worker.run_worker`) through a :class:`RayLink`. The
+  data and the job travel once, through Ray's object store (numpy arrays are shared
+  zero-copy by the workers of a node).
 * The coordinator (the caller's process) reads shard versions and worker counters
   through actor calls; ``ray.kill`` of a worker actor is the fault injection.
 * Model averaging (RPS): the shard actors are the servers. A worker sends its block
@@ -29,20 +33,17 @@
   blocks it holds in worker order, on the first such call. Message counts go to the
   hub (fire and forget).
 
-Ray is an optional extra (``pip install 'relaxed-sgd-kit[ray]'``): this module is
-imported only by ``train(..., backend="ray")``. With ``address=None`` a local Ray
-instance sized to the machine is started (or the running one is used); with an
-address, that cluster is joined.
-
-Differences from shared memory, by design: a push reads no shard locks (each shard
-actor applies one update at a time), so ``wait`` has no effect; a dead worker's
-partial push stays applied on the shards it reached, as on shared memory.
+The connection and the actors' lifetime are the session's
+(:class:`sgd_shm.ps.ray_session.RaySession`): a caller's session gets the idle actors
+back for its next run; the run's own session ends them. A push reads no shard locks
+(each shard actor applies one update at a time), so ``train`` rejects ``wait=`` here;
+a dead worker's partial push stays applied on the shards it reached, as on shared
+memory.
 """
 from __future__ import annotations
 
 import numpy as np
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sgd_shm.ps.policies import server_average
 from sgd_shm.ps.server import ServerState
@@ -54,14 +55,6 @@ def _gather(shards):
     """(weights, shard versions) from the shard actors, read in parallel."""
     parts = ray.get([s.pull.remote() for s in shards])
     return np.concatenate([w for w, _ in parts]), np.array([v for _, v in parts], np.int64)
-
-
-def ensure_ray(address=None):
-    """Connect to Ray: the running instance, the cluster at ``address``, or a new local
-    instance sized to the machine."""
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=True,
-                 configure_logging=False)
 
 
 @ray.remote(num_cpus=0)
@@ -235,7 +228,7 @@ class RayLink:
         return answered
 
 
-@ray.remote(num_cpus=0)
+@ray.remote
 class _Worker:
     def warm(self, job):
         """Import and compile (or load from Numba's cache) the gradient kernel (and the
@@ -259,56 +252,22 @@ class _Worker:
         return "stopped"
 
 
-class _Pool:
-    """Idle actors of this Ray session, reused by the next run (an actor is a process,
-    whose start costs more than a short run)."""
-
-    def __init__(self):
-        self.session, self.idle = None, {}
-
-    def _check_session(self):
-        node = ray.get_runtime_context().get_node_id()
-        gcs = ray.get_runtime_context().gcs_address
-        if self.session != (node, gcs):
-            self.session, self.idle = (node, gcs), {}
-
-    def take(self, cls, n, node=None):
-        """n actors of ``cls`` (placed on ``node`` when given), idle ones first."""
-        self._check_session()
-        idle = self.idle.setdefault((cls, node), [])
-        out = [idle.pop() for _ in range(min(n, len(idle)))]
-        opts = {}
-        if node is not None:
-            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-        return out + [cls.options(**opts).remote() for _ in range(n - len(out))]
-
-    def give(self, cls, actor, node=None):
-        self.idle.setdefault((cls, node), []).append(actor)
-
-
-def _alive_nodes():
-    """The ids of the cluster's live nodes, in a fixed order."""
-    return sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-
-
-_POOL = _Pool()
-
-
 class RayBackend:
     """Coordinator side of the Ray transport."""
 
     name = "ray"
 
-    def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, address=None,
-                 budget=None, replicas=False, lossy=False, init=None):
-        ensure_ray(address)
+    def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
+                 replicas=False, lossy=False, init=None, session=None, owned=False):
+        self.session, self.owned = session, owned
+        session.check_fits(n_workers)
         self.n_workers = n_workers
         self.bounds = np.linspace(0, n_params, n_shards + 1).astype(np.int64)
         w = (np.zeros(n_params) if init is None else np.asarray(init, np.float64)) \
             if ckpt is None else ckpt["weights"]
         vers = np.zeros(n_shards, np.int64) if ckpt is None else ckpt["shard_versions"]
-        self.shards = _POOL.take(_Shard, n_shards)
-        self.hub = _POOL.take(_Hub, 1)[0]
+        self.shards = [session.take("direct-shard") or _Shard.remote() for _ in range(n_shards)]
+        self.hub = session.take("direct-hub") or _Hub.remote()
         self.workers, self.runs, self._seen, self.nodes, self._killed = [], [], set(), [], set()
         seeds = [int(rng.integers(2**31)) for _ in range(n_workers)]   # as on shared memory
         resume = None if ckpt is None else {f: ckpt[f] for f in (
@@ -320,9 +279,10 @@ class RayBackend:
 
     def start(self, job, seeds, lr, wait):
         job_ref = ray.put(job)
-        nodes = _alive_nodes()                       # worker k on node k mod #nodes
-        self.placed = [nodes[k % len(nodes)] for k in range(self.n_workers)]
-        self.workers = [_POOL.take(_Worker, 1, node)[0] for node in self.placed]
+        cpus = self.session.worker_cpus
+        self.workers = [self.session.take(("direct-worker", cpus)) or _Worker.options(
+            num_cpus=cpus, scheduling_strategy="SPREAD").remote()
+            for _ in range(self.n_workers)]
         self.nodes = ray.get([w.warm.remote(job_ref) for w in self.workers])
         self.runs = [w.run.remote(self.hub, self.shards, self.bounds, lr, job_ref, k,
                                   int(seeds[k])) for k, w in enumerate(self.workers)]
@@ -387,18 +347,24 @@ class RayBackend:
         return self._call("messages")
 
     def close(self):
-        """Idle actors go back to the pool for the next run; a killed or stuck worker
-        is killed for good."""
-        for k, a in enumerate(self.workers):
-            if k in self._killed:
+        """Idle actors go back to a caller's :class:`~sgd_shm.ps.ray_session.RaySession`
+        for its next run (a killed or stuck worker is killed for good), or end with
+        the run's own session."""
+        cpus = self.session.worker_cpus
+        idle = [(("direct-worker", cpus), a) for k, a in enumerate(self.workers)
+                if k not in self._killed]
+        idle += [("direct-shard", a) for a in self.shards]
+        idle += [] if self.hub is None else [("direct-hub", self.hub)]
+        for k in self._killed:
+            ray.kill(self.workers[k], no_restart=True)
+        for key, a in idle:
+            if self.owned:
                 ray.kill(a, no_restart=True)
             else:
-                _POOL.give(_Worker, a, self.placed[k])
-        for a in self.shards:
-            _POOL.give(_Shard, a)
-        if self.hub is not None:
-            _POOL.give(_Hub, self.hub)
+                self.session.keep(key, a)
         self.workers, self.shards, self.hub = [], [], None
+        if self.owned:
+            self.session.close()
 
 
 def _outcome(ref):

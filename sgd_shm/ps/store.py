@@ -414,20 +414,27 @@ class ParameterStore:
         v = int(self._global[0])
         w = np.empty(self.n_params)
         vers = np.empty(self.n_shards, np.int64)
-        pid = os.getpid()
         for s in range(self.n_shards):
             lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
-            lock = self._locks[s * LINE:s * LINE + 1]
-            while not _cas_py(lock, 0, pid):
-                holder = int(lock[0])
-                if holder and not _pid_alive(holder):
-                    _cas_py(lock, holder, 0)
-                else:
-                    os.sched_yield()
+            lock = self._lock(s)
             w[lo:hi] = self.weights[lo:hi]
             vers[s] = self._versions[s * LINE]
             _store_release_py(lock, 0)
         return w, vers, v
+
+    def _lock(self, s):
+        """Take shard s's lock from Python (waiting with ``sched_yield``; a lock whose
+        holder died is taken over); returns the lock word, to release with
+        ``store_release``."""
+        lock = self._locks[s * LINE:s * LINE + 1]
+        pid = os.getpid()
+        while not _cas_py(lock, 0, pid):
+            holder = int(lock[0])
+            if holder and not _pid_alive(holder):
+                _cas_py(lock, holder, 0)                # its holder died: take it over
+            else:
+                os.sched_yield()
+        return lock
 
     @property
     def slack(self) -> int:
@@ -638,14 +645,7 @@ class ParameterStore:
         if values is not None and np.shape(values) != (hi - lo,):
             raise ValueError(f"values: shard {s} holds {hi - lo} weights, got shape "
                              f"{np.shape(values)}")
-        lock = self._locks[s * LINE:s * LINE + 1]
-        pid = os.getpid()
-        while not _cas_py(lock, 0, pid):
-            holder = int(lock[0])
-            if holder and not _pid_alive(holder):
-                _cas_py(lock, holder, 0)                # its holder died: take it over
-            else:
-                os.sched_yield()
+        lock = self._lock(s)
         wrote = int(self._versions[s * LINE]) < int(version)
         if wrote:
             if values is not None:
@@ -692,6 +692,47 @@ class ParameterStore:
         self._account(wid, stale, res, scale, 8 * self.n_params if nbytes is None else nbytes)
         fetch_add_py(self._global, 0, 1)
         return stale
+
+    # ---- a node's replica (the Ray transport's node-local memory) -------------------------
+    def add_at(self, shard, offsets, delta):
+        """Under shard ``shard``'s lock: ``w[lo + offsets] += delta`` (``offsets``
+        None: the whole shard), without counting a push: other nodes' updates merged
+        into this node's replica (the version moves with :meth:`bump`)."""
+        self._check_open()
+        s = int(shard)
+        lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
+        lock = self._lock(s)
+        try:
+            if offsets is None:
+                self.weights[lo:hi] += delta
+            else:
+                self.weights[lo + np.asarray(offsets, np.int64)] += delta
+        finally:
+            _store_release_py(lock, 0)
+
+    def bump(self, shard_deltas, version_delta):
+        """Count pushes applied elsewhere whose updates were merged (:meth:`add_at`):
+        each shard's version += its delta, then the global version += ``version_delta``
+        (after the weights, so a pull that sees the version sees the updates). Pushes
+        that skipped a shard (sparse ones) raise the slack: by as many as the version
+        moves past the shard that moved least."""
+        self._check_open()
+        deltas = np.asarray(shard_deltas, np.int64)
+        for s, d in enumerate(deltas.tolist()):
+            if d:
+                fetch_add_py(self._versions, s * LINE, d)
+        skipped = int(version_delta) - int(deltas.min())
+        if skipped > 0:
+            fetch_add_py(self._global, 1, skipped)
+        if version_delta:
+            fetch_add_py(self._global, 0, int(version_delta))
+
+    def mirror(self, workers, pushes):
+        """Set the push counts of workers that run elsewhere (another node's), as the
+        gates and sources read them; only their node's agent writes them."""
+        self._check_open()
+        for k, n in zip(workers, pushes):
+            self._slots[self._worker(int(k)), _PUSHES] = int(n)
 
     def _apply(self, res, shards, wait):
         pid = os.getpid()
@@ -809,6 +850,11 @@ class ParameterStore:
         """Every worker's applied pushes (for a checkpoint)."""
         self._check_open()
         return self._slots[:, SLOT_INDEX["pushes"]].copy()
+
+    def all_status(self) -> np.ndarray:
+        """Every worker's status word."""
+        self._check_open()
+        return self._slots[:, _STATUS].copy()
 
     def set_pushes(self, pushes):
         """Set every worker's push count (resuming from a checkpoint; only while no

@@ -56,7 +56,9 @@ class TrainResult(Result):
     where each worker ran (the host name, or the Ray node id); compress: the
     compressor (its repr) or None; epochs: the work budget or None; bytes_sent and
     bytes_dense: what the pushes sent, and what they would have sent dense (equal
-    without a compressor).
+    without a compressor); traffic: on Ray with node-local memory, per node its
+    ``node`` id, ``workers``, ``syncs`` and the ``bytes_up`` / ``bytes_down`` it
+    exchanged with the global servers (None on other transports).
 
     ``partition`` is "blocks" or None.
 
@@ -92,6 +94,7 @@ class TrainResult(Result):
     partition: str | None = None
     val_loss: float | None = None
     val_score: float | None = None
+    traffic: list | None = None
 
     _repr_fields = ("policy", "final_loss", "val_score", "updates", "seconds")
     _derived = ("updates", "mean_staleness", "bytes_sent", "bytes_dense", "observed_drop")
@@ -154,14 +157,37 @@ def _backend(cfg, d, batches, rng, ckpt, budget, init=None):
     kw = {"budget": None if cfg.policy.replicated else budget,
           "replicas": cfg.policy.replicated, "lossy": cfg.lossy, "init": init}
     if cfg.backend == "ray":
-        from sgd_shm.ps.ray_backend import RayBackend     # Ray is an optional extra
-        return RayBackend(d, shards, cfg.n_workers, batches, rng, ckpt, cfg.address, **kw)
+        return _ray_backend(cfg, d, shards, batches, rng, ckpt, budget, kw)
     if cfg.backend == "threads":
         from sgd_shm.ps.threads_backend import ThreadsBackend
         return ThreadsBackend(d, shards, cfg.n_workers, batches, rng, ckpt, **kw)
     from sgd_shm.ps.shm_backend import ShmBackend
     return ShmBackend(d, shards, cfg.n_workers, batches, rng, ckpt,
                       start_method=cfg.start_method, **kw)
+
+
+def _ray_backend(cfg, d, shards, batches, rng, ckpt, budget, kw):
+    """The Ray transport: node-local shared memory (:mod:`~sgd_shm.ps.ray_local`), or
+    for model averaging and lossy links, whose servers take each worker's messages,
+    workers talking to the servers' actors (:mod:`~sgd_shm.ps.ray_backend`). Without
+    a caller's session the run holds its own: it connects (starting Ray only when
+    none runs) and ends with the run."""
+    from sgd_shm.ps.ray_session import RaySession, require_ray
+    require_ray()
+    owned = cfg.session is None
+    session = RaySession(cfg.address) if owned else cfg.session
+    try:
+        if cfg.policy.replicated or cfg.lossy:
+            from sgd_shm.ps.ray_backend import RayBackend
+            return RayBackend(d, shards, cfg.n_workers, batches, rng, ckpt, session=session,
+                              owned=owned, **kw)
+        from sgd_shm.ps.ray_local import NodeLocalBackend
+        return NodeLocalBackend(d, shards, cfg.n_workers, batches, rng, ckpt, budget, init=
+                                kw["init"], session=session, owned=owned)
+    except BaseException:
+        if owned:
+            session.close()
+        raise
 
 
 def _budget(cfg, batches):
@@ -203,7 +229,7 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
           sample_every=0.02, faults=None, checkpoint=None, checkpoint_every=5.0, resume=None,
           wait=None, backend="shm", address=None, start_method="fork", seed=0, progress=None,
           compress=None, drop=None, model=None, partition=None, eval_set=None,
-          callbacks=None) -> TrainResult:
+          callbacks=None, session=None) -> TrainResult:
     """Train a model (by default the linear model of ``loss`` and ``alpha``) with
     ``n_workers`` workers on a parameter server under ``policy``; every rule is in the
     modules named above.
@@ -410,4 +436,5 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
                        coord.events, hist, batches, coord.written, resumed, w.copy(),
                        classes, backend.name, list(backend.nodes),
                        None if cfg.compress is None else repr(cfg.compress), cfg.epochs,
-                       cfg.drop, messages, cfg.model, cfg.partition)
+                       cfg.drop, messages, cfg.model, cfg.partition,
+                       traffic=backend.traffic() if hasattr(backend, "traffic") else None)
