@@ -41,7 +41,7 @@ def __getattr__(name):
     return ParameterServerClassifier
 
 
-__all__ = ["train", "TrainResult", "ParameterServerClassifier", "Policy", "ASP", "BSP", "SSP", "SaPS",
-           "RPS", "POLICIES", "RaySession",
+__all__ = ["train", "TrainResult", "ParameterServerClassifier", "Policy", "ASP", "BSP",
+           "SSP", "SaPS", "RPS", "POLICIES", "RaySession",
            "ParameterStore", "PushResult", "WaitPolicy", "load_checkpoint",
            "save_checkpoint", "plot_losses", "curves_of"]

@@ -50,13 +50,15 @@ its push; SaPS's bound and detection read it.
 
 **Data and budgets.** Worker k keeps its partition (as on every transport); a worker
 takes minibatches only from its node's partitions (SaPS steals from a flagged worker
-of its own node), so every minibatch is still applied at most once per epoch. A work
+of its own node; under ``partition="blocks"`` the partition drawn each step is one of
+the node's), so every minibatch is still applied at most once per epoch. A work
 budget (``epochs=``) is split among the nodes by their partitions' minibatches.
 
 **Faults.** A killed worker actor is reported as on shared memory (its node's
 survivors take over a shard lock it held). A killed agent or shard actor ends the
-run with a :class:`NodeError` naming it within a few syncs; the agent's segments are
-unlinked by its resource tracker when it dies.
+run with a :class:`NodeError` naming it within a few syncs; a dead agent's segments
+are unlinked by the coordinator through a live worker of its node (Ray kills an actor
+with its children, its resource tracker among them).
 """
 from __future__ import annotations
 
@@ -221,7 +223,9 @@ class NodeLink(ShmLink):
         return pid_alive(self.parent)
 
     def take(self, k, sources, rng, claim):
-        mine = [s for s in sources[:-1] if s[0] in self.local] + [sources[-1]]
+        mine = [s for s in sources[:-1] if s[0] in self.local]
+        last = sources[-1]                 # k's own, or under blocks a drawn partition
+        mine.append(last if last[0] in self.local else (k, None))
         return self.server.take(k, mine, claim, rng)
 
 
@@ -234,8 +238,8 @@ class _Agent:
         """Create the node's state; returns the workers' link as a :class:`Shipment`'s
         bytes, and the names of the node's segments (unlinked by the coordinator
         through a worker of the node if this agent dies: Ray kills an actor with its
-        children, the resource tracker among them). ``spec``: the run's (n_params, n_shards, n_workers, batches, seeds,
-        ckpt, init)."""
+        children, the resource tracker among them). ``spec``: the run's (n_params,
+        n_shards, n_workers, batches, seeds, ckpt, init)."""
         n_params, n_shards, n_workers, batches, seeds, ckpt, init = spec
         warm_up(None, n_params)
         self.n, self.local = int(n), np.asarray(workers, np.int64)   # k trains partition k
@@ -388,9 +392,7 @@ class _Agent:
             raise NodeError(f"node {self.n}: {self.error}")
         with self.lock:
             self._sync()                              # everything left, to the servers
-        self.state.store.release_dead_locks()        # a worker killed inside a push
-        self.state.store._check()
-        workers, hist, check = self.state.server.report_end()
+        workers, hist, check = self.state.report()  # dead locks freed, invariants checked
         ks = self.local.tolist()
         return {"workers": {k: workers[k] for k in ks}, "hist": {k: hist[k] for k in ks},
                 "check": check, "traffic": dict(self.traffic)}
@@ -563,8 +565,9 @@ class NodeLocalBackend:
                 except ray.exceptions.RayActorError as e:
                     err = f"its agent died ({type(e).__name__})"
                 self._failed = True
-                raise NodeError(f"Ray node {n} ({self.nodes[self.owners[n][0]]}, workers {self.owners[n]}): {err}; the run cannot go on "
-                                "without its updates")
+                raise NodeError(f"Ray node {n} ({self.agent_nodes[n]}, workers "
+                                f"{self.owners[n]}): {err}; the run cannot go on without "
+                                "its updates")
 
     def poll(self):
         if not self._stopping:
