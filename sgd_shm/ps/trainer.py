@@ -274,7 +274,12 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
     backend ["shm"] : "shm" (processes on this box), "ray" (actors; optional
         extra) or "threads" (threads of this process over private memory, for tests
         and debugging; see :mod:`sgd_shm.ps.transport`). address [None] : a Ray
-        cluster to join; None starts a local one.
+        cluster to join (a ConnectionError naming it within 30 s when none answers);
+        None uses the running Ray instance, or starts a local one for this run and
+        stops it after. session [None] : a :class:`sgd_shm.ps.RaySession` that keeps
+        Ray and the idle actors between runs, and sets each worker actor's CPUs
+        (``worker_cpus``); on Ray, each node's workers share a replica in shared
+        memory (:mod:`sgd_shm.ps.ray_local`).
     start_method ["fork"] : how backend "shm" starts its worker processes: "fork"
         (fastest: they inherit the store and the data) or "forkserver" / "spawn"
         (for a parent that runs threads, which Python 3.12+ warns about forking, or
