@@ -3,10 +3,13 @@
 * :func:`load_svmlight` reads LIBSVM/svmlight text files into CSR (scikit-learn's
   parser, with the checks this kit needs).
 * :func:`make_ratings` draws a Netflix-shaped ratings problem for matrix factorization.
-* :func:`make_rcv1_like` draws a large sparse binary problem shaped like RCV1
-  (Lewis et al. 2004): Zipf-like feature popularity, about 0.15% density,
-  nonnegative tf-idf-like values, rows of unit L2 norm, labels from a hidden
-  linear model with noise. 200k × 50k (about 15M nonzeros) takes a few seconds.
+* :func:`make_rcv1_like` draws a large synthetic sparse binary problem shaped like
+  RCV1 (Lewis et al. 2004): Zipf-like feature popularity, about 0.15% density,
+  nonnegative tf-idf-like values, rows of unit L2 norm, labels from a hidden linear
+  rule with a margin and 3% label noise, so that, like RCV1, it is close to linearly
+  separable (a linear model reaches about 0.95 held-out accuracy in a few epochs).
+  200k × 50k (about 14M nonzeros) takes a few seconds. Real RCV1 comes in through
+  :func:`load_svmlight`.
 
 Example::
 
@@ -18,58 +21,111 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from sgd_shm.core.validation import check_int
+from sgd_shm.core.validation import check_int, check_number
 
 __all__ = ["make_rcv1_like", "make_ratings", "load_svmlight"]
 
 
 def make_rcv1_like(n_samples=200_000, n_features=50_000, *, density=0.0015, zipf=1.1,
-                   noise=0.1, random_state=None):
-    """A sparse binary classification problem shaped like RCV1.
+                   noise=0.03, margin=0.2, focus=0.5, random_state=None):
+    """A synthetic sparse binary classification problem shaped like RCV1 and about as
+    learnable: close to linearly separable, with a stated Bayes error.
+
+    Rows look like tf-idf documents: each holds about ``density * n_features`` nonzeros
+    (Poisson, at least one) drawn from a Zipf-shaped feature popularity, nonnegative
+    values that weigh rare features more, and unit L2 norm. Labels come from a hidden
+    linear rule that weighs the popular features most (``focus``), with the rows
+    nearest its boundary left out (``margin``), and a fraction ``noise`` of them
+    flipped at random.
+
+    The default problem (200,000 × 50,000): about 69 nonzeros per row (density
+    0.0014), Bayes error 0.03 (no classifier's expected accuracy exceeds 0.97), and
+    ``SGDClassifier(loss="log_loss", max_iter=5, tol=None)`` (alpha 1e-4) reaches about
+    0.95 accuracy on held-out rows. ``make_rcv1_like(20_000, 5_000, density=0.015)``
+    (about 66 nonzeros per row) learns the same way at a tenth of the size.
 
     Parameters
     ----------
     n_samples, n_features : size of X.
-    density : mean fraction of nonzeros per row (RCV1: about 0.0016).
-    zipf : exponent s of feature popularity, p(feature j) ∝ 1 / (j + 10)^s.
-    noise : fraction of labels flipped at random.
-    random_state : seed.
+    density : mean fraction of nonzeros per row before repeated features merge
+        (RCV1: about 0.0016).
+    zipf : exponent s of feature popularity: a feature's popularity rank r is drawn
+        with density ∝ 1 / (r + 10)^s, and a random relabelling decides which feature
+        has which rank. Larger s: fewer, more dominant frequent features.
+    noise : fraction of labels flipped at random after the noiseless rule; it is the
+        problem's Bayes error (the rule itself scores ``1 - noise`` on average). Only
+        y depends on it: the same ``random_state`` gives the same X and the same
+        noiseless labels for every ``noise``. More noise, a harder problem.
+    margin : fraction of the drawn rows nearest the rule's boundary that are left out
+        (half just below the median score, half just above; rows are drawn in excess
+        so that ``n_samples`` remain). It opens a gap between the classes; 0 keeps
+        every row, so that some sit right at the boundary (harder). At most 0.9.
+    focus : how much the rule rests on the popular features: feature f's weight is
+        Gaussian with standard deviation (p_f / p_max) ** focus, p_f its popularity.
+        0 spreads the rule evenly over every feature, the rare ones that few rows show
+        included (harder: those weights are learned from few rows); larger values
+        concentrate it on the frequent features (easier).
+    random_state : seed; the same seed gives the same problem.
+
+    To make the problem harder, raise ``noise`` (higher Bayes error), lower ``margin``
+    (rows at the boundary), lower ``focus`` (more of the rule on rare features) or
+    lower ``density`` (less evidence per row).
 
     Returns
     -------
     X : scipy.sparse.csr_matrix (float64, sorted int32 indices, rows of unit norm)
-    y : ndarray of ±1.0
+    y : ndarray of ±1.0, about half of each
     """
-    check_int("n_samples", n_samples)
-    check_int("n_features", n_features)
-    if not 0 < density <= 1:
-        raise ValueError(f"density must be in (0, 1], got {density}")
-    if not 0 <= noise < 0.5:
-        raise ValueError(f"noise must be in [0, 0.5), got {noise}")
+    n_samples = check_int("n_samples", n_samples)
+    n_features = check_int("n_features", n_features)
+    density = check_number("density", density, lo=0, lo_open=True, hi=1)
+    zipf = check_number("zipf", zipf)
+    noise = check_number("noise", noise, lo=0, hi=0.5, hi_open=True)
+    margin = check_number("margin", margin, lo=0, hi=0.9)
+    focus = check_number("focus", focus, lo=0)
     rng = np.random.default_rng(random_state)
-    mean_nnz = max(1.0, density * n_features)
-    lengths = np.maximum(1, rng.poisson(mean_nnz, n_samples))
-    indptr = np.zeros(n_samples + 1, dtype=np.int64)
+    # draw enough rows that n_samples remain once the `margin` fraction is left out
+    n_drawn = n_samples + int(np.ceil(n_samples * margin / (1.0 - margin)))
+    lengths = np.maximum(1, rng.poisson(max(1.0, density * n_features), n_drawn))
+    indptr = np.zeros(n_drawn + 1, dtype=np.int64)
     np.cumsum(lengths, out=indptr[1:])
     total = int(indptr[-1])
-    # Zipf-like popularity over a random relabelling of the features
-    weights = 1.0 / (np.arange(n_features) + 10.0) ** zipf
-    cdf = np.cumsum(weights)
-    cdf /= cdf[-1]
-    perm = rng.permutation(n_features)
-    idx = perm[np.minimum(np.searchsorted(cdf, rng.random(total)), n_features - 1)]
-    # idf-like values: rare features weigh more
-    idf = np.log(1.0 / (weights / weights.sum()))
-    data = idf[np.argsort(perm)][idx] * rng.exponential(1.0, total)
-    X = sp.csr_matrix((data, idx.astype(np.int32), indptr), shape=(n_samples, n_features))
-    X.sum_duplicates()                               # repeated features in a row add up
-    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
-    X = sp.diags(1.0 / np.maximum(norms, 1e-300)) @ X
-    X = sp.csr_matrix(X)
+    # feature ranks: r = floor(z), z on [0, n_features) with density ∝ (z + 10)^-zipf,
+    # drawn by inverting its distribution function; p[r] is the exact chance of rank r
+    edges = np.arange(n_features + 1, dtype=np.float64) + 10.0
+    if abs(zipf - 1.0) < 1e-6:
+        cum = np.log(edges / 10.0)
+        z = 10.0 * np.exp(rng.random(total) * cum[-1])
+    else:
+        a = 1.0 - zipf
+        cum = (edges ** a - 10.0 ** a) / a
+        z = (10.0 ** a + a * cum[-1] * rng.random(total)) ** (1.0 / a)
+    rank = np.minimum(z - 10.0, n_features - 1).astype(np.int32)
+    p = np.diff(cum) / cum[-1]
+    perm = rng.permutation(n_features).astype(np.int32)      # rank -> feature
+    # tf-idf-like values: an idf (1 + log 1/p) that grows as the feature gets rarer,
+    # times a spread
+    data = (1.0 + np.log(1.0 / p))[rank] * rng.exponential(1.0, total)
+    X = sp.csr_matrix((data, perm[rank], indptr), shape=(n_drawn, n_features))
+    X.sum_duplicates()                     # repeated features in a row add up
     X.sort_indices()
-    w = rng.normal(size=n_features) * (rng.random(n_features) < 0.3)
-    margin = X @ w
-    y = np.where(margin > np.median(margin), 1.0, -1.0)
+    norms = np.sqrt(np.add.reduceat(X.data * X.data, X.indptr[:-1]))
+    X.data /= np.repeat(norms, np.diff(X.indptr))
+    # the hidden rule: Gaussian weights scaled by popularity ** focus, threshold at
+    # the median score (classes of about equal size)
+    w = np.empty(n_features)
+    w[perm] = rng.normal(size=n_features) * (p / p.max()) ** focus
+    score = X @ w
+    threshold = np.median(score)
+    if n_drawn > n_samples:
+        # leave out the middle ranks of the score: as many rows just below the median
+        # as just above it, so the classes stay balanced
+        n_out = n_drawn - n_samples
+        start = (n_drawn - n_out) // 2
+        keep = np.ones(n_drawn, dtype=bool)
+        keep[np.argsort(score, kind="stable")[start:start + n_out]] = False
+        X, score = X[keep], score[keep]
+    y = np.where(score > threshold, 1.0, -1.0)
     flip = rng.random(n_samples) < noise
     y[flip] = -y[flip]
     return X, y
