@@ -429,6 +429,13 @@ def cmd_nonconvex(args):
         reps, args.seed, quick=args.quick))
 
 
+def cmd_clock(args):
+    # --quick: one repetition of runs of 0.2 s
+    reps = 1 if args.quick else args.reps
+    _with_reps(args, reps, "clock", lambda clock: clock.run(
+        _workers(args), reps, args.seed, seconds=0.2 if args.quick else args.clock_seconds))
+
+
 def cmd_plot(args):
     from bench import plot, report
     for p in plot.plot_all():
@@ -542,6 +549,8 @@ FLAGS = {
     "unreliable_epochs": ("--unreliable-epochs", dict(type=int, default=5,
                                                       help="epochs per run, the work every "
                                                            "run does (default 5)")),
+    "clock_seconds": ("--clock-seconds", dict(type=float, default=1.0,
+                                              help="seconds per clock run (default 1)")),
     "quick": ("--quick", dict(action="store_true", help="a short run (see the scenario)")),
     "out": ("--out", dict(default=None, help="results folder (default bench/results)")),
     "label": ("--label", dict(default=None, metavar="NAME",
@@ -557,7 +566,8 @@ QUICK = {"conflict": "fewer samples",
          "eager": "1 repetition, a 1 MB buffer, trainer runs of 1 s",
          "compress": "1 repetition on the small problem, 2 epochs, 100k-entry vectors",
          "unreliable": "p in {0, 0.1, 0.3}, S in {1, 4}, one seed, 1 epoch",
-         "nonconvex": "3 epochs of digits, 2 of a small non-linear problem, 1 repetition"}
+         "nonconvex": "3 epochs of digits, 2 of a small non-linear problem, 1 repetition",
+         "clock": "1 repetition of runs of 0.2 s"}
 
 _RUN = ["workers", "reps", "seed"]
 _PQ = ["prefill", "iters", "py_iters"]
@@ -598,6 +608,8 @@ SCENARIOS = {
                    ["reps", "seed"] + _PS + ["unreliable_epochs", "quick"]),
     "nonconvex": ("an MLP: Hogwild, block-partitioned Hogwild, synchronous SGD, the PS",
                   ["reps", "seed", "quick"]),
+    "clock": ("the parameter server's version clock: pushes/s, exact vs MultiCounter",
+              _RUN + ["clock_seconds", "quick"]),
 }
 
 #: the longer description each scenario's --help shows
@@ -635,6 +647,9 @@ DETAILS = {
     "nonconvex": "an MLP on digits and a generated non-linear problem: Hogwild, block-"
                  "partitioned Hogwild (arXiv:1905.11845) and synchronous SGD, momentum 0 and "
                  "0.9, 1 and 2 workers, the parameter server, beside MLPClassifier",
+    "clock": "the parameter server's version clock under contention: processes pushing "
+             "tiny fixed gradients to one 8-weight store as fast as they can, exact clock "
+             "against MultiCounter clock, pushes/s side by side, and the clock's own cost",
 }
 #: every scenario's results: bench/results/<scenario>.json, in this order under ``all``
 ORDER = list(SCENARIOS) + ["plot"]
@@ -684,7 +699,7 @@ _POSITIVE_INTS = ("reps", "prefill", "iters", "py_iters", "manager_iters", "qual
                   "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
                   "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch",
                   "delay_samples", "compress_reps", "unreliable_epochs", "stickiness")
-_POSITIVE = ("ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",
+_POSITIVE = ("clock_seconds", "ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",
              "eager_target", "eager_sleep")
 
 
@@ -730,7 +745,8 @@ STEPS = {"pq-threads": lambda a: cmd_pq(a, "threads"),
          "quality": cmd_quality, "counter": cmd_counter, "hogwild": cmd_hogwild, "mis": cmd_mis,
          "conflict": cmd_conflict, "stm": cmd_stm, "delay": cmd_delay, "mf": cmd_mf,
          "ps": cmd_ps, "eager": cmd_eager, "compress": cmd_compress,
-         "unreliable": cmd_unreliable, "nonconvex": cmd_nonconvex, "plot": cmd_plot}
+         "unreliable": cmd_unreliable, "nonconvex": cmd_nonconvex, "clock": cmd_clock,
+         "plot": cmd_plot}
 
 
 def main(argv=None):

@@ -408,6 +408,21 @@ SCENARIOS = (
         "With the MultiCounter clock a transaction's start sums all counters, which other "
         "cores keep writing; it pays off when many threads contend on the global clock's one "
         "line.")),
+    Scenario("clock", "The parameter server's version clock: exact vs MultiCounter (pushes/s)", (
+        "1 and 2 processes push a fixed gradient to one 8-weight store of one shard as fast "
+        "as they can (`push`: pull, then push, as a worker does without the gradient), with "
+        "`clock=\"exact\"` (one atomic word) and `clock=\"multicounter\"` (4 counters per "
+        "process); `clock`: only the clock's part of a push (a read and an increment, through "
+        "the same calls the store makes). Every setting runs in each repetition, in a random "
+        "order; the ratio is the median of the per-repetition ratios."), ("clock.png",), (
+        "A push from Python costs tens of microseconds (argument checks, the shard's lock, the "
+        "slot counters); the global version's atomic add is one of many writes to shared "
+        "lines in it, so with 2 processes the one clock line is not what limits pushes/s and "
+        "the MultiCounter clock cannot pay here: its gain, if any, needs many cores writing "
+        "the clock at once. The `clock` rows compare the clocks' calls alone (the exact "
+        "clock's add goes through a Numba dispatcher from Python, the MultiCounter's through "
+        "Cython methods), which is why they can differ where the pushes do not. See "
+        "docs/parameter-server.md, \"Clocks\".")),
     Scenario("conflict", "Conflict policies: empirical competitive ratios (simulator)", (
         "Each policy against exponential, heavy-tailed (Lomax) and adversarial holder times "
         "under requestor-aborts and requestor-wins (k = 1, 4), 200k conflicts per cell, 5 "

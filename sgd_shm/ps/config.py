@@ -18,7 +18,7 @@ from sgd_shm.core.validation import (check_bool, check_callbacks, check_int, che
                                      check_positive, check_seed, resolve_workers,
                                      stopping_rule)
 from sgd_shm.ps.policies import Policy, make_policy
-from sgd_shm.ps.store import WaitPolicy
+from sgd_shm.ps.store import CLOCKS, WaitPolicy
 from sgd_shm.ps.transport import TRANSPORTS
 
 PROFILES = ("none", "straggler", "hetero")
@@ -55,6 +55,7 @@ class TrainConfig:
     model: Model = None                 # the model trained (sgd_shm.models.Linear by default)
     partition: str | None = None        # "blocks": each worker pushes only its own blocks
     callbacks: tuple = ()               # called with each history record; True stops
+    clock: str = "exact"                # the global version: "exact" or "multicounter"
 
     @property
     def lossy(self) -> bool:
@@ -169,7 +170,7 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
                 staleness, n_shards, sample_every, window, detect_factor, transient, faults,
                 checkpoint, checkpoint_every, resume, wait, seed, progress, backend, address,
                 compress, epochs, drop, start_method, model, partition,
-                callbacks, session=None) -> TrainConfig:
+                callbacks, session=None, clock="exact") -> TrainConfig:
     """A :class:`TrainConfig` from :func:`sgd_shm.ps.train`'s arguments (``model``
     already made: the trainer builds the default linear model from ``loss`` and
     ``alpha``)."""
@@ -203,7 +204,15 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
         address=address, session=session, compress=_compress(compress),
         epochs=epochs,
         drop=_drop(drop, pol, compress), start_method=start_method, model=model,
-        partition=partition, callbacks=check_callbacks(callbacks))
+        partition=partition, callbacks=check_callbacks(callbacks), clock=_clock(clock))
+
+
+def _clock(clock):
+    """The store's global version clock: "exact" (one atomic word) or "multicounter"
+    (relaxed, see :mod:`sgd_shm.ps.store`)."""
+    if not isinstance(clock, str) or clock not in CLOCKS:
+        raise ValueError(f'clock: must be "exact" or "multicounter", got {clock!r}')
+    return clock
 
 
 def _model(model, partition, pol, compress, drop):

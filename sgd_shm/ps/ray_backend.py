@@ -111,13 +111,13 @@ class _Hub:
     workers' verbs and the coordinator's reads are calls of it."""
 
     def reset(self, n_params, n_shards, n_workers, batches, seeds, budget=None, lossy=False,
-              resume=None):
+              resume=None, clock="exact"):
         """A fresh state (``seeds``: the partitions' queue seeds; ``resume``: a
         checkpoint's versions, pushes and epochs, without its weights)."""
         if getattr(self, "server", None) is not None:
             self.server.close()
         self.server = ServerState.private(n_params, n_shards, n_workers, batches, seeds,
-                                          budget, lossy)
+                                          budget, lossy, clock=clock)
         if resume is not None:
             self.server.resume(resume, weights=False)
 
@@ -130,7 +130,9 @@ class _Hub:
         return self.server.snapshot_state()
 
     def get_version(self):
-        return self.server.store.version
+        """The exact global version (the coordinator's; workers read the store's
+        clock through :meth:`view`)."""
+        return self.server.store.exact_version
 
     def pulled(self, k):
         return self.server.store.pulled(k)
@@ -258,7 +260,8 @@ class RayBackend:
     name = "ray"
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False, init=None, session=None, owned=False):
+                 replicas=False, lossy=False, init=None, session=None, owned=False,
+                 clock="exact"):
         self.session, self.owned = session, owned
         session.check_fits(n_workers)
         self.n_workers = n_workers
@@ -275,7 +278,7 @@ class RayBackend:
         ray.get([s.reset.remote(w[self.bounds[i]:self.bounds[i + 1]], int(vers[i]))
                  for i, s in enumerate(self.shards)]
                 + [self.hub.reset.remote(n_params, n_shards, n_workers, batches, seeds,
-                                         budget, lossy, resume)])
+                                         budget, lossy, resume, clock)])
 
     def start(self, job, seeds, lr, wait):
         job_ref = ray.put(job)

@@ -33,10 +33,10 @@ class ServerState:
 
     @classmethod
     def private(cls, n_params, n_shards, n_workers, batches, seeds, budget=None,
-                lossy=False, init=None):
+                lossy=False, init=None, clock="exact"):
         """A state in private memory (the Ray hub's; ``seeds``: the queue seeds)."""
         store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers,
-                               shared=False, init=init)
+                               shared=False, init=init, clock=clock)
         try:
             parts = Partitions(batches, seeds, budget, shared=False)
         except BaseException:
@@ -151,7 +151,7 @@ class ServerState:
 
     def checkpoint_state(self):
         """(version, pushes, epochs) for a checkpoint."""
-        return self.store.version, self.store.all_pushes(), self.parts.all_epochs()
+        return self.store.exact_version, self.store.all_pushes(), self.parts.all_epochs()
 
     def report_end(self):
         """At quiescence: per-worker slot dicts, staleness histograms, the

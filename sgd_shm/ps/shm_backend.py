@@ -245,13 +245,13 @@ class LocalState:
     shared = True
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False, init=None):
+                 replicas=False, lossy=False, init=None, clock="exact"):
         self.n_workers = n_workers
         self.server = self.mail = None
         store = parts = None
         try:
             store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers,
-                                   init=init, shared=self.shared)
+                                   init=init, shared=self.shared, clock=clock)
             parts = Partitions(batches, rng, budget, shared=self.shared)
             if replicas or lossy:
                 self.mail = Mailbox(n_params, n_shards, n_workers, replicas,
@@ -277,10 +277,12 @@ class LocalState:
 
     # ---- the coordinator's reads and writes ------------------------------------------
     def pull(self):
-        return self.store.pull()
+        """(weights, exact version read before the copy): the coordinator's sample."""
+        v = self.store.exact_version
+        return self.store.pull()[0], v
 
     def version(self):
-        return self.store.version
+        return self.store.exact_version
 
     def counters(self):
         """(staleness sums, pushes tried: applied + dropped) of every worker."""
@@ -329,7 +331,7 @@ class ShmBackend(LocalState):
     name = "shm"
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False, start_method="fork", init=None):
+                 replicas=False, lossy=False, start_method="fork", init=None, clock="exact"):
         self.start_method = check_start_method(start_method)
         self._shipment = self._ready_seg = self._lifeline = None   # lifeline: forkserver's
         self.procs = []
@@ -339,7 +341,7 @@ class ShmBackend(LocalState):
                                                           np.int64)})
             self.ready = v["ready"]
             super().__init__(n_params, n_shards, n_workers, batches, rng, ckpt, budget,
-                             replicas, lossy, init)
+                             replicas, lossy, init, clock)
         except BaseException:
             self.server = self.mail = None
             self.close()

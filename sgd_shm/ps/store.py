@@ -60,6 +60,25 @@ sparse push. For model averaging (RPS) the store holds the servers' averages:
 mailbox, not into the weights), and ``publish`` writes server j's average of a round
 into shard j once (the first caller) and raises the global version to the rounds
 every shard has completed.
+
+The global version's *clock* (``clock=``, see docs/parameter-server.md, "Clocks"):
+``"exact"`` (the default) is the one word ``_global[0]``, a push's atomic add and a
+pull's load. ``"multicounter"`` is a :class:`relaxed.MultiCounter` of
+``clock_counters`` counters (default 4 per worker; in a shared segment of its own whose
+name the store's header holds, so a pickled store re-attaches it; private for a
+private store). Pushes (``push``, ``push_sparse``, ``push_deferred``, ``account``)
+increment it, ``bump`` adds with ``increment_many``; ``version``, ``pull``, ``pulled``
+and a push's staleness read its estimate (plus the offset word ``_global[2]`` that
+``restore`` sets), and the staleness is clamped at 0 (two estimates may cross): each
+read is within ``clock_error_bound()`` (the counter's ``error_bound()``) of
+``exact_version``, so a staleness is within twice that of the exact one.
+``exact_version`` (the offset plus the sum of the counters, exact at quiescence) is
+what ``snapshot`` (checkpoints), ``_check`` and the coordinator read. RPS's rounds need
+a monotone exact value: under this clock ``advance`` raises ``_global[0]`` as an exact
+round word by CAS, and the call whose CAS moved it from a to b adds b - a to the
+counter, so each round is counted once (a store counts pushes or rounds, not both).
+The slack stays in ``_global[1]`` under both clocks. The exact clock's path is the
+one it always was (one ``is None`` test more per verb).
 """
 from __future__ import annotations
 
@@ -70,6 +89,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+from relaxed import MultiCounter
 from relaxed import shm as _shm
 from sgd_shm.core.atomics import (LINE_WORDS, cas_acquire, fetch_add, fetch_add_py,
                                   load_relaxed, store_release)
@@ -100,6 +120,9 @@ HIST_BINS = 32                   # staleness histogram bins per worker
 META = _shm.HEADER_SIZE          # the store's own header (8 int64) follows the common one:
                                  # n_params, n_shards, n_workers, LINE
 HEADER = 256                     # where the weights start
+CLOCKS = ("exact", "multicounter")
+_NAME_AT, _NAME_MAX = META + 64, HEADER - META - 64   # the clock's segment name (bytes)
+_BASE = 2                        # _global[2]: the relaxed clock's offset (restore)
 
 
 @dataclass(frozen=True)
@@ -272,7 +295,8 @@ class ParameterStore:
     re-attaches). ``init`` sets the initial weights (default zeros).
     """
 
-    def __init__(self, n_params, *, n_shards=8, n_workers=4, shared=True, init=None):
+    def __init__(self, n_params, *, n_shards=8, n_workers=4, shared=True, init=None,
+                 clock="exact", clock_counters=None):
         n_params = check_int("n_params", n_params)
         n_shards = check_int("n_shards", n_shards)
         n_workers = check_int("n_workers", n_workers)
@@ -281,13 +305,19 @@ class ParameterStore:
                              "one shard per parameter")
         if not isinstance(shared, bool):
             raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
+        clock, m = _clock_args(clock, clock_counters, n_workers)
         total = self._size(n_params, n_shards, n_workers)
         seg = _shm.Segment.create(total, shared=shared)
+        mc = None
         try:
             _shm.write_header(seg.buf, KIND_PS, total)
             meta = np.frombuffer(seg.buf, np.int64, 8, offset=META)
-            meta[:] = (n_params, n_shards, n_workers, LINE, 0, 0, 0, 0)
-            self._map(seg)
+            meta[:] = (n_params, n_shards, n_workers, LINE, CLOCKS.index(clock), 0, 0, 0)
+            if clock == "multicounter":
+                mc = MultiCounter(m, shared=shared)
+                if shared:
+                    _write_name(seg.buf, mc.name)
+            self._map(seg, mc)
             if init is not None:
                 a = np.asarray(init, dtype=np.float64)
                 if a.shape != (n_params,):
@@ -297,6 +327,8 @@ class ParameterStore:
                 self.weights[:] = a
         except BaseException:
             self._views_off()
+            if mc is not None:
+                mc.close()
             seg.close()
             raise
 
@@ -320,15 +352,16 @@ class ParameterStore:
                                  "of the same build")
             if cls._size(int(n_params), int(n_shards), int(n_workers)) != seg.size:
                 raise ValueError(f"segment {name!r} has an inconsistent ParameterStore header")
-            self._map(seg)
+            code = int(np.frombuffer(seg.buf, np.int64, 1, offset=META + 32)[0])
+            self._map(seg, MultiCounter.attach(_read_name(seg.buf)) if code == 1 else None)
         except BaseException:
             self._views_off()
             seg.close()
             raise
         return self
 
-    def _map(self, seg):
-        self._seg = seg
+    def _map(self, seg, mc=None):
+        self._seg, self._mc = seg, mc
         n_params, n_shards, n_workers = (int(x) for x in
                                          np.frombuffer(seg.buf, np.int64, 3, offset=META))
         self.n_params, self.n_shards, self.n_workers = n_params, n_shards, n_workers
@@ -369,6 +402,9 @@ class ParameterStore:
             return
         self._views_off()
         self._seg = None
+        mc, self._mc = self.__dict__.get("_mc"), None
+        if mc is not None:
+            mc.close()
         seg.close()
 
     def __enter__(self):
@@ -391,9 +427,40 @@ class ParameterStore:
     # ---- verbs --------------------------------------------------------------------------
     @property
     def version(self) -> int:
-        """The global version: pushes applied in full."""
+        """The global version: pushes applied in full (under the relaxed clock, the
+        MultiCounter's estimate of them: within :meth:`clock_error_bound` of
+        :attr:`exact_version`)."""
         self._check_open()
-        return int(self._global[0])
+        return int(self._global[0]) if self._mc is None else self._read()
+
+    @property
+    def exact_version(self) -> int:
+        """The global version counted exactly (the relaxed clock sums its counters):
+        what checkpoints, the final version and the invariants read."""
+        self._check_open()
+        return int(self._global[0]) if self._mc is None else \
+            int(self._global[_BASE]) + self._mc.exact()
+
+    @property
+    def clock(self) -> str:
+        """"exact" (one atomic word) or "multicounter" (see the module notes)."""
+        self._check_open()
+        return "exact" if self._mc is None else "multicounter"
+
+    def clock_error_bound(self) -> int:
+        """The bound on ``|version - exact_version|`` of one read: the MultiCounter's
+        ``error_bound()`` (0 for the exact clock). A staleness, the difference of two
+        reads, is within twice this of the exact one."""
+        self._check_open()
+        return 0 if self._mc is None else int(self._mc.error_bound())
+
+    def _read(self):
+        return int(self._global[_BASE]) + int(self._mc.read())
+
+    def _stale(self, version):
+        """The relaxed clock's staleness of a push from ``version``: clamped at 0
+        (two estimates may cross)."""
+        return max(0, self._read() - int(version))
 
     def shard_versions(self) -> np.ndarray:
         self._check_open()
@@ -411,7 +478,7 @@ class ParameterStore:
         (the global version, read first) is at most every shard's plus the slack
         (:attr:`slack`: 0 unless sparse pushes skipped shards). For checkpoints."""
         self._check_open()
-        v = int(self._global[0])
+        v = self.exact_version
         w = np.empty(self.n_params)
         vers = np.empty(self.n_shards, np.int64)
         for s in range(self.n_shards):
@@ -472,6 +539,8 @@ class ParameterStore:
         self._versions[::LINE] = vers
         self._global[0] = version
         self._global[1] = slack
+        if self._mc is not None:
+            self._global[_BASE] = version - self._mc.exact()
 
     def staleness_histogram(self, worker=None) -> np.ndarray:
         """Counts of push staleness in log2 bins (see the module notes), of one
@@ -487,7 +556,7 @@ class ParameterStore:
         so the copy is at least as new as ``version``). Records the version in
         the worker's slot."""
         self._check_open()
-        v = int(self._global[0])
+        v = int(self._global[0]) if self._mc is None else self._read()
         if out is None:
             out = self.weights.copy()
         else:
@@ -523,7 +592,8 @@ class ParameterStore:
             raise ValueError(f"version: expected the int version returned by pull(), "
                              f"got {version!r}")
         wid = None if worker is None else self._worker(worker)
-        stale = int(self._global[0]) - int(version)
+        stale = int(self._global[0]) - int(version) if self._mc is None else \
+            self._stale(version)
         res = PushResult([], [], stale, g, lr * scale)
         if len(todo) < self.n_shards:                   # the other shards skip this push
             fetch_add_py(self._global, 1, 1)
@@ -532,7 +602,7 @@ class ParameterStore:
             self._account(wid, stale, res, scale, 8 * self.n_params if nbytes is None
                           else nbytes)
         if not res.deferred:
-            fetch_add_py(self._global, 0, 1)
+            fetch_add_py(self._global, 0, 1) if self._mc is None else self._mc.increment()
         return res
 
     def push_sparse(self, indices, values, version, *, lr, worker=None, scale=1.0,
@@ -552,7 +622,8 @@ class ParameterStore:
         self._check_open()
         idx, vals = self._sparse(indices, values)
         lr, scale, wid = self._push_args(lr, scale, wait, version, worker)
-        stale = int(self._global[0]) - int(version)
+        stale = int(self._global[0]) - int(version) if self._mc is None else \
+            self._stale(version)
         ns = self.n_shards
         cuts = np.empty(ns + 1, np.int64)                # shard s: idx[cuts[s]:cuts[s+1]]
         hit = np.empty(ns, np.int64)
@@ -572,7 +643,7 @@ class ParameterStore:
             self._account(wid, stale, res, scale, idx.nbytes + vals.nbytes if nbytes is None
                           else nbytes)
         if not res.deferred:
-            fetch_add_py(self._global, 0, 1)
+            fetch_add_py(self._global, 0, 1) if self._mc is None else self._mc.increment()
         return res
 
     def _push_args(self, lr, scale, wait, version, worker):
@@ -607,7 +678,7 @@ class ParameterStore:
         else:
             self._apply(res, todo, wait)
         if not res.deferred:
-            fetch_add_py(self._global, 0, 1)
+            fetch_add_py(self._global, 0, 1) if self._mc is None else self._mc.increment()
         return res
 
     def _shard_list(self, shards):
@@ -663,6 +734,8 @@ class ParameterStore:
         cur, version = int(g[0]), int(version)
         while cur < version and not _cas_py(g, cur, version):
             cur = int(g[0])
+        if self._mc is not None and cur < version:   # this call's CAS moved cur -> version
+            self._mc.increment_many(version - cur)
         return max(cur, version)
 
     # ---- accounting of updates applied elsewhere (the Ray transport's shard actors) -----
@@ -671,7 +744,7 @@ class ParameterStore:
         heartbeat), without copying the weights: the weights came from elsewhere.
         Returns the global version."""
         self._check_open()
-        v = int(self._global[0])
+        v = int(self._global[0]) if self._mc is None else self._read()
         s = self._slots[self._worker(worker)]
         s[_PULLED] = v
         s[_HEARTBEAT] = time.monotonic_ns()
@@ -685,12 +758,13 @@ class ParameterStore:
         shard (the slack is raised, as for a sparse push). Returns the staleness."""
         self._check_open()
         lr, scale, wid = self._push_args(0.0, scale, WaitPolicy(), version, worker)
-        stale = int(self._global[0]) - int(version)
+        stale = int(self._global[0]) - int(version) if self._mc is None else \
+            self._stale(version)
         if skipped:
             fetch_add_py(self._global, 1, 1)
         res = PushResult([], [], stale)
         self._account(wid, stale, res, scale, 8 * self.n_params if nbytes is None else nbytes)
-        fetch_add_py(self._global, 0, 1)
+        fetch_add_py(self._global, 0, 1) if self._mc is None else self._mc.increment()
         return stale
 
     # ---- a node's replica (the Ray transport's node-local memory) -------------------------
@@ -724,8 +798,10 @@ class ParameterStore:
         skipped = int(version_delta) - int(deltas.min())
         if skipped > 0:
             fetch_add_py(self._global, 1, skipped)
-        if version_delta:
+        if version_delta and self._mc is None:
             fetch_add_py(self._global, 0, int(version_delta))
+        elif version_delta:
+            self._mc.increment_many(int(version_delta))
 
     def mirror(self, workers, pushes):
         """Set the push counts of workers that run elsewhere (another node's), as the
@@ -904,7 +980,7 @@ class ParameterStore:
         locks = self._locks[::LINE]
         if (locks != 0).any():
             raise AssertionError(f"shards locked at quiescence: {np.flatnonzero(locks).tolist()}")
-        if (self.shard_versions() + self.slack < self.version).any():
+        if (self.shard_versions() + self.slack < self.exact_version).any():
             raise AssertionError("a shard version is below the global version minus the "
                                  "slack")
         return True
@@ -913,7 +989,8 @@ class ParameterStore:
         if self.closed:
             return "<ParameterStore closed>"
         return (f"<ParameterStore n_params={self.n_params} n_shards={self.n_shards} "
-                f"n_workers={self.n_workers} version={self.version} name={self.name!r}>")
+                f"n_workers={self.n_workers} version={self.exact_version} clock={self.clock} "
+                f"name={self.name!r}>")
 
 
 def _field(field):
@@ -927,3 +1004,29 @@ def staleness_bin(stale: int) -> int:
     """Histogram bin of a staleness: 0 for <= 0, else bit_length (1; 2-3; 4-7;
     ...), capped at the last bin."""
     return min(max(int(stale), 0).bit_length(), HIST_BINS - 1)
+
+
+def _clock_args(clock, counters, n_workers):
+    """(clock, n_counters): the clock's name checked, and the MultiCounter's counters
+    (default 4 per worker, as its docs advise per thread)."""
+    if not isinstance(clock, str) or clock not in CLOCKS:
+        raise ValueError(f'clock: must be "exact" or "multicounter", got {clock!r}')
+    if counters is None:
+        return clock, max(2, 4 * n_workers)
+    if clock != "multicounter":
+        raise ValueError(f"clock_counters: applies to clock='multicounter' only, got "
+                         f"clock={clock!r}")
+    return clock, check_int("clock_counters", counters)
+
+
+def _write_name(buf, name):
+    b = name.encode()
+    if len(b) >= _NAME_MAX:
+        raise ValueError(f"the clock's segment name {name!r} is longer than the store's "
+                         f"header holds ({_NAME_MAX - 1} bytes)")
+    np.frombuffer(buf, np.uint8, len(b), offset=_NAME_AT)[:] = np.frombuffer(b, np.uint8)
+
+
+def _read_name(buf):
+    raw = bytes(np.frombuffer(buf, np.uint8, _NAME_MAX, offset=_NAME_AT))
+    return raw.split(b"\0", 1)[0].decode()

@@ -71,9 +71,9 @@ class ThreadsBackend(LocalState):
     shared = False
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False, init=None):
+                 replicas=False, lossy=False, init=None, clock="exact"):
         super().__init__(n_params, n_shards, n_workers, batches, rng, ckpt, budget,
-                         replicas, lossy, init)
+                         replicas, lossy, init, clock)
         self.threads, self.outcome, self.dead = [], {}, [False] * n_workers
         self._seen = set()
         self.nodes = [f"thread-{k}" for k in range(n_workers)]

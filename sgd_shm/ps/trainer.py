@@ -155,7 +155,8 @@ def _n_shards(cfg, d, ckpt):
 def _backend(cfg, d, batches, rng, ckpt, budget, init=None):
     shards = _n_shards(cfg, d, ckpt)
     kw = {"budget": None if cfg.policy.replicated else budget,
-          "replicas": cfg.policy.replicated, "lossy": cfg.lossy, "init": init}
+          "replicas": cfg.policy.replicated, "lossy": cfg.lossy, "init": init,
+          "clock": cfg.clock}
     if cfg.backend == "ray":
         return _ray_backend(cfg, d, shards, batches, rng, ckpt, budget, kw)
     if cfg.backend == "threads":
@@ -183,7 +184,7 @@ def _ray_backend(cfg, d, shards, batches, rng, ckpt, budget, kw):
                               owned=owned, **kw)
         from sgd_shm.ps.ray_local import NodeLocalBackend
         return NodeLocalBackend(d, shards, cfg.n_workers, batches, rng, ckpt, budget, init=
-                                kw["init"], session=session, owned=owned)
+                                kw["init"], session=session, owned=owned, clock=kw["clock"])
     except BaseException:
         if owned:
             session.close()
@@ -229,7 +230,7 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
           sample_every=0.02, faults=None, checkpoint=None, checkpoint_every=5.0, resume=None,
           wait=None, backend="shm", address=None, start_method="fork", seed=0, progress=None,
           compress=None, drop=None, model=None, partition=None, eval_set=None,
-          callbacks=None, session=None) -> TrainResult:
+          callbacks=None, session=None, clock="exact") -> TrainResult:
     """Train a model (by default the linear model of ``loss`` and ``alpha``) with
     ``n_workers`` workers on a parameter server under ``policy``; every rule is in the
     modules named above.
@@ -337,6 +338,11 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
     callbacks [None] : a callable, or a sequence of them, called with each history
         record (a dict: seconds, step, loss) as the coordinator samples it; a callback
         that returns True stops the run (as ``target_loss`` does).
+    clock ["exact"] : the store's global version: "exact" (one atomic word that every
+        push adds to) or "multicounter" (a relaxed :class:`relaxed.MultiCounter`,
+        4 counters per worker: pushes spread over them, pulls and staleness read an
+        estimate within its ``error_bound()``; checkpoints, the final version and
+        RPS's rounds are exact). See docs/parameter-server.md, "Clocks".
     """
     args = {k: v for k, v in locals().items() if k not in ("X", "y", "loss", "alpha",
                                                           "eval_set")}
@@ -404,7 +410,8 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
     warm(job)
     meta = {"policy": cfg.policy.name, "n_workers": cfg.n_workers,
             "n_samples": int(job.model.n_rows(job.data)), "n_features": int(d),
-            "loss": getattr(cfg.model, "loss_name", type(cfg.model).__name__)}
+            "loss": getattr(cfg.model, "loss_name", type(cfg.model).__name__),
+            "clock": cfg.clock}
     kind = (Coordinator if job.budget is None else
             _RoundsCoordinator if cfg.policy.replicated else _BudgetCoordinator)
     coord = kind(backend, cfg.policy, evaluate, cfg.n_workers,
