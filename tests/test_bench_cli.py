@@ -33,7 +33,7 @@ def test_bench_all_tiny(tmp_path):
     stdout = r.stdout
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
                  "conflict", "stm", "delay", "mf", "ps", "eager", "compress", "unreliable",
-                 "nonconvex"):
+                 "nonconvex", "clock"):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
@@ -92,7 +92,7 @@ def test_bench_all_tiny(tmp_path):
     page = (tmp_path / "benchmarks.md").read_text()       # --out: the page beside the JSON
     assert "| shm | bsp |" in page
     if ray:
-        assert "| ray | 1 |" in page and "on Ray" in page
+        assert "| ray | asp |" in page and "on Ray" in page and "actor calls" in page
     un = json.loads((tmp_path / "unreliable.json").read_text())
     assert {r["series"] for r in un["results"]} == {"shards", "coupled", "asp"}
     assert all(r["gap"] == [0.0] for r in un["results"] if r["drop"] == 0.0), \
@@ -108,30 +108,42 @@ def test_bench_all_tiny(tmp_path):
     assert all(r["speedup_vs_1"] == 1.0 for r in sc["rows"] if r["workers"] == 1)
     assert len(sc["handoff_ns"]) == sc["reps"] == len(sc["placements"])
     assert "handoff_ns_at_start" in nc["header"]
-    assert page.count("\n## ") == 16                      # machines + every scenario
+    ck = json.loads((tmp_path / "clock.json").read_text())
+    assert {(r["workload"], r["processes"], r["clock"]) for r in ck["results"]} == {
+        (w, p, c) for w in ("push", "clock") for p in (1, 2) for c in ("exact", "multicounter")}
+    assert all(r["median"] > 0 for r in ck["results"]) and len(ck["ratios"]) == 4
+    assert page.count("\n## ") == 17                      # machines + every scenario
     assert page.count("](") >= 11                          # a plot per scenario, linked
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
                 "hogwild.png", "mis.png", "conflict.png", "stm.png", "mf.png", "ps.png",
-                "delay.png", "compress.png", "unreliable.png", "nonconvex.png"):
+                "delay.png", "compress.png", "unreliable.png", "nonconvex.png", "clock.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
 
 def _check_ps(ps, stdout, backends):
-    """``bench ps --backend``: every policy on every backend, the transport rows (pull +
-    push latency, pushes/s) of each, and their tables printed."""
+    """``bench ps --backend``: every policy on every backend; the shared-memory transport
+    rows (pull + push latency, pushes/s); dense ASP's pushes/s at 2 workers on every
+    backend and, with Ray, Ray's own actor-call rates beside them; the tables printed."""
     assert {(r["backend"], r["policy"]) for r in ps["results"]} == {
         (b, p) for b in backends for p in ("bsp", "asp", "ssp", "saps")}
     assert all(r["runs"] == 1 and r["updates_median"] > 0 for r in ps["results"])
     tr = ps["transport"]
-    assert {(t["backend"], t["workers"]) for t in tr} == {(b, n) for b in backends
-                                                         for n in (1, 2)}
+    assert {(t["backend"], t["workers"]) for t in tr} == {("shm", n) for n in (1, 2)}
     for t in tr:
         assert 0 < t["pull_us_median"] < t["roundtrip_us_median"]
         assert t["push_us_median"] < t["roundtrip_us_median"] and t["pushes_per_s_median"] > 0
+    assert {(r["backend"], r["workers"]) for r in ps["asp_pushes_per_s"]} == {
+        (b, 2) for b in backends}
+    assert all(r["median"] > 0 for r in ps["asp_pushes_per_s"])
+    if "ray" in backends:
+        calls = ps["ray_calls"]
+        assert calls["sync_calls_per_s_median"] > 0 and calls["pipelined_calls_per_s_median"] > 0
+        assert "Ray's own 1:1 actor calls" in stdout
     assert set(ps["curves"]) == set(ps["ratios"]) == set(ps["control_detections"]) == set(
         backends)
+    assert "| shm | 2 |" in stdout
     for b in backends:
-        assert f"| {b} | saps |" in stdout and f"| {b} | 2 |" in stdout
+        assert f"| {b} | saps |" in stdout
 
 
 def test_bench_rejects_bad_settings():

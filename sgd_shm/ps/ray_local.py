@@ -37,7 +37,9 @@ its values merged (they were read before the values were copied). The remote pus
 raise the node's global version after the merge, so a push's staleness counts the
 other nodes' pushes it missed. The root actor (:class:`_Root`) carries what the
 coordinator writes (statuses, the stop flag) to the nodes and the nodes' reports
-(counters, epochs, budget progress) to the coordinator.
+(counters, epochs, budget progress) to the coordinator, each one sync late: the pushes
+a report counts have their values on every server, so the version the coordinator
+reads before the weights is never ahead of them.
 
 **Staleness across the two levels.** Within a node, everything is as on shared
 memory. Across nodes, a worker sees another node's pushes (their counts and their
@@ -163,7 +165,9 @@ class _Root:
         self.reports = [None] * len(owners)
 
     def sync(self, n, report):
-        self.reports[n] = report
+        """Node n's report (None: none yet); returns the statuses and the stop flag."""
+        if report is not None:
+            self.reports[n] = report
         return self.status.copy(), self.stopped
 
     def set_status(self, k, s):
@@ -239,18 +243,18 @@ class _Agent:
         bytes, and the names of the node's segments (unlinked by the coordinator
         through a worker of the node if this agent dies: Ray kills an actor with its
         children, the resource tracker among them). ``spec``: the run's (n_params,
-        n_shards, n_workers, batches, seeds, ckpt, init)."""
-        n_params, n_shards, n_workers, batches, seeds, ckpt, init = spec
+        n_shards, n_workers, batches, seeds, ckpt, init, clock)."""
+        n_params, n_shards, n_workers, batches, seeds, ckpt, init, clock = spec
         warm_up(None, n_params)
         self.n, self.local = int(n), np.asarray(workers, np.int64)   # k trains partition k
         self.state = LocalState(n_params, n_shards, n_workers, batches, seeds, ckpt,
-                                budget, init=init)
+                                budget, init=init, clock=clock)
         st = self.state.store
         self.base, self.bounds = st.weights.copy(), st.bounds
         self.pushes0, self.sent_own = st.all_pushes(), st.shard_versions()
         self.remote_added = np.zeros(n_shards, np.int64)
         self.remote_seen = 0                          # remote pushes counted in the version
-        self.seq = 0
+        self.seq, self.last_report = 0, None
         self.traffic = {"syncs": 0, "bytes_up": 0, "bytes_down": 0}
         self.error, self.thread = None, None
         self.halt, self.ended, self.lock = threading.Event(), threading.Event(), threading.Lock()
@@ -349,8 +353,12 @@ class _Agent:
         refs = [sv.sync.remote(self.n, self.seq, self._uplink(cur, i), d_own[g[i]:g[i + 1]],
                                pushes)
                 for i, sv in enumerate(self.servers)]
-        refs.append(self.root.sync.remote(self.n, self._report(pushes)))
+        # the root gets the previous sync's report, whose values every server holds, so
+        # the version the coordinator reads before the weights is never ahead of them
+        refs.append(self.root.sync.remote(self.n, self.last_report))
+        report = self._report(pushes)
         got = ray.get(refs, timeout=SYNC_TIMEOUT)
+        self.last_report = report
         remote = np.zeros(len(self.remote_added), np.int64)
         for i, (down, r, _) in enumerate(got[:-1]):
             self._merge(i, down)
@@ -392,6 +400,7 @@ class _Agent:
             raise NodeError(f"node {self.n}: {self.error}")
         with self.lock:
             self._sync()                              # everything left, to the servers
+            ray.get(self.root.sync.remote(self.n, self.last_report), timeout=SYNC_TIMEOUT)
         workers, hist, check = self.state.report()  # dead locks freed, invariants checked
         ks = self.local.tolist()
         return {"workers": {k: workers[k] for k in ks}, "hist": {k: hist[k] for k in ks},
@@ -472,10 +481,11 @@ class NodeLocalBackend:
     name = "ray"
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 init=None, session=None, owned=False, sync_every=None):
+                 init=None, session=None, owned=False, sync_every=None, clock="exact"):
         self.n_params, self.n_shards, self.n_workers = n_params, n_shards, n_workers
         self.batches, self.ckpt, self.budget, self.init = batches, ckpt, budget, init
         self.session, self.owned, self.sync_every = session, owned, sync_every
+        self.clock = clock                        # each node's store's version clock
         self.worker_cpus = session.worker_cpus
         session.check_fits(n_workers)
         self.seeds = [int(rng.integers(2**31)) for _ in range(n_workers)]  # as on shm
@@ -508,7 +518,7 @@ class NodeLocalBackend:
 
     def _open_nodes(self, ids, lr, wait):
         spec = ray.put((self.n_params, self.n_shards, self.n_workers, self.batches,
-                        self.seeds, self.ckpt, self.init))
+                        self.seeds, self.ckpt, self.init, self.clock))
         budgets = _node_budgets(self.budget, self.owners, self.batches)
         self.agents = [self.session.take(("ps-agent", i)) or _Agent.options(
             name=_name("agent", n), scheduling_strategy=NodeAffinitySchedulingStrategy(
