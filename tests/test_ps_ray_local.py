@@ -35,12 +35,21 @@ def two_nodes():
 
 
 @pytest.fixture(scope="module")
+def session(two_nodes):
+    """One RaySession for the module's runs: their actors are reused (an actor takes
+    seconds to start), and killed at its end."""
+    from sgd_shm.ps import RaySession
+    with RaySession() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
 def data():
     X, y = make_rcv1_like(3000, 300, random_state=4)
     return X, y
 
 
-def test_exact_closed_form_across_two_nodes(two_nodes, data, tmp_path):
+def test_exact_closed_form_across_two_nodes(session, data, tmp_path):
     """k pushes of a fixed g on two nodes leave the global weights at exactly -k lr g,
     and the global version and every shard's version at k; BSP's budget is applied
     exactly once per minibatch; each node reports its own traffic."""
@@ -49,7 +58,7 @@ def test_exact_closed_form_across_two_nodes(two_nodes, data, tmp_path):
     g = np.where(np.arange(d) % 3 == 0, 1.0, 0.5)
     lr = 2.0 ** -16
     r = train(X, y, n_workers=4, policy="bsp", backend="ray", epochs=2, max_seconds=120,
-              seed=1, lr=lr, model=fixed_gradient_model(g), n_shards=4,
+              seed=1, lr=lr, model=fixed_gradient_model(g), n_shards=4, session=session,
               checkpoint=tmp_path / "end", checkpoint_every=100.0, progress=False)
     k = r.updates
     per = -(-(-(-X.shape[0] // 4)) // 64)
@@ -64,31 +73,27 @@ def test_exact_closed_form_across_two_nodes(two_nodes, data, tmp_path):
                for t in r.traffic)
 
 
-def test_ssp_bound_holds_across_nodes(two_nodes, data):
+def test_ssp_bound_holds_across_nodes(session, data):
     """SSP(1) over two nodes: remote counts arrive late, so the gate only closes more:
     no worker's pushes run more than s + 1 ahead of the slowest's (the +1: the
     push of the step the gate let through)."""
     X, y = data
-    seen = []
-
-    def watch(rec):
-        seen.append(rec["step"])
     r = train(X, y, n_workers=4, policy="ssp", staleness=1, backend="ray", epochs=1,
-              max_seconds=120, seed=2, slowdown={0: 3.0}, progress=False, callbacks=watch)
+              max_seconds=120, seed=2, slowdown={0: 3.0}, progress=False, session=session)
     pushes = [w["pushes"] for w in r.workers]
     assert max(pushes) - min(pushes) <= 2
     assert r.updates == sum(r.batches["applied"])
 
 
-def test_two_nodes_learn_like_one_box_and_topk_sends_less(two_nodes, data):
+def test_two_nodes_learn_like_one_box_and_topk_sends_less(session):
     """Same wall time: two nodes' ASP ends within 0.02 of shared memory's loss; the
     bytes across nodes are counted per node and are smaller with TopK."""
     X, y = make_rcv1_like(3000, 2000, random_state=4)
     shm = train(X, y, n_workers=4, policy="asp", max_seconds=3, seed=0, progress=False)
     dense = train(X, y, n_workers=4, policy="asp", backend="ray", max_seconds=3, seed=0,
-                  progress=False)
+                  progress=False, session=session)
     topk = train(X, y, n_workers=4, policy="asp", backend="ray", max_seconds=3, seed=0,
-                 compress="topk:0.001", progress=False)
+                 compress="topk:0.001", progress=False, session=session)
     assert abs(dense.final_loss - shm.final_loss) < 0.02
     assert dense.final_loss < dense.history[0]["loss"] - 0.1
 
@@ -98,13 +103,15 @@ def test_two_nodes_learn_like_one_box_and_topk_sends_less(two_nodes, data):
 
 
 def _kill_named(role):
+    """Kill one of the run's agents or servers, found by name (the run holds every one
+    of the session's: a session's idle actors are taken by its next run)."""
     names = [n for n in ray.util.list_named_actors() if n.startswith(f"sgd_shm.ps {role}")]
     assert names, ray.util.list_named_actors()
     ray.kill(ray.get_actor(names[0]), no_restart=True)
 
 
 @pytest.mark.parametrize("role", ["agent", "server"])
-def test_a_dead_agent_or_server_ends_the_run_with_a_named_error(two_nodes, data, role,
+def test_a_dead_agent_or_server_ends_the_run_with_a_named_error(session, data, role,
                                                                  no_shm_leak):
     """Killing a node's agent or a global server mid-run: train raises NodeError
     naming the node within 10 s, and no shared memory is left behind."""
@@ -118,7 +125,7 @@ def test_a_dead_agent_or_server_ends_the_run_with_a_named_error(two_nodes, data,
             t_kill.append(time.perf_counter())
     with pytest.raises(NodeError, match="Ray node"):
         train(X, y, n_workers=4, policy="asp", backend="ray", max_seconds=60, seed=0,
-              progress=False, callbacks=kill)
+              progress=False, callbacks=kill, session=session)
     assert t_kill and time.perf_counter() - t_kill[0] < 10
 
 

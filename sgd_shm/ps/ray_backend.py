@@ -47,6 +47,7 @@ import ray
 
 from sgd_shm.ps.policies import server_average
 from sgd_shm.ps.server import ServerState
+from sgd_shm.ps.shm_backend import warm_up
 from sgd_shm.ps.transport import Refill
 from sgd_shm.ps.worker import Diverged, run_worker, warm
 
@@ -230,19 +231,22 @@ class RayLink:
         return answered
 
 
+def warm_actor(job):
+    """In a worker actor, before the clock starts: one BLAS thread (where the model
+    uses BLAS), the store's, the compressor's and the gradient's kernels compiled (or
+    loaded from Numba's cache); returns this actor's node id."""
+    if job.model.uses_blas:
+        from sgd_shm.models import one_blas_thread
+        one_blas_thread()
+    warm_up(job.compressor, job.n_params)
+    warm(job)
+    return ray.get_runtime_context().get_node_id()
+
+
 @ray.remote
 class _Worker:
     def warm(self, job):
-        """Import and compile (or load from Numba's cache) the gradient kernel (and the
-        compressor's) before the clock starts; returns this actor's node id."""
-        if job.model.uses_blas:                  # one BLAS thread per worker actor
-            from sgd_shm.models import one_blas_thread
-            one_blas_thread()
-        warm(job)
-        if job.compressor is not None:
-            job.compressor.memory(job.n_params, np.float64).step(
-                np.random.default_rng(0).standard_normal(job.n_params))
-        return ray.get_runtime_context().get_node_id()
+        return warm_actor(job)
 
     def run(self, hub, shards, bounds, lr, job, k, seed):
         link = RayLink(hub, shards, bounds, lr)

@@ -76,8 +76,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from relaxed.shm import live_segment_names, unlink_orphan
 from sgd_shm.core.launcher import Shipment, pid_alive
 from sgd_shm.ps.partitions import written_off_lag
+from sgd_shm.ps.ray_backend import _outcome, warm_actor
 from sgd_shm.ps.shm_backend import LocalState, ShmLink, warm_up
-from sgd_shm.ps.worker import Diverged, run_worker, warm
+from sgd_shm.ps.worker import Diverged, run_worker
 
 #: seconds a sync's calls may take before the agent gives up on them
 SYNC_TIMEOUT = 20.0
@@ -420,14 +421,7 @@ class _Agent:
 @ray.remote
 class _NodeWorker:
     def warm(self, job):
-        """Import and compile the kernels before the clock starts; returns this
-        actor's node id."""
-        if job.model.uses_blas:                  # one BLAS thread per worker actor
-            from sgd_shm.models import one_blas_thread
-            one_blas_thread()
-        warm_up(job.compressor, job.n_params)
-        warm(job)
-        return ray.get_runtime_context().get_node_id()
+        return warm_actor(job)
 
     def unlink(self, names):
         """Unlink the segments of this node's dead agent."""
@@ -444,16 +438,6 @@ class _NodeWorker:
 
 
 # ---- the coordinator's side ---------------------------------------------------------------
-
-def _outcome(ref):
-    try:
-        res = ray.get(ref)
-    except ray.exceptions.RayActorError:           # ActorDiedError after ray.kill
-        return "killed"
-    except ray.exceptions.RayTaskError as e:
-        return f"failed: {e}"
-    return res                                     # "diverged" or "stopped"
-
 
 def _name(role, i):
     """A unique actor name, ``sgd_shm.ps <role> <i> <random>``: the run's agents and
