@@ -61,15 +61,17 @@ def test_bsp_lockstep_and_training_on_ray(local_ray, data):
 @pytest.mark.exclusive
 def test_saps_flags_only_the_slowed_worker_on_ray(local_ray, data):
     """Worker 0 slowed 4x is flagged and nobody else (4 workers); with no slowdown
-    nobody is flagged."""
+    nobody is flagged (2 workers: on a 2-core box 4 worker actors beside Ray's own
+    processes are slowed by the CPU itself, one of them sometimes enough to be a true
+    straggler for a window)."""
     X, y = data
-    kw = dict(n_workers=4, policy="saps", backend="ray", max_seconds=3.0, seed=0,
-              n_shards=2, progress=False)
-    r = train(X, y, slowdown={0: 4.0}, **kw)
+    kw = dict(policy="saps", backend="ray", max_seconds=3.0, seed=0, n_shards=2,
+              progress=False)
+    r = train(X, y, n_workers=4, slowdown={0: 4.0}, **kw)
     assert {w for _, w in r.detections} == {0}
     assert r.workers[0]["stolen"] == 0 and sum(w["stolen"] for w in r.workers) > 0
     assert r.batches["lost"] == 0
-    r = train(X, y, **kw)
+    r = train(X, y, n_workers=2, **kw)
     assert r.detections == []
 
 
