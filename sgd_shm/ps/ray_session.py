@@ -70,8 +70,8 @@ def _check_cpus(name: str, value) -> float:
 
 
 def _check_num_cpus(num_cpus):
-    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, numbers.Integral)
-                                 or num_cpus < 1):
+    if num_cpus is not None and (isinstance(num_cpus, bool)
+                                 or not isinstance(num_cpus, numbers.Integral) or num_cpus < 1):
         raise ValueError(f"num_cpus: must be None (the machine's CPU count) or an integer "
                          f">= 1, got {num_cpus!r}")
 
@@ -295,7 +295,8 @@ class RaySession:
         the session's) need more CPUs than the cluster has: Ray would otherwise leave
         the actors pending forever."""
         cpus = self.worker_cpus if worker_cpus is None else _check_cpus("worker_cpus", worker_cpus)
-        if isinstance(n_workers, bool) or not isinstance(n_workers, numbers.Integral) or n_workers < 1:
+        if isinstance(n_workers, bool) or not isinstance(n_workers, numbers.Integral) \
+                or n_workers < 1:
             raise ValueError(f"n_workers: must be an integer >= 1, got {n_workers!r}")
         need, have = n_workers * cpus, self.cluster_cpus()
         if need > have:
