@@ -431,7 +431,7 @@ class ParameterStore:
         MultiCounter's estimate of them: within :meth:`clock_error_bound` of
         :attr:`exact_version`)."""
         self._check_open()
-        return int(self._global[0]) if self._mc is None else self._read()
+        return self._now()
 
     @property
     def exact_version(self) -> int:
@@ -454,13 +454,28 @@ class ParameterStore:
         self._check_open()
         return 0 if self._mc is None else int(self._mc.error_bound())
 
-    def _read(self):
+    def _now(self) -> int:
+        """The global version as a pull reads it: the exact word, or the relaxed
+        clock's estimate (plus the offset a restore set)."""
+        if self._mc is None:
+            return int(self._global[0])
         return int(self._global[_BASE]) + int(self._mc.read())
 
     def _stale(self, version):
-        """The relaxed clock's staleness of a push from ``version``: clamped at 0
-        (two estimates may cross)."""
-        return max(0, self._read() - int(version))
+        """The staleness of a push from ``version``: the global version now minus it;
+        under the relaxed clock clamped at 0 (two estimates may cross)."""
+        if self._mc is None:
+            return int(self._global[0]) - int(version)
+        return max(0, self._now() - int(version))
+
+    def _tick(self, n=1):
+        """Count ``n`` pushes applied in full on the global version's clock."""
+        if self._mc is None:
+            fetch_add_py(self._global, 0, int(n))
+        elif n == 1:
+            self._mc.increment()
+        else:
+            self._mc.increment_many(int(n))
 
     def shard_versions(self) -> np.ndarray:
         self._check_open()
@@ -556,7 +571,7 @@ class ParameterStore:
         so the copy is at least as new as ``version``). Records the version in
         the worker's slot."""
         self._check_open()
-        v = int(self._global[0]) if self._mc is None else self._read()
+        v = self._now()
         if out is None:
             out = self.weights.copy()
         else:
@@ -592,8 +607,7 @@ class ParameterStore:
             raise ValueError(f"version: expected the int version returned by pull(), "
                              f"got {version!r}")
         wid = None if worker is None else self._worker(worker)
-        stale = int(self._global[0]) - int(version) if self._mc is None else \
-            self._stale(version)
+        stale = self._stale(version)
         res = PushResult([], [], stale, g, lr * scale)
         if len(todo) < self.n_shards:                   # the other shards skip this push
             fetch_add_py(self._global, 1, 1)
@@ -602,7 +616,7 @@ class ParameterStore:
             self._account(wid, stale, res, scale, 8 * self.n_params if nbytes is None
                           else nbytes)
         if not res.deferred:
-            fetch_add_py(self._global, 0, 1) if self._mc is None else self._mc.increment()
+            self._tick()
         return res
 
     def push_sparse(self, indices, values, version, *, lr, worker=None, scale=1.0,
@@ -622,8 +636,7 @@ class ParameterStore:
         self._check_open()
         idx, vals = self._sparse(indices, values)
         lr, scale, wid = self._push_args(lr, scale, wait, version, worker)
-        stale = int(self._global[0]) - int(version) if self._mc is None else \
-            self._stale(version)
+        stale = self._stale(version)
         ns = self.n_shards
         cuts = np.empty(ns + 1, np.int64)                # shard s: idx[cuts[s]:cuts[s+1]]
         hit = np.empty(ns, np.int64)
@@ -643,7 +656,7 @@ class ParameterStore:
             self._account(wid, stale, res, scale, idx.nbytes + vals.nbytes if nbytes is None
                           else nbytes)
         if not res.deferred:
-            fetch_add_py(self._global, 0, 1) if self._mc is None else self._mc.increment()
+            self._tick()
         return res
 
     def _push_args(self, lr, scale, wait, version, worker):
@@ -678,7 +691,7 @@ class ParameterStore:
         else:
             self._apply(res, todo, wait)
         if not res.deferred:
-            fetch_add_py(self._global, 0, 1) if self._mc is None else self._mc.increment()
+            self._tick()
         return res
 
     def _shard_list(self, shards):
@@ -744,7 +757,7 @@ class ParameterStore:
         heartbeat), without copying the weights: the weights came from elsewhere.
         Returns the global version."""
         self._check_open()
-        v = int(self._global[0]) if self._mc is None else self._read()
+        v = self._now()
         s = self._slots[self._worker(worker)]
         s[_PULLED] = v
         s[_HEARTBEAT] = time.monotonic_ns()
@@ -758,13 +771,12 @@ class ParameterStore:
         shard (the slack is raised, as for a sparse push). Returns the staleness."""
         self._check_open()
         lr, scale, wid = self._push_args(0.0, scale, WaitPolicy(), version, worker)
-        stale = int(self._global[0]) - int(version) if self._mc is None else \
-            self._stale(version)
+        stale = self._stale(version)
         if skipped:
             fetch_add_py(self._global, 1, 1)
         res = PushResult([], [], stale)
         self._account(wid, stale, res, scale, 8 * self.n_params if nbytes is None else nbytes)
-        fetch_add_py(self._global, 0, 1) if self._mc is None else self._mc.increment()
+        self._tick()
         return stale
 
     # ---- a node's replica (the Ray transport's node-local memory) -------------------------
@@ -798,10 +810,8 @@ class ParameterStore:
         skipped = int(version_delta) - int(deltas.min())
         if skipped > 0:
             fetch_add_py(self._global, 1, skipped)
-        if version_delta and self._mc is None:
-            fetch_add_py(self._global, 0, int(version_delta))
-        elif version_delta:
-            self._mc.increment_many(int(version_delta))
+        if version_delta:
+            self._tick(version_delta)
 
     def mirror(self, workers, pushes):
         """Set the push counts of workers that run elsewhere (another node's), as the
