@@ -362,16 +362,23 @@ class RayBackend:
                 if k not in self._killed]
         idle += [("direct-shard", a) for a in self.shards]
         idle += [] if self.hub is None else [("direct-hub", self.hub)]
-        for k in self._killed:
-            ray.kill(self.workers[k], no_restart=True)
-        for key, a in idle:
-            if self.owned:
-                ray.kill(a, no_restart=True)
-            else:
-                self.session.keep(key, a)
+        release(self.session, self.owned, idle, [self.workers[k] for k in self._killed])
         self.workers, self.shards, self.hub = [], [], None
-        if self.owned:
-            self.session.close()
+
+
+def release(session, owned, idle, gone):
+    """The end of a run's actors: ``gone`` ones are killed; ``idle`` ones ((key,
+    actor)) go back to a caller's session for its next run, or are killed with the
+    run's own session (``owned``), which then closes."""
+    for a in gone:
+        ray.kill(a, no_restart=True)
+    for key, a in idle:
+        if owned:
+            ray.kill(a, no_restart=True)
+        else:
+            session.keep(key, a)
+    if owned:
+        session.close()
 
 
 def _outcome(ref):

@@ -76,7 +76,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from relaxed.shm import live_segment_names, unlink_orphan
 from sgd_shm.core.launcher import Shipment, pid_alive
 from sgd_shm.ps.partitions import written_off_lag
-from sgd_shm.ps.ray_backend import _outcome, warm_actor
+from sgd_shm.ps.ray_backend import _outcome, release, warm_actor
 from sgd_shm.ps.shm_backend import LocalState, ShmLink, warm_up
 from sgd_shm.ps.worker import Diverged, run_worker
 
@@ -708,13 +708,5 @@ class NodeLocalBackend:
         if self.reports is None:                     # the run failed: start afresh
             gone += [a for _, a in idle]
             idle = []
-        for a in gone:
-            ray.kill(a, no_restart=True)
-        for key, a in idle:
-            if self.owned:
-                ray.kill(a, no_restart=True)
-            else:
-                self.session.keep(key, a)
+        release(self.session, self.owned, idle, gone)
         self.workers, self.agents, self.servers, self.root = [], [], [], None
-        if self.owned:
-            self.session.close()
