@@ -14,7 +14,7 @@ import pytest
 
 from sgd_shm import eager, ps
 from sgd_shm.core import DivergenceError, ParameterError
-from sgd_shm.core.results import HISTORY_KEYS
+from sgd_shm.core.results import EVAL_KEYS, HISTORY_KEYS
 from sgd_shm.data import make_rcv1_like
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "sgd_shm"
@@ -137,8 +137,17 @@ def test_results_share_records_held_out_score_and_to_dict(data, trainer, no_shm_
     kw = {"policy": "asp"} if trainer == "ps" else {}
     r = fn(X, y, n_workers=2, epochs=3, max_seconds=60, eval_set=(Xv, yv), progress=False,
            **kw)
-    assert r.history and all(tuple(h) == HISTORY_KEYS for h in r.history)
+    assert r.history and all(tuple(h) == HISTORY_KEYS + EVAL_KEYS for h in r.history)
     assert r.val_score == r.score(Xv, yv) and r.val_score > 0.6
+    assert r.history[-1]["val_score"] == r.val_score and r.history[-1]["val_loss"] == r.val_loss
+    if trainer == "eager":       # the first record is at the initial (zero) weights: all class 0
+        assert r.history[0]["val_score"] == np.mean(yv == r.classes_[0])
+    t = r.time_to_score(r.val_score)
+    assert t is not None and t <= r.seconds and r.time_to_score(1.01) is None
+    no_eval = fn(X, y, n_workers=2, epochs=1, progress=False, **kw)
+    assert all(tuple(h) == HISTORY_KEYS for h in no_eval.history)
+    with pytest.raises(ValueError, match="eval_set"):
+        no_eval.time_to_score(0.5)
     np.testing.assert_allclose(r.val_loss, r.model.loss(r.coef_, r.model.prepare(
         Xv, (yv == r.classes_[1]).astype(int))))
     d = json.loads(json.dumps(r.to_dict()))

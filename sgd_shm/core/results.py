@@ -5,11 +5,16 @@ A :class:`Result` carries the trained model and the run's record:
 * ``history``: one record per sample of the run, each a dict with the same keys in
   every trainer: ``seconds`` (since the start), ``step`` (the parameter server: the
   global version, i.e. pushes applied in full; eager-SGD: the round) and ``loss`` (the
-  training loss, regulariser included, on a fixed sample of up to 4096 rows);
+  training loss, regulariser included, on a fixed sample of up to 4096 rows); given
+  ``eval_set=(X_val, y_val)``, also ``val_loss`` and ``val_score`` (the held-out loss
+  and accuracy on a fixed sample of up to 4096 held-out rows; the last record's on
+  all of them), measured by one :class:`Evaluator`;
 * ``final_loss``, ``seconds``, ``time_to_target`` (seconds until the loss first
   reached ``target_loss``; None if it did not or none was given);
-* ``val_loss`` and ``val_score`` (the model's loss and accuracy on held-out data)
-  when the trainer was given ``eval_set=(X_val, y_val)``, else None;
+  :meth:`Result.time_to_score` (seconds until the held-out accuracy first reached a
+  level);
+* ``val_loss`` and ``val_score`` (the final model's loss and accuracy on all the
+  held-out data) when the trainer was given ``eval_set``, else None;
 * ``coef_`` (the flat weights), ``classes_``, ``model``; ``decision_function``,
   ``predict``, ``score`` and, where the model gives probabilities, ``predict_proba``
   (an attribute error otherwise, so ``hasattr`` tells);
@@ -28,10 +33,15 @@ import numpy as np
 
 from sgd_shm.core.validation import model_X
 
-__all__ = ["Result", "HISTORY_KEYS", "json_safe", "held_out", "figure"]
+__all__ = ["Result", "HISTORY_KEYS", "EVAL_KEYS", "Evaluator", "json_safe", "held_out",
+           "figure"]
 
 #: the keys of every history record, in every trainer
 HISTORY_KEYS = ("seconds", "step", "loss")
+#: the keys a history record adds when the trainer has held-out data
+EVAL_KEYS = ("val_loss", "val_score")
+#: rows of the fixed samples a history record is measured on
+SAMPLE_ROWS = 4096
 
 
 def json_safe(v):
@@ -76,6 +86,14 @@ class Result:
         """Seconds of the first record whose loss is <= target (None: not reached)."""
         return next((h["seconds"] for h in self.history if h["loss"] <= target), None)
 
+    def time_to_score(self, target) -> float | None:
+        """Seconds of the first record whose held-out accuracy is >= target (None: not
+        reached). Needs a run given ``eval_set``."""
+        if not self.history or "val_score" not in self.history[-1]:
+            raise ValueError("time_to_score: this run recorded no held-out accuracy; pass "
+                             "eval_set=(X_val, y_val) to the trainer")
+        return next((h["seconds"] for h in self.history if h["val_score"] >= target), None)
+
     def _X(self, X):
         return model_X(X, self.model)
 
@@ -113,6 +131,53 @@ class Result:
         return out
 
 
+def _spread(n, rows):
+    """Up to ``rows`` row indices spread evenly over 0..n-1 (a fixed sample that
+    draws nothing from the run's generator)."""
+    return np.unique(np.linspace(0, n - 1, min(rows, n)).astype(np.int64))
+
+
+class Evaluator:
+    """What a history record measures, the same in every trainer: the model's training
+    loss on a fixed sample of the training rows and, given held-out data, its loss and
+    accuracy on a fixed sample of up to ``rows`` held-out rows (``final=True``: on all
+    of them). Pickles (it travels to eager-SGD's ranks).
+
+    ``sample_rows``: the training rows of the loss sample (as the trainer drew them);
+    ``eval_data``: (X_val, y_val as class indices), as
+    :func:`sgd_shm.core.validation.check_eval_set` returns, or None."""
+
+    def __init__(self, model, X, yi, sample_rows, eval_data=None, rows=SAMPLE_ROWS):
+        self.model = model
+        self.sample = model.prepare(X[sample_rows], yi[sample_rows])
+        self.val = self.full = None
+        if eval_data is not None:
+            Xv, yv = eval_data
+            r = _spread(Xv.shape[0], rows)
+            self.val = (model.prepare(Xv[r], yv[r]), Xv[r], yv[r])
+            self.full = eval_data
+
+    @property
+    def has_eval(self) -> bool:
+        return self.val is not None
+
+    def loss(self, w) -> float:
+        """The training loss on the fixed sample."""
+        return float(self.model.loss(w, self.sample))
+
+    def __call__(self, w, final=False) -> dict:
+        """{"loss": ...} and, with held-out data, "val_loss" and "val_score"."""
+        out = {"loss": self.loss(w)}
+        if self.val is not None:
+            if final:
+                out["val_loss"], out["val_score"] = held_out(self.model, w, self.full)
+            else:
+                data, Xv, yv = self.val
+                out["val_loss"] = float(self.model.loss(w, data))
+                out["val_score"] = float(np.mean(self.model.predict(w, Xv) == yv))
+        return out
+
+
 def held_out(model, w, eval_data):
     """(val_loss, val_score) of weights ``w`` on ``eval_data`` (X, y class indices,
     as :func:`sgd_shm.core.validation.check_eval_set` returns; None: (None, None))."""
@@ -120,7 +185,7 @@ def held_out(model, w, eval_data):
         return None, None
     Xv, yv = eval_data
     data = model.prepare(Xv, yv)
-    return model.loss(w, data), float(np.mean(model.predict(w, Xv) == yv))
+    return float(model.loss(w, data)), float(np.mean(model.predict(w, Xv) == yv))
 
 
 def figure(fig, size):

@@ -34,7 +34,7 @@ from sgd_shm.compress import add_packed, pack, packed_size
 from sgd_shm.core.errors import DivergenceError
 from sgd_shm.core.model import Model, blas_limited
 from sgd_shm.core.progress import seconds_bar
-from sgd_shm.core.results import Result, held_out
+from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, check_int,
                                      check_eval_set, check_momentum, check_number,
@@ -187,8 +187,9 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         ``model.grad`` of its minibatch, y may hold any ``model.n_outputs`` classes.
     momentum [0.0] : heavy-ball momentum in [0, 1) on the combined gradient: every
         replica keeps v = momentum * v - lr * mean and moves by v (0: w -= lr * mean).
-    eval_set [None] : (X_val, y_val): held-out data; ``val_loss`` and ``val_score``
-        (accuracy) of the result are the final model's on it.
+    eval_set [None] : (X_val, y_val): held-out data; every history record adds
+        ``val_loss`` and ``val_score`` (accuracy) on up to 4096 of its rows, and the
+        result's ``val_loss`` / ``val_score`` are the final model's on all of it.
     callbacks [None] : a callable, or a sequence of them, called on rank 0 with each
         history record (seconds, step, loss); one that returns True stops the run
         (every rank stops after the round that carries rank 0's vote).
@@ -209,16 +210,14 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
     eval_rows = np.sort(rng.choice(X.shape[0], min(EVAL_ROWS, X.shape[0]), replace=False))
     d = cfg.model.n_params
     k = 0 if cfg.compress is None else message_capacity(cfg.compress, d)
-    job = _Job(cfg, d, cfg.model.prepare(X[eval_rows], ys[eval_rows]), k,
+    job = _Job(cfg, d, Evaluator(cfg.model, X, ys, eval_rows, evals), k,
                cfg.model.prepare(X, ys))
     _warm_up(job)
     if cfg.backend == "mpi":
         outs = _run_mpi(job, comm)
     else:
         outs = _run_shm(job)
-    res = _result(cfg, outs, job, classes)
-    res.val_loss, res.val_score = held_out(cfg.model, res.coef_, evals)
-    return res
+    return _result(cfg, outs, job, classes)
 
 
 # ---- argument checks -----------------------------------------------------------------
@@ -320,7 +319,7 @@ def _delay(delay):
 class _Job:
     cfg: _Config
     d: int                     # the length of the weight vector
-    evaluation: object         # the model's prepared loss sample
+    evaluation: object         # a core.results.Evaluator: the loss sample, held-out data
     k: int = 0                 # entries of a compressed message (0: dense)
     data: object = None        # the model's prepared training data
 
@@ -335,7 +334,12 @@ class _Job:
 
     def loss(self, w):
         """The training loss on the fixed sample."""
-        return self.cfg.model.loss(w, self.evaluation)
+        return self.evaluation.loss(w)
+
+    def record(self, w, final=False):
+        """A history record's measures: the training loss and, with held-out data,
+        ``val_loss`` and ``val_score``."""
+        return self.evaluation(w, final)
 
     @property
     def comm_args(self):
@@ -396,6 +400,10 @@ class _Rank:
 
     def loss(self):
         return self.job.loss(self.w)
+
+    def record(self, seconds, step, final=False):
+        """A history record of the replica now (rank 0 keeps the history)."""
+        return {"seconds": seconds, "step": step, **self.job.record(self.w, final)}
 
     def step(self, r, vote):
         """Round r: a gradient (or nothing when behind), the collective, the update."""
@@ -530,7 +538,7 @@ def _rank_run(comm, job):
     comm.allreduce(np.zeros(comm.n))             # start together
     t0 = time.perf_counter()
     if me.k == 0:
-        me.history.append({"seconds": 0.0, "step": 0, "loss": me.loss()})
+        me.history.append(me.record(0.0, 0))
     next_sample, target_hit, bar = cfg.sample_every, False, _bar(cfg, me.k)
     r = 0
     while True:
@@ -541,15 +549,17 @@ def _rank_run(comm, job):
         stop = stop or (cfg.max_rounds is not None and r >= cfg.max_rounds)
         if me.k == 0 and (time.perf_counter() - t0 >= next_sample or stop):
             now = time.perf_counter() - t0
-            cur = me.loss()
-            record = {"seconds": now, "step": r, "loss": cur}
+            record = me.record(now, r, final=stop)
+            cur = record["loss"]
             me.history.append(record)
             target_hit = target_hit or (cfg.target_loss is not None and cur <= cfg.target_loss)
             target_hit = any([bool(cb(dict(record))) for cb in cfg.callbacks]) or target_hit
             next_sample = now + cfg.sample_every
             if bar is not None:
                 bar.n = round(min(now, cfg.max_seconds), 1)
-                bar.set_postfix_str(f"round {r:,}  loss {cur:.4f}", refresh=True)
+                bar.set_postfix_str(f"round {r:,}  loss {cur:.4f}"
+                                    + (f"  held-out acc {record['val_score']:.4f}"
+                                       if "val_score" in record else ""), refresh=True)
         if stop:
             break
     seconds = time.perf_counter() - t0
@@ -614,5 +624,6 @@ def _result(cfg, outs, job, classes):
         bytes_sent=sum(o["bytes_sent"] for o in outs),
         bytes_dense=sum(o["bytes_dense"] for o in outs),
         bytes_moved=sum(o["bytes_moved"] for o in outs), model=cfg.model,
-        momentum=cfg.momentum)
+        momentum=cfg.momentum, val_loss=hist[-1].get("val_loss"),
+        val_score=hist[-1].get("val_score"))
 

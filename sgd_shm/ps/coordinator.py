@@ -2,7 +2,8 @@
 stops, on any transport.
 
 Every ``sample_every`` seconds it evaluates the training loss of the current weights
-(on up to 4096 rows), records (seconds, version, loss), injects the faults that are
+(on up to 4096 rows) and, given held-out data, their held-out loss and accuracy,
+records (seconds, version, loss[, val_loss, val_score]), injects the faults that are
 due, notices workers that died, calls the policy's ``on_sample`` hook (SaPS flags
 stragglers there), writes a checkpoint when one is due, and stops at ``max_seconds``,
 at the target loss, or when every worker is dead.
@@ -60,7 +61,7 @@ class SampleView:
 class Coordinator:
     backend: object
     policy: object
-    evaluate: object                      # weights -> training loss
+    evaluate: object                      # a core.results.Evaluator: weights -> record
     n_workers: int
     t_off: float = 0.0                    # seconds already trained (a resumed run)
     history: list = field(default_factory=list)
@@ -106,15 +107,15 @@ class Coordinator:
         w, vers, v, pushes, epochs = self.backend.snapshot()
         save_checkpoint(path, weights=w, shard_versions=vers, version=v, pushes=pushes,
                         epochs=epochs, seconds=self.t_off + now,
-                        meta={**meta, "loss_value": self.evaluate(w)})
+                        meta={**meta, "loss_value": self.evaluate.loss(w)})
         self.written.append((self.t_off + now, os.fspath(path)))
 
     # ---- the loop ---------------------------------------------------------------------
     def sample(self, now, cfg, bar):
         """One sample; True when the run should stop."""
         w, v = self.backend.pull()
-        cur = self.evaluate(w)
-        record = {"seconds": self.t_off + now, "step": v, "loss": cur}
+        record = {"seconds": self.t_off + now, "step": v, **self.evaluate(w)}
+        cur = record["loss"]
         self.history.append(record)
         if not np.isfinite(cur):
             raise DivergenceError(f"training diverged: the loss is {cur} after {v} "
@@ -122,6 +123,8 @@ class Coordinator:
         if bar is not None:
             bar.n = round(min(now, cfg.max_seconds), 1)
             bar.set_postfix_str(f"updates {v:,}  loss {cur:.4f}"
+                                + (f"  held-out acc {record['val_score']:.4f}"
+                                   if "val_score" in record else "")
                                 + (f"  flagged {sorted(self.flagged)}" if self.flagged else ""))
         for k, t_kill in list(self.faults.items()):
             if now >= t_kill:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sgd_shm.core.model import blas_limited
-from sgd_shm.core.results import Result, held_out
+from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.validation import check_eval_set, model_data, n_columns
 from sgd_shm.ps.checkpoint import load_checkpoint
@@ -333,8 +333,9 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         draws one of its blocks uniformly, computes that block's gradient only and
         pushes just that block (the shards it does not reach see nothing). Not with
         ``compress``, ``drop`` or RPS.
-    eval_set [None] : (X_val, y_val): held-out data; the result's ``val_loss`` and
-        ``val_score`` (accuracy) are the final model's on it.
+    eval_set [None] : (X_val, y_val): held-out data; every history record adds
+        ``val_loss`` and ``val_score`` (accuracy) on up to 4096 of its rows, and the
+        result's ``val_loss`` / ``val_score`` are the final model's on all of it.
     callbacks [None] : a callable, or a sequence of them, called with each history
         record (a dict: seconds, step, loss) as the coordinator samples it; a callback
         that returns True stops the run (as ``target_loss`` does).
@@ -349,8 +350,7 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
     args["model"] = model_or_linear(model, loss, alpha, n_columns(X))
     cfg = make_config(**args)
     rng = np.random.default_rng(cfg.seed)
-    prob = _problem(cfg, X, y, rng)
-    evals = check_eval_set(eval_set, cfg.model, prob["classes"])
+    prob = _problem(cfg, X, y, rng, eval_set)
     d = prob["d"]
     ckpt = _resume_point(cfg, d)
     batches = Batches.draw(prob["n"], cfg.n_workers, cfg.batch_size, rng)
@@ -362,25 +362,21 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         job = Job(cfg.model, prob["data"], d, batches, cfg.policy, cfg.lr, cfg.factors,
                   cfg.transient, cfg.compress, budget, cfg.drop, blocks=blocks)
         with blas_limited(cfg.model):
-            res = _run(cfg, job, backend, prob["evaluate"], rng, ckpt, prob["classes"], d)
-            res.val_loss, res.val_score = held_out(cfg.model, res.coef_, evals)
-            return res
+            return _run(cfg, job, backend, prob["evaluate"], rng, ckpt, prob["classes"], d)
     finally:
         backend.close()
 
 
-def _problem(cfg, X, y, rng):
-    """The data (``model.prepare``) and the loss sample of a run: the model's loss
-    (with its L2) on up to 4096 rows."""
+def _problem(cfg, X, y, rng, eval_set):
+    """The data (``model.prepare``) and the :class:`~sgd_shm.core.results.Evaluator`
+    of a run: the model's loss (with its L2) on up to 4096 training rows, and the
+    held-out loss and accuracy where ``eval_set`` is given."""
     model = cfg.model
     X, yi, classes = model_data(X, y, model, cfg.n_workers)
+    evals = check_eval_set(eval_set, model, classes)
     eval_rows = np.sort(rng.choice(X.shape[0], min(4096, X.shape[0]), replace=False))
-    sample = model.prepare(X[eval_rows], yi[eval_rows])
-
-    def evaluate(w):
-        return model.loss(w, sample)
     return {"d": model.n_params, "n": X.shape[0], "classes": classes,
-            "data": model.prepare(X, yi), "evaluate": evaluate}
+            "data": model.prepare(X, yi), "evaluate": Evaluator(model, X, yi, eval_rows, evals)}
 
 
 def _loss_seed(cfg, rng):
@@ -439,8 +435,9 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
         sl["slowdown"] = float(cfg.factors[k])
         if messages is not None:
             sl.update(messages["per_worker"][k])
-    final = evaluate(w)
-    coord.history.append({"seconds": coord.t_off + now, "step": v, "loss": final})
+    last = evaluate(w, final=True)
+    final = last["loss"]
+    coord.history.append({"seconds": coord.t_off + now, "step": v, **last})
     resumed = None if ckpt is None else {"seconds": ckpt["seconds"], "version": ckpt["version"],
                                         "path": cfg.resume}
     return TrainResult(cfg.policy.name, coord.history, coord.detections, workers, final,
@@ -449,4 +446,5 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
                        classes, backend.name, list(backend.nodes),
                        None if cfg.compress is None else repr(cfg.compress), cfg.epochs,
                        cfg.drop, messages, cfg.model, cfg.partition,
-                       traffic=backend.traffic() if hasattr(backend, "traffic") else None)
+                       traffic=backend.traffic() if hasattr(backend, "traffic") else None,
+                       val_loss=last.get("val_loss"), val_score=last.get("val_score"))
