@@ -36,6 +36,7 @@ from sgd_shm.core.launcher import check_start_method
 from sgd_shm.core.validation import (check_choice, check_int, check_momentum, check_number,
                                      resolve_workers)
 from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem, auto_hot_features
+from sgd_shm.hogwild._history import EpochHistory, check_eval_pair, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 
 _log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class _BaseHogwild(BaseEstimator):
         return mean_loss + pen
 
     _FITTED = ("coef_", "intercept_", "staleness_", "classes_", "loss_curve_", "n_iter_",
-               "hot_features_", "_state", "n_features_in_", "validation_scores_")
+               "hot_features_", "_state", "n_features_in_", "validation_scores_", "history_")
 
     def _forget(self):
         """Back to unfitted: after a failed or diverged fit no half-trained state stays."""
@@ -183,10 +184,11 @@ class _BaseHogwild(BaseEstimator):
                 delattr(self, name)
 
     def _train(self, prob, reset, n_outputs, sparse, max_iter, stop_early, init=None,
-               scorer=None):
+               scorer=None, held_out=None):
         """Epochs on ``prob`` from a fresh state (reset; from the weights ``init`` =
         (W, b) when given) or the current one, the stopping rule on ``scorer()`` (the
-        validation score) when given; publishes intercept_, staleness_ and hot_features_
+        validation score) when given, ``history_`` with ``held_out()`` (the score on
+        ``eval_set``) when given; publishes intercept_, staleness_ and hot_features_
         (features the workers buffered in this call, 0 for none) and returns the weight
         matrix (n_outputs, n_features): the averaged one once averaging has begun."""
         if reset or not hasattr(self, "_state"):
@@ -196,6 +198,8 @@ class _BaseHogwild(BaseEstimator):
                 self._state.W[...], self._state.b[...] = init
             self.loss_curve_ = []
             self.n_iter_ = 0
+            self.history_ = []
+        self._history = EpochHistory(held_out, self.history_)
         converged = self._run_epochs(prob, max_iter, stop_early, scorer)
         if stop_early and not converged:
             warnings.warn(f"Maximum number of iterations ({self.max_iter}) reached before "
@@ -248,9 +252,11 @@ class _BaseHogwild(BaseEstimator):
             if scorer is not None:
                 score = scorer()
                 self.validation_scores_.append(score)
-            _log.log(epoch_level(self.verbose), "-- epoch %d: mean loss %.6f, t = %.0f%s",
+            rec = self._history.add(self.n_iter_, mean_loss)
+            _log.log(epoch_level(self.verbose), "-- epoch %d: mean loss %.6f, t = %.0f%s%s",
                      self.n_iter_, mean_loss, self._state.t,
-                     "" if score is None else f", validation score {score:.6f}")
+                     "" if score is None else f", validation score {score:.6f}",
+                     score_note(rec))
             if stop_early and self.tol is not None:
                 if scorer is not None:
                     stall = stall + 1 if score < best + self.tol else 0
@@ -331,6 +337,22 @@ class _BaseHogwild(BaseEstimator):
         swv = None if sample_weight is None else sample_weight[val]
         return prob.subset(train), lambda: self._score_weights(*self._state.averaged(),
                                                                Xv, yv, swv)
+
+    def _held_out(self, eval_set):
+        """The scorer of ``eval_set`` = (X_val, y_val) (None: None): the estimator's
+        score measure (accuracy, R^2) of the current weights on it, checked first."""
+        pair = check_eval_pair(eval_set)
+        if pair is None:
+            return None
+        Xv = self._prepare_X(pair[0], reset=False)
+        yv = np.asarray(pair[1])
+        if yv.shape != (Xv.shape[0],):
+            raise ValueError(f"eval_set: X_val has {Xv.shape[0]} rows but y_val has shape "
+                             f"{yv.shape}; pass one label per held-out row")
+        if is_classifier(self) and not np.isin(yv, self.classes_).all():
+            raise ValueError("eval_set: y_val holds labels that are not among the training "
+                             f"classes {self.classes_.tolist()[:5]}")
+        return lambda: self._score_weights(*self._state.averaged(), Xv, yv, None)
 
     def _check_not_early_stopping(self):
         if self.early_stopping:
@@ -505,7 +527,8 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         pred = self.classes_[(d[:, 0] > 0).astype(int) if d.shape[1] == 1 else d.argmax(1)]
         return float(np.average(pred == y, weights=sample_weight))
 
-    def _fit_inner(self, reset, X, y, sample_weight, classes, max_iter, stop_early, init=None):
+    def _fit_inner(self, reset, X, y, sample_weight, classes, max_iter, stop_early, init=None,
+                   eval_set=None):
         self._validate_params()
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=_DTYPES, order="C",
                              reset=reset)
@@ -531,16 +554,19 @@ class HogwildClassifier(ClassifierMixin, _BaseHogwild):
         prob, scorer = self._early_stopping(prob, X, y, sample_weight) if stop_early \
             else (prob, None)
         self.coef_ = self._train(prob, reset, n_out, sp.issparse(X), max_iter, stop_early,
-                                 init, scorer).copy()
+                                 init, scorer, self._held_out(eval_set)).copy()
         return self
 
-    def fit(self, X, y, sample_weight=None, *, coef_init=None, intercept_init=None):
+    def fit(self, X, y, sample_weight=None, *, coef_init=None, intercept_init=None,
+            eval_set=None):
         """Train for up to max_iter epochs (stopping rule: tol), from zeros, or from
         ``coef_init`` (shape (n_classes, n_features), or (1, n_features) for two
         classes) and ``intercept_init`` where given, else with warm_start from the
-        fitted coef_ and intercept_."""
+        fitted coef_ and intercept_. ``eval_set=(X_val, y_val)``: held-out data whose
+        accuracy after every epoch is recorded in ``history_`` (``val_score``)."""
         init = self._warm_init(coef_init, intercept_init)
-        return self._fit(True, X, y, sample_weight, None, self.max_iter, True, init)
+        return self._fit(True, X, y, sample_weight, None, self.max_iter, True, init,
+                         eval_set)
 
     def partial_fit(self, X, y, classes=None, sample_weight=None):
         """One epoch over (X, y), continuing from the current weights. ``classes`` is
@@ -655,7 +681,8 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
             return 1.0 if ss_res == 0.0 else 0.0
         return 1.0 - ss_res / ss_tot
 
-    def _fit_inner(self, reset, X, y, sample_weight, max_iter, stop_early, init=None):
+    def _fit_inner(self, reset, X, y, sample_weight, max_iter, stop_early, init=None,
+                   eval_set=None):
         self._validate_params()
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=_DTYPES, order="C",
                              y_numeric=True, reset=reset)
@@ -667,15 +694,18 @@ class HogwildRegressor(RegressorMixin, _BaseHogwild):
         prob, scorer = self._early_stopping(prob, X, y, sample_weight) if stop_early \
             else (prob, None)
         self.coef_ = self._train(prob, reset, 1, sp.issparse(X), max_iter, stop_early, init,
-                                 scorer)[0].copy()
+                                 scorer, self._held_out(eval_set))[0].copy()
         return self
 
-    def fit(self, X, y, sample_weight=None, *, coef_init=None, intercept_init=None):
+    def fit(self, X, y, sample_weight=None, *, coef_init=None, intercept_init=None,
+            eval_set=None):
         """Train for up to max_iter epochs (stopping rule: tol), from zeros, or from
         ``coef_init`` (n_features,) and ``intercept_init`` where given, else with
-        warm_start from the fitted coef_ and intercept_."""
+        warm_start from the fitted coef_ and intercept_. ``eval_set=(X_val, y_val)``:
+        held-out data whose R^2 after every epoch is recorded in ``history_``
+        (``val_score``)."""
         init = self._warm_init(coef_init, intercept_init)
-        return self._fit(True, X, y, sample_weight, self.max_iter, True, init)
+        return self._fit(True, X, y, sample_weight, self.max_iter, True, init, eval_set)
 
     def partial_fit(self, X, y, sample_weight=None):
         """One epoch over (X, y), continuing from the current weights."""

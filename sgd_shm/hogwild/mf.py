@@ -27,6 +27,7 @@ from sgd_shm.hogwild import _mf
 from sgd_shm.core.atomics import LINE_WORDS
 from sgd_shm.core.launcher import check_start_method
 from sgd_shm.core.validation import check_choice, check_int, check_number, resolve_workers
+from sgd_shm.hogwild._history import EpochHistory, check_eval_pair, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
 
@@ -123,10 +124,15 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
             raise ValueError("no ratings to fit (X is empty)")
         return X, y
 
-    def fit(self, X, y):
-        """Fit on ratings y of the (user, item) pairs in X for max_iter epochs."""
+    def fit(self, X, y, *, eval_set=None):
+        """Fit on ratings y of the (user, item) pairs in X for max_iter epochs.
+        ``eval_set=(X_val, y_val)``: held-out ratings whose RMSE after every epoch is
+        recorded in ``history_`` (``val_rmse``)."""
         self._validate_params()
         X, y = self._data(X, y)
+        pair = check_eval_pair(eval_set)
+        if pair is not None:
+            pair = self._data(*pair, reset=False)
         rng = check_random_state(self.random_state)
         self.n_users_ = int(X[:, 0].max()) + 1
         self.n_items_ = int(X[:, 1].max()) + 1
@@ -141,6 +147,9 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         self.n_iter_ = 0
         self._rng = np.random.default_rng(rng.randint(2**31 - 1))
         self._lr = float(self.learning_rate)
+        scorer = None if pair is None else (lambda: self.rmse(*pair))
+        self._history = EpochHistory(scorer, key="val_rmse")
+        self.history_ = self._history.records
         with self._session(X, y):
             for _ in range(self.max_iter):
                 self._epoch(X, y)
@@ -186,6 +195,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         if X[:, 0].max() >= self.n_users_ or X[:, 1].max() >= self.n_items_:
             raise ValueError(f"partial_fit got ids beyond the fitted model ({self.n_users_} "
                              f"users, {self.n_items_} items); fit again on data with every id")
+        self._history = EpochHistory(None, self.history_, key="val_rmse")
         with self._session(X, y):
             self._epoch(X, y)
         return self
@@ -216,8 +226,9 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         self.loss_curve_.append(rmse)
         self.n_iter_ += 1
         self._lr *= float(self.decay)
-        _log.log(epoch_level(self.verbose), "-- epoch %d: training RMSE %.4f (as visited)",
-                 self.n_iter_, rmse)
+        rec = self._history.add(self.n_iter_, rmse)
+        _log.log(epoch_level(self.verbose), "-- epoch %d: training RMSE %.4f (as visited)%s",
+                 self.n_iter_, rmse, score_note(rec))
 
     def predict(self, X):
         """Predicted ratings of the (user, item) pairs in X; users or items not seen in

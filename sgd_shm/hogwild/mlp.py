@@ -48,6 +48,7 @@ from sgd_shm.core.atomics import LINE_WORDS, read_only_fields
 from sgd_shm.core.launcher import check_start_method
 from sgd_shm.core.validation import (check_choice, check_int, check_momentum, check_number,
                                      resolve_workers)
+from sgd_shm.hogwild._history import EpochHistory, check_eval_pair, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
 from sgd_shm.models import MLP, one_blas_thread, scratch
@@ -292,8 +293,10 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
         check_choice("partition", self.partition, _PARTITIONS)
 
     # -- fit --------------------------------------------------------------------------------
-    def fit(self, X, y):
-        """Train on (X, y) for up to max_iter epochs (see the stopping rule)."""
+    def fit(self, X, y, *, eval_set=None):
+        """Train on (X, y) for up to max_iter epochs (see the stopping rule).
+        ``eval_set=(X_val, y_val)``: held-out data whose accuracy after every epoch is
+        recorded in ``history_`` (``val_score``)."""
         self._validate_params()
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=(np.float64, np.float32),
                              order="C")
@@ -321,8 +324,10 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
         for name in ("coefs_", "intercepts_", "n_iter_"):
             self.__dict__.pop(name, None)
         self.loss_curve_, self.t_, self.n_iter_ = [], 0, 0
+        history = EpochHistory(self._held_out(eval_set, model, trainer))
+        self.history_ = history.records
         with trainer.session(data), verbose_logging(_log, self.verbose):
-            self._epochs(trainer, data, rng, n)
+            self._epochs(trainer, data, rng, n, history)
         self.coefs_, self.intercepts_ = (list(map(np.copy, a)) for a in model.unpack(trainer.w))
         self.n_layers_ = model.n_layers + 1
         self.n_outputs_ = model.n_outputs
@@ -335,7 +340,23 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
         """The rows of the next epoch, in order: a fresh permutation (shuffle) or 0..n-1."""
         return rng.permutation(n).astype(np.int64) if self.shuffle else np.arange(n)
 
-    def _epochs(self, trainer, data, rng, n):
+    def _held_out(self, eval_set, model, trainer):
+        """The scorer of ``eval_set`` (None: None): accuracy of the current weights."""
+        pair = check_eval_pair(eval_set)
+        if pair is None:
+            return None
+        Xv = validate_data(self, pair[0], accept_sparse="csr",
+                           dtype=(np.float64, np.float32), reset=False)
+        yv = np.asarray(pair[1])
+        if yv.shape != (Xv.shape[0],):
+            raise ValueError(f"eval_set: X_val has {Xv.shape[0]} rows but y_val has shape "
+                             f"{yv.shape}; pass one label per held-out row")
+        if not np.isin(yv, self.classes_).all():
+            raise ValueError("eval_set: y_val holds labels that are not among the training "
+                             f"classes {self.classes_.tolist()[:5]}")
+        return lambda: float(np.mean(self.classes_[model.predict(trainer.w, Xv)] == yv))
+
+    def _epochs(self, trainer, data, rng, n, history):
         """scikit-learn's ``_fit_stochastic`` loop (without early_stopping)."""
         lr = float(self.learning_rate_init)
         self.best_loss_, stall = np.inf, 0
@@ -344,8 +365,9 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
             self.n_iter_ += 1
             self.t_ += n
             self.loss_curve_.append(self.loss_)
-            _log.log(epoch_level(self.verbose), "Iteration %d, loss = %.8f", self.n_iter_,
-                     self.loss_)
+            rec = history.add(self.n_iter_, self.loss_)
+            _log.log(epoch_level(self.verbose), "Iteration %d, loss = %.8f%s", self.n_iter_,
+                     self.loss_, score_note(rec))
             stall = stall + 1 if self.loss_ > self.best_loss_ - self.tol else 0
             self.best_loss_ = min(self.best_loss_, self.loss_)
             if self.learning_rate == "invscaling":

@@ -52,12 +52,15 @@ class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
         self.start_method = start_method
         self.random_state = random_state
 
-    def fit(self, X, y):
+    def fit(self, X, y, *, eval_set=None):
+        """Train (see the class notes). ``eval_set=(X_val, y_val)``: held-out data whose
+        loss and accuracy every record of ``history_`` (the run's history) carries."""
         X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64)
         params = self.get_params()
         seed = params.pop("random_state")
         params["epochs"] = params.pop("max_iter")
-        self.result_ = train(X, y, seed=seed, progress=False, **params)
+        self.result_ = train(X, y, seed=seed, progress=False, eval_set=eval_set, **params)
+        self.history_ = self.result_.history
         self.coef_ = self.result_.coef_[None, :]
         self.intercept_ = np.zeros(1)
         self.classes_ = self.result_.classes_
