@@ -456,3 +456,40 @@ def fixed_gradient_model(g):
             return (self.decision_function(w, X) > 0).astype(np.int64)
 
     return FixedGradient()
+
+
+# ---- the simulator (sgd_shm.sim) ---------------------------------------------------------
+
+def asp_order_naive(step_s, n_pushes):
+    """The order of the pushes of an asynchronous parameter server whose worker k
+    takes ``step_s[k]`` seconds per step (pull, gradient, push), with free messages:
+    worker k pushes at step_s[k], then step_s[k] + step_s[k], ... (each time the
+    previous one plus its step, as a clock adds them). Returns the first ``n_pushes``
+    as (seconds, worker, pulled version), sorted by time (ties: lower worker first);
+    a push's pulled version counts the pushes at or before its worker's previous
+    push."""
+    pushes = []
+    per = max(1, n_pushes)
+    for k, s in enumerate(step_s):
+        t = 0.0
+        for _ in range(per):
+            t = t + s
+            pushes.append((t, k))
+    pushes.sort()
+    pushes = pushes[:n_pushes]
+    out, prev = [], {}
+    for t, k in pushes:
+        t0 = prev.get(k, 0.0)
+        pulled = sum(1 for u, _ in pushes if u <= t0) if k in prev else 0
+        out.append((t, k, pulled))
+        prev[k] = t
+    return out
+
+
+def logistic_grad_naive(X, y, rows, w, alpha):
+    """The L2-regularised log-loss gradient of ``rows`` at w (y in {-1, +1}): mean of
+    -y x / (1 + exp(y x.w)) plus alpha w."""
+    X = np.asarray(X.todense()) if hasattr(X, "todense") else np.asarray(X, dtype=float)
+    Xb, yb = X[rows], y[rows]
+    dl = -yb / (1.0 + np.exp(yb * (Xb @ w)))
+    return Xb.T @ dl / len(rows) + alpha * w

@@ -1,0 +1,296 @@
+"""The simulator (sgd_shm.sim) against closed forms and naive oracles: BSP in virtual
+time is synchronous data-parallel SGD; ASP with constant step times pushes in the
+order of its clocks; SSP's staleness bound holds and binds; SaPS flags the slow
+class of a heterogeneous cluster and nobody in a homogeneous one; RPS is model
+averaging through block servers (with the real loss coins); compressors' bytes and
+the network's times add up; the collectives' rounds give the partial-allreduce
+oracle's sums; bad input."""
+import math
+
+import numpy as np
+import pytest
+
+from sgd_shm.collectives.base import initiator
+from sgd_shm.compress import TopK
+from sgd_shm.data import make_rcv1_like
+from sgd_shm.ps.policies import SSP, Policy
+from sgd_shm.ps.worker import Losses
+from sgd_shm.sim import Cluster, Network, SimResult, simulate
+from tests.naive import (asp_order_naive, data_parallel_sgd_naive, fixed_gradient_model,
+                         logistic_grad_naive, model_averaging_naive,
+                         partial_allreduce_naive)
+
+ALPHA = 1e-4
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, y = make_rcv1_like(1200, 150, density=0.05, random_state=0)
+    return X, y
+
+
+def _rounds_of(r, n):
+    """The log's pushes, as rounds of n pushes: row indices per worker."""
+    rows = []
+    for i in range(0, len(r.log["worker"]), n):
+        step = {}
+        for q in range(i, i + n):
+            k, p, j = r.log["worker"][q], r.log["partition"][q], r.log["batch"][q]
+            step[k] = r.batches.rows_of(p, j)
+        rows.append([step[k] for k in range(n)])
+    return rows
+
+
+@pytest.mark.parametrize("cluster", [Cluster(1e-3), Cluster(1e-3, factors="hetero",
+                                                            delay=("exponential", 1e-4))])
+def test_bsp_is_data_parallel_sgd(data, cluster):
+    """BSP: every push of a round is computed at the weights of the round before, so
+    the run is synchronous data-parallel SGD with the sum of the workers' gradients
+    (the naive oracle's mean times P), whatever the step times."""
+    X, y = data
+    n, lr = 4, 0.3
+    r = simulate(X, y, n_workers=n, policy="bsp", epochs=2, cluster=cluster,
+                 network=Network(1e-4, 1e8), batch_size=32, lr=lr, seed=3)
+    assert r.updates == len(r.log["worker"]) == 2 * 4 * math.ceil(300 / 32)
+    pulled = np.array(r.log["pulled"])
+    assert np.array_equal(pulled, np.arange(pulled.size) // n * n)   # lockstep rounds
+    w = data_parallel_sgd_naive(X, y, _rounds_of(r, n), lr * n, ALPHA)
+    np.testing.assert_allclose(r.coef_, w, rtol=1e-7, atol=1e-10)
+    assert r.seconds > 0 and r.history[-1]["seconds"] == r.seconds
+
+
+def test_asp_order_of_constant_step_times(data):
+    """ASP, worker k at a constant step time, free messages: the pushes come in the
+    order of the workers' clocks, each computed at the version its previous push
+    left (the naive oracle adds the same step times)."""
+    X, y = data
+    factors = [1.0, 1.13, 1.29, 1.41]
+    r = simulate(X, y, n_workers=4, policy="asp", epochs=1,
+                 cluster=Cluster(1e-3, factors=factors), seed=1)
+    want = asp_order_naive([1e-3 * f for f in factors], r.updates)
+    got = list(zip(r.log["seconds"], r.log["worker"], r.log["pulled"]))
+    assert got == want
+    assert r.log["version"] == list(range(r.updates))
+    assert r.seconds == want[-1][0]
+
+
+def test_ssp_bound_holds_and_binds(data):
+    """SSP(s): when worker k applies its push, it is at most s + 1 pushes ahead of the
+    slowest (its gate opened at most s ahead); with a 4x spread the bound is reached."""
+    X, y = data
+    s, n = 2, 4
+    r = simulate(X, y, n_workers=n, policy=SSP(staleness=s), epochs=3,
+                 cluster=Cluster(1e-3, factors="hetero"), seed=0)
+    counts = [0] * n
+    gaps = []
+    for k in r.log["worker"]:
+        gaps.append(counts[k] - min(counts))
+        counts[k] += 1
+    assert max(gaps) == s                         # the bound holds and is reached
+    asp = simulate(X, y, n_workers=n, policy="asp", epochs=3,
+                   cluster=Cluster(1e-3, factors="hetero"), seed=0)
+    assert r.seconds > asp.seconds                # the gate costs the fast workers time
+
+
+def test_saps_flags_the_slow_class(data):
+    """A heterogeneous cluster of 16, the last quarter 4x slower: SaPS flags exactly
+    those four, and their minibatches are stolen; a homogeneous cluster: nobody."""
+    X, y = data
+    slow = Cluster(1e-3, classes=[(0.75, 1.0), (0.25, 4.0)])
+    r = simulate(X, y, n_workers=16, policy="saps", epochs=10, cluster=slow, seed=0,
+                 batch_size=16)
+    assert sorted(k for _, k in r.detections) == [12, 13, 14, 15]
+    assert sum(w["stolen"] for w in r.workers[:12]) > 0
+    assert all(w["slowdown"] == 4.0 for w in r.workers[12:])
+    even = simulate(X, y, n_workers=16, policy="saps", epochs=10, cluster=Cluster(1e-3),
+                    seed=0, batch_size=16)
+    assert even.detections == [] and even.events == []
+
+
+def test_rps_is_model_averaging_with_the_real_coins(data):
+    """RPS: the servers' model after the rounds is the naive model averaging of the
+    same minibatches with the same lost messages (the coins of ps.worker.Losses)."""
+    X, y = data
+    n, S, lr, p = 3, 4, 0.5, 0.2
+    r = simulate(X, y, n_workers=n, policy="rps", epochs=1, drop=p, n_shards=S, lr=lr,
+                 batch_size=64, seed=5)
+    rounds = len(r.log["worker"]) // n
+    rows = [[r.batches.rows_of(r.log["partition"][t * n + k], r.log["batch"][t * n + k])
+             for k in range(n)] for t in range(rounds)]
+    coins = [Losses(p, 5, k, S) for k in range(n)]
+    draws = [[coins[k].draw() for k in range(n)] for _ in range(rounds)]
+    up = np.array([[d[k][0] for k in range(n)] for d in draws])
+    down = np.array([[d[k][1] for k in range(n)] for d in draws])
+    bounds = np.linspace(0, X.shape[1], S + 1).astype(np.int64)
+    server, _ = model_averaging_naive(X, y, rows, lr, ALPHA, bounds, up, down)
+    np.testing.assert_allclose(r.coef_, server, rtol=1e-7, atol=1e-10)
+    lost = sum(w["up_lost"] + w["down_lost"] for w in r.workers)
+    assert lost == (~up).sum() + ((~down) & up.any(axis=1)[:, None, :]).sum()
+
+
+def test_bytes_and_network_times_of_compressors(data):
+    """One worker on a 1 MB/s link, no latency: a dense step is its compute plus a
+    dense pull and a dense push; TopK's push carries k (index, value) pairs of 12
+    bytes; both runs count what they sent."""
+    X, y = data
+    d, bw, step = X.shape[1], 1e6, 1e-3
+    net = Network(0.0, bw)
+    dense = simulate(X, y, n_workers=1, epochs=1, cluster=Cluster(step), network=net)
+    comp = TopK(ratio=0.1)
+    topk = simulate(X, y, n_workers=1, epochs=1, cluster=Cluster(step), network=net,
+                    compress=comp)
+    k = comp.k_for(d)
+    pushes = dense.updates
+    assert topk.updates == pushes
+    assert dense.bytes_sent == dense.bytes_dense == pushes * 8 * d
+    assert topk.bytes_sent == pushes * 12 * k and topk.bytes_dense == pushes * 8 * d
+    assert dense.seconds == pytest.approx(pushes * (step + 16 * d / bw), rel=1e-9)
+    assert topk.seconds == pytest.approx(pushes * (step + (8 * d + 12 * k) / bw), rel=1e-9)
+
+
+def test_a_policy_of_ones_own_is_driven(data):
+    """A user's Policy subclass (a gate of its own: at most one push ahead of worker
+    0) runs through the generic path: every waiting gate is asked again."""
+    class Lead(Policy):
+        name = "lead"
+
+        def may_step(self, k, my_pushes, link):
+            return k == 0 or my_pushes <= link.pushes(0)
+
+    X, y = data
+    r = simulate(X, y, n_workers=3, policy=Lead(), epochs=1,
+                 cluster=Cluster(1e-3, factors=[3.0, 1.0, 1.0]), seed=0)
+    counts = [0, 0, 0]
+    for k in r.log["worker"]:
+        counts[k] += 1
+        assert k == 0 or counts[k] <= counts[0] + 1
+    assert r.name == "lead" and isinstance(r, SimResult)
+
+
+def test_time_to_target_and_eval_set(data):
+    X, y = data
+    Xv, yv = make_rcv1_like(400, 150, density=0.05, random_state=1)
+    r = simulate(X, y, n_workers=8, policy="asp", epochs=3, eval_set=(X[:300], y[:300]),
+                 target_loss=0.65, seed=0)
+    assert r.time_to_target is not None and r.history[-1]["loss"] <= 0.65
+    assert all(set(h) >= {"seconds", "step", "loss", "val_loss", "val_score"}
+               for h in r.history)
+    assert r.time_to_score(0.0) == 0.0
+    assert set(r.to_dict()) >= {"history", "final_loss", "seconds", "updates"}
+
+
+def test_killed_worker_is_no_longer_waited_for(data):
+    X, y = data
+    r = simulate(X, y, n_workers=4, policy="bsp", epochs=2, faults={1: 0.005}, seed=0)
+    assert r.killed == [1]
+    assert r.workers[1]["pushes"] < r.workers[0]["pushes"]
+
+
+# ---- collectives ------------------------------------------------------------------------
+
+def _replay_eager(X, y, r, P, lr, late, seed, batch):
+    """The eager run replayed from its log by the naive oracle: rank k's gradients of
+    the rounds it did not skip, at the weights after the rounds before, over its
+    rows k, k + P, ... in the trainer's order; each round's sum from
+    partial_allreduce_naive on the rounds so far."""
+    n = X.shape[0]
+    rows = [np.arange(k, n, P) for k in range(P)]
+    rngs = [np.random.default_rng([seed, k, 0x5EED]) for k in range(P)]
+    order = [rngs[k].permutation(rows[k]) for k in range(P)]
+    pos = [0] * P
+    skips = set(map(tuple, r.log["skips"]))
+    masks = [sum(1 << k for k in c) for c in r.log["contributors"]]
+    grads = [[] for _ in range(P)]
+    w = np.zeros(X.shape[1])
+    for t in range(len(masks)):
+        for k in range(P):
+            if (k, t) in skips:
+                grads[k].append(np.zeros_like(w))
+                continue
+            if pos[k] + batch > order[k].size:
+                order[k], pos[k] = rngs[k].permutation(rows[k]), 0
+            mb = order[k][pos[k]:pos[k] + batch]
+            pos[k] += batch
+            grads[k].append(logistic_grad_naive(X, y, mb, w, ALPHA))
+        sums, _ = partial_allreduce_naive(grads, masks[:t + 1], late)
+        w = w - lr * sums[t] / P
+    return w
+
+
+@pytest.mark.parametrize("kind", ["sync", "solo", "majority"])
+@pytest.mark.parametrize("late", ["drop", "carry"])
+def test_collectives_match_the_partial_allreduce_oracle(data, kind, late):
+    X, y = data
+    P, lr, seed, batch = 4, 2.0, 7, 32
+    r = simulate(X, y, n_workers=P, collective=kind, late=late, epochs=2, lr=lr,
+                 batch_size=batch, seed=seed,
+                 cluster=Cluster(1e-3, factors=[1.0, 1.3, 1.7, 2.5], imbalance=(1, 2e-3)),
+                 network=Network(5e-5))
+    assert r.rounds == len(r.log["contributors"]) == math.ceil(2 * X.shape[0] / (P * batch))
+    for t, c in enumerate(r.log["contributors"]):
+        if kind == "sync":
+            assert c == tuple(range(P))
+        elif kind == "solo":
+            assert len(c) == 1
+        else:
+            assert initiator(seed, t, P) in c
+    if kind != "sync":
+        assert r.mean_contributors < P and sum(r.late) > 0
+    w = _replay_eager(X, y, r, P, lr, late, seed, batch)
+    np.testing.assert_allclose(r.coef_, w, rtol=1e-7, atol=1e-10)
+
+
+def test_carry_conserves_the_gradient_mass(data):
+    """A fixed gradient g on every rank, late="carry": every gradient computed is
+    applied once, or still carried; with "drop" the late ones are lost."""
+    X, y = data
+    g = np.linspace(-1.0, 1.0, X.shape[1])
+    model = fixed_gradient_model(g)
+    P, lr = 4, 0.5
+    cl = Cluster(1e-3, factors=[1.0, 1.5, 2.0, 3.0])
+    for late in ("carry", "drop"):
+        r = simulate(X, y, n_workers=P, collective="solo", late=late, epochs=1, lr=lr,
+                     model=model, cluster=cl, seed=0)
+        applied = -r.coef_ / (lr / P) / g           # gradients that reached the model
+        m = float(np.median(applied))
+        np.testing.assert_allclose(applied, m, rtol=1e-9)
+        computed = r.bytes_dense // (8 * X.shape[1])
+        contributed = sum(len(c) for c in r.log["contributors"])
+        if late == "drop":
+            assert round(m) == r.bytes_sent // (8 * X.shape[1]) <= contributed < computed
+        else:
+            assert round(m) <= computed and round(m) > contributed - 1
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, err, match", [
+    (dict(policy="asp", collective="sync"), ValueError, "give one of them"),
+    (dict(collective="ring"), ValueError, "collective"),
+    (dict(policy="fast"), ValueError, "policy"),
+    (dict(cluster="big"), TypeError, "cluster"),
+    (dict(drop=0.1, policy="bsp"), ValueError, "drop"),
+    (dict(drop=0.1, collective="sync"), ValueError, "drop"),
+    (dict(faults={9: 1.0}), ValueError, "faults"),
+    (dict(seed=-1), ValueError, "seed"),
+])
+def test_bad_input(data, kw, err, match):
+    X, y = data
+    with pytest.raises(err, match=match):
+        simulate(X, y, n_workers=2, epochs=1, **kw)
+
+
+def test_bad_models():
+    with pytest.raises(ValueError, match="step_s"):
+        Cluster(-1.0)
+    with pytest.raises(ValueError, match="classes"):
+        Cluster(classes=[(0.5, 1.0), (0.4, 2.0)])
+    with pytest.raises(ValueError, match="bandwidth"):
+        Network(bandwidth=0)
+    with pytest.raises(ValueError, match="topology"):
+        Network(topology="mesh")
+    with pytest.raises(ValueError, match="trace"):
+        Cluster(trace=[[]])
+    assert Network.gbps(8).bandwidth == 1e9
+    c = Cluster(classes=[(0.75, 1.0), (0.25, 4.0)])
+    assert c.worker_factors(8).tolist() == [1.0] * 6 + [4.0] * 2
