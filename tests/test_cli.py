@@ -20,10 +20,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: options each command must list in its --help (besides -h and -v)
 KIT_FLAGS = {
     "ps": ["--workers", "--slow", "--policies", "--seconds", "--target", "--samples",
-           "--features", "--seed", "--backend", "--address", "--start-method", "--out"],
+           "--holdout", "--features", "--seed", "--backend", "--address", "--start-method", "--out"],
     "hogwild": ["--samples", "--features", "--epochs", "--seed"],
     "eager": ["--backend", "--workers", "--collectives", "--late", "--imbalance", "--seconds",
-              "--target", "--reps", "--lr", "--alpha", "--batch", "--samples", "--features",
+              "--target", "--reps", "--lr", "--alpha", "--batch", "--samples", "--holdout",
+              "--features",
               "--seed", "--compress", "--epochs", "--out"],
     "selftest": ["--only"],
 }
@@ -101,11 +102,14 @@ def test_console_script_is_declared_and_installed():
 
 def test_tiny_ps_run(tmp_path):
     r = _run("-m", "sgd_shm", "ps", "--workers", "2", "--policies", "asp,saps", "--seconds",
-             "0.5", "--samples", "2000", "--features", "200", "--target", "0.69",
-             "--out", str(tmp_path))
+             "0.5", "--samples", "2000", "--holdout", "500", "--features", "200", "--target",
+             "0.69", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "ps-main.json").read_text())
     assert set(data["results"]) == {"asp", "saps"} and data["settings"]["command"] == "ps"
+    assert "held-out acc" in r.stdout and data["target_kind"] == "held-out accuracy"
+    for res in data["results"].values():           # scored on the held-out rows as it ran
+        assert res["history"][-1]["val_score"] == res["val_score"] > 0.69
     r = _run("-m", "sgd_shm.ps", "--policies", "bsp", "--backend", "ray", "--start-method",
              "spawn", timeout=120)
     assert r.returncode == 2 and "--start-method applies to --backend shm" in r.stderr
@@ -116,6 +120,7 @@ def test_tiny_hogwild_run_logs_epochs_with_v():
              "--epochs", "1")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Hogwild, 2 processes" in r.stdout and "tau" in r.stdout
+    assert "held-out acc" in r.stdout and "train loss" in r.stdout
     assert "INFO sgd_shm.hogwild.estimators: -- epoch 1: mean loss" in r.stderr
 
 
@@ -124,8 +129,10 @@ def test_tiny_eager_run(tmp_path):
              "--seconds", "0.3", "--samples", "2000", "--features", "200", "--out",
              str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert set(json.loads((tmp_path / "eager-main.json").read_text())["summary"]) == {
-        "sync", "solo"}
+    data = json.loads((tmp_path / "eager-main.json").read_text())
+    assert set(data["summary"]) == {"sync", "solo"} and "held-out acc" in r.stdout
+    for c, runs in data["runs"].items():
+        assert runs[0]["history"][-1]["val_score"] == data["summary"][c]["val_score"]
 
 
 def test_tiny_selftest_run():

@@ -393,6 +393,12 @@ def test_plots_return_figures_draw_where_told_and_keep_the_backend(tmp_path):
     mine = Figure()
     assert plot_losses(_curves(), 0.5, tmp_path / "ps.png", fig=mine) is mine
     assert len(mine.axes) == 4 and (tmp_path / "ps.png").stat().st_size > 0
+    held = _curves()
+    for c in held.values():                       # runs given eval_set: accuracy on top
+        c["val_score"] = [0.5 + 0.1 * i for i in range(len(c["seconds"]))]
+    fig = plot_losses(held, 0.6)
+    assert fig.axes[0].get_ylabel() == "held-out accuracy"
+    assert fig.axes[1].get_ylabel() == "training loss"
 
     class Run:
         history = [{"seconds": 0.0, "step": 0, "loss": 0.7}, {"seconds": 1.0, "step": 3,

@@ -6,10 +6,10 @@ chosen or switched, so they work the same in a script, a notebook or a server.
 Example::
 
     from sgd_shm.ps import curves_of, plot_losses
-    fig = plot_losses(curves_of(results), target=0.35)      # a Figure; nothing written
+    fig = plot_losses(curves_of(results), target=0.94)      # a Figure; nothing written
     fig.savefig("ps.png")                                   # or plot_losses(..., path=)
     # in a notebook: draw into a pyplot figure to show it inline
-    # import matplotlib.pyplot as plt; plot_losses(curves, 0.35, fig=plt.figure())
+    # import matplotlib.pyplot as plt; plot_losses(curves, 0.94, fig=plt.figure())
 """
 from __future__ import annotations
 
@@ -33,13 +33,16 @@ def _flag_intervals(events, end):
 
 
 def plot_losses(curves, target, path=None, title="", n_workers=None, *, fig=None):
-    """Four panels: training loss against seconds (SaPS detections dotted) and
-    against updates, one line per policy; the staleness histogram of each
-    policy's pushes; SaPS's detection timeline (which worker was flagged when).
+    """Four panels: held-out accuracy (runs given ``eval_set``; else the training
+    loss) against seconds, with SaPS detections dotted and ``target`` dashed; the
+    training loss against updates, one line per policy; the staleness histogram of
+    each policy's pushes; SaPS's detection timeline (which worker was flagged when).
 
-    ``curves``: {policy: {"seconds": [...], "loss": [...], "updates": [...]
-    (optional), "detections": [(seconds, worker)], "events": [(seconds, worker,
-    flagged)] (optional), "staleness_hist": [counts per log2 bin] (optional)}}.
+    ``curves``: {policy: {"seconds": [...], "loss": [...], "val_score": [...]
+    (optional), "updates": [...] (optional), "detections": [(seconds, worker)],
+    "events": [(seconds, worker, flagged)] (optional), "staleness_hist": [counts per
+    log2 bin] (optional)}}. ``target``: a held-out accuracy when the curves have
+    ``val_score``, else a training loss.
     Draws on ``fig`` (a matplotlib Figure, e.g. ``plt.figure()`` to show it in a
     notebook; default: a new ``Figure`` outside pyplot) and returns it; with ``path``
     it also writes the figure there (PNG, 100 dpi). Never touches the backend."""
@@ -47,8 +50,9 @@ def plot_losses(curves, target, path=None, title="", n_workers=None, *, fig=None
     axes = fig.subplots(2, 2)
     (a_t, a_u), (a_h, a_d) = axes
     colors = {}
+    held = bool(curves) and all(c.get("val_score") for c in curves.values())
     for pol, c in curves.items():
-        line, = a_t.plot(c["seconds"], c["loss"], label=pol)
+        line, = a_t.plot(c["seconds"], c["val_score"] if held else c["loss"], label=pol)
         colors[pol] = line.get_color()
         for t, _ in c["detections"]:
             a_t.axvline(t, color=line.get_color(), ls=":", lw=1)
@@ -59,10 +63,13 @@ def plot_losses(curves, target, path=None, title="", n_workers=None, *, fig=None
             last = int(np.flatnonzero(h)[-1]) + 1
             a_h.step(np.arange(last), h[:last] / h.sum(), where="mid", label=pol,
                      color=colors[pol])
-    for ax, xl in ((a_t, "seconds"), (a_u, "updates applied")):
-        ax.axhline(target, color="grey", ls="--", lw=1, label="target")
+    a_t.axhline(target, color="grey", ls="--", lw=1, label="target")
+    if not held:
+        a_u.axhline(target, color="grey", ls="--", lw=1, label="target")
+    for ax, xl, yl in ((a_t, "seconds", "held-out accuracy" if held else "training loss"),
+                       (a_u, "updates applied", "training loss")):
         ax.set_xlabel(xl)
-        ax.set_ylabel("training loss")
+        ax.set_ylabel(yl)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     a_h.set_xlabel("push staleness τ, log2 bins (0: τ=0; i: 2^(i-1) ≤ τ < 2^i)")
@@ -96,6 +103,7 @@ def curves_of(results):
     """The ``plot_losses`` input for {policy: TrainResult}."""
     return {pol: {"seconds": [h["seconds"] for h in r.history],
                   "loss": [h["loss"] for h in r.history],
+                  "val_score": [h["val_score"] for h in r.history if "val_score" in h],
                   "updates": [h["step"] for h in r.history],
                   "detections": r.detections, "events": r.events,
                   "staleness_hist": np.sum(r.staleness_hist, axis=0).tolist()}
