@@ -11,6 +11,8 @@ commands:
             (see :mod:`sgd_shm.hogwild.__main__`)
   eager     synchronous, solo and majority allreduce (eager-SGD) under load imbalance
             (see :mod:`sgd_shm.eager.__main__`)
+  sim       policies and collectives at 16-1,024 simulated workers, in virtual time
+            (see :mod:`sgd_shm.sim.__main__`)
   selftest  every component briefly: a smoke test of an installed kit
             (see :mod:`sgd_shm.selftest`)
 
@@ -32,6 +34,8 @@ COMMANDS = {
                 "lock-free Hogwild SGD beside scikit-learn's SGDClassifier"),
     "eager": ("sgd_shm.eager.__main__",
               "sync, solo and majority allreduce (eager-SGD) under load imbalance"),
+    "sim": ("sgd_shm.sim.__main__",
+            "policies and collectives at 16-1,024 simulated workers, in virtual time"),
     "selftest": ("sgd_shm.selftest", "a smoke test of every component of the installed kit"),
 }
 #: what ``python -m sgd_shm [options]`` runs (the README's quick start)
@@ -46,6 +50,7 @@ _EXAMPLES = """examples:
   python -m sgd_shm ps --workers 2 --policies bsp,saps --seconds 3 --out results/
   python -m sgd_shm hogwild --samples 20000 --features 5000
   python -m sgd_shm eager --reps 3
+  python -m sgd_shm sim --workers 128 --policies bsp,asp,saps --gbps 10
   python -m sgd_shm selftest --only hogwild,compress
   (installed: sgd-shm COMMAND [options])"""
 

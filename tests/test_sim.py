@@ -294,3 +294,50 @@ def test_bad_models():
     assert Network.gbps(8).bandwidth == 1e9
     c = Cluster(classes=[(0.75, 1.0), (0.25, 4.0)])
     assert c.worker_factors(8).tolist() == [1.0] * 6 + [4.0] * 2
+
+
+# ---- the command line ---------------------------------------------------------------------
+
+def test_cli_sim_runs_and_writes(tmp_path, capsys):
+    from sgd_shm.__main__ import main
+    rc = main(["sim", "--workers", "16", "--policies", "bsp,saps", "--collectives", "majority",
+               "--imbalance", "1", "0.002", "--samples", "1500", "--holdout", "300",
+               "--features", "200", "--epochs", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "16 workers" in out and "saps" in out and "majority" in out
+    import json
+    got = json.loads((tmp_path / "sim-main.json").read_text())
+    assert set(got["runs"]) == {"bsp", "saps", "majority"}
+    assert got["runs"]["bsp"]["updates"] > 0 and (tmp_path / "sim-main.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--policies", "fast"], "--policies"),
+    (["--policies", "", "--collectives", ""], "at least one"),
+    (["--classes", "0.5:1,0.2:4"], "--classes"),
+    (["--target", "2"], "--target"),
+])
+def test_cli_sim_bad_options(argv, match, capsys):
+    from sgd_shm.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["sim", *argv])
+    assert e.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_cli_sim_help_runs_nothing(capsys, monkeypatch):
+    import sgd_shm.sim.__main__ as sim_cli
+    from sgd_shm.__main__ import main
+    for a in ("run", "check"):
+        monkeypatch.setattr(sim_cli, a, lambda *_, _a=a, **__: pytest.fail(f"{_a} ran"))
+    with pytest.raises(SystemExit) as e:
+        main(["sim", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m sgd_shm sim ")
+    for flag in ("--workers", "--policies", "--collectives", "--classes", "--gbps",
+                 "--imbalance", "--compress", "--epochs", "--target", "--out", "--verbose"):
+        assert flag in out, flag
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert "    sim " in capsys.readouterr().out
