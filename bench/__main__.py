@@ -259,16 +259,18 @@ def cmd_hogwild(args):
     p = extra["problem"]
     print(f"\nHogwild, log loss, {p['n_samples']:,} x {p['n_features']:,} "
           f"({p['nnz'] / 1e6:.1f}M nonzeros), {args.epochs} epochs, median of {args.reps}; "
-          f"target loss {extra['target_train_loss']:.4f} (1.01 x sklearn's final)")
+          f"target held-out accuracy {extra['target_val_accuracy']:.4f} (sklearn's final "
+          f"- {extra['target_gap']:g})")
     print(f"{'competitor':20s} {'workers':>7s} {'epoch s':>8s} {'vs sklearn':>10s} "
-          f"{'vs 1 (paired)':>13s} {'final loss':>10s} {'time to target s':>16s}")
+          f"{'vs 1 (paired)':>13s} {'held-out acc':>12s} {'train loss':>10s} "
+          f"{'time to target s':>16s}")
     sk = next(r for r in rows if r["competitor"] == "sklearn")
     for r in rows:
         ttt = f"{r['time_to_target_s']:.3f}" if r["time_to_target_s"] is not None else "not reached"
         sp1 = f"{r['speedup_vs_1']:.2f}x" if "speedup_vs_1" in r and r["workers"] > 1 else "-"
         print(f"{r['competitor']:20s} {r['workers']:7d} {r['epoch_s_median']:8.3f} "
               f"{sk['epoch_s_median'] / r['epoch_s_median']:9.2f}x {sp1:>13s} "
-              f"{r['final_train_loss']:10.4f} {ttt:>16s}")
+              f"{r['final_val_accuracy']:12.4f} {r['final_train_loss']:10.4f} {ttt:>16s}")
     hogwild.print_fits(extra["fits"], extra["free_cores_before_after_fits"])
     hl = extra["hot_layout_s"]
     if hl["hot_features"] == p["n_features"]:
@@ -524,21 +526,21 @@ FLAGS = {
                                           help="columns of the PS problem (default 2000)")),
     "ps_seconds": ("--ps-seconds", dict(type=float, default=4.0,
                                         help="seconds per PS run (default 4)")),
-    "ps_target": ("--ps-target", dict(type=float, default=0.53,
-                                      help="target training loss (default 0.53)")),
-    "ps_tight": ("--ps-tight", dict(type=float, default=0.521, help="tighter target training "
-                                    "loss, also reported (default 0.521)")),
-    "ps_loose": ("--ps-loose", dict(type=float, default=0.68, help="looser target training "
-                                    "loss, also reported (default 0.68)")),
+    "ps_target": ("--ps-target", dict(type=float, default=0.935,
+                                      help="target held-out accuracy (default 0.935)")),
+    "ps_tight": ("--ps-tight", dict(type=float, default=0.94, help="tighter target held-out "
+                                    "accuracy, also reported (default 0.94)")),
+    "ps_loose": ("--ps-loose", dict(type=float, default=0.93, help="looser target held-out "
+                                    "accuracy, also reported (default 0.93)")),
     "backend": ("--backend", dict(choices=["shm", "ray", "both"], default="shm",
                                   help="the parameter server's transport: shared memory, Ray "
                                        "or both side by side (default shm)")),
     "eager_seconds": ("--eager-seconds", dict(type=float, default=3.0,
                                               help="seconds per eager-SGD trainer run "
                                                    "(default 3)")),
-    "eager_target": ("--eager-target", dict(type=float, default=0.53,
-                                            help="eager-SGD target training loss "
-                                                 "(default 0.53)")),
+    "eager_target": ("--eager-target", dict(type=float, default=0.935,
+                                            help="eager-SGD target held-out accuracy "
+                                                 "(default 0.935)")),
     "eager_sleep": ("--eager-sleep", dict(type=float, default=0.002,
                                           help="seconds the rank drawn each round sleeps "
                                                "(default 0.002)")),
@@ -583,7 +585,7 @@ SCENARIOS = {
                 _RUN + ["prefill", "quality_iters"]),
     "counter": ("MultiCounter increments vs threads/processes, and read() error",
                 _RUN + ["iters", "py_iters"]),
-    "hogwild": ("Hogwild SGD epoch time and time to a target loss vs workers, beside "
+    "hogwild": ("Hogwild SGD epoch time and time to a held-out accuracy vs workers, beside "
                 "scikit-learn", _RUN + ["epochs", "sgd_samples", "sgd_features", "torch",
                                         "torch_batch", "cxx"]),
     "mis": ("greedy MIS / matching: wasted work vs q, k, n; time vs threads",
@@ -621,7 +623,7 @@ DETAILS = {
                     "Manager-served queue.PriorityQueue",
     "quality": "rank error and delay of pops, replayed from per-thread operation logs",
     "counter": "MultiCounter increments vs threads/processes, and read() error",
-    "hogwild": "Hogwild SGD epoch time and time to a target loss vs workers, beside "
+    "hogwild": "Hogwild SGD epoch time and time to a held-out accuracy vs workers, beside "
                "scikit-learn's SGDClassifier and a locked baseline",
     "mis": "greedy MIS / matching: wasted work vs q, k and n; time vs threads beside "
            "sequential greedy (Numba) and networkx",

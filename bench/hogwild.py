@@ -1,8 +1,10 @@
-"""Hogwild SGD: epoch time and time to a target loss vs workers.
+"""Hogwild SGD: epoch time and time to a held-out accuracy vs workers.
 
-Problem: ``sgd_shm.data.make_rcv1_like`` (default 200k × 50k, about 14M nonzeros),
-logistic loss, L2 with alpha = 1e-4, 'optimal' learning rate (scikit-learn's defaults
-for SGDClassifier with loss='log_loss').
+Problem: ``sgd_shm.data.make_rcv1_like`` (default 200k × 50k training rows, about 14M
+nonzeros, and a tenth as many more rows held out), logistic loss, L2 with alpha =
+1e-4, 'optimal' learning rate (scikit-learn's defaults for SGDClassifier with
+loss='log_loss'). After every epoch: the training log loss and the held-out accuracy;
+the target: scikit-learn's final held-out accuracy minus TARGET_GAP.
 
 Competitors, same loss, penalty, schedule and number of epochs:
 ``sklearn`` (SGDClassifier, one epoch per ``partial_fit``: it has no threads for a
@@ -16,8 +18,9 @@ on every step) and ``locked`` (the plain kernel with a spinlock around every sam
 step: the classic alternative to Hogwild). Building the rows the kernels read is timed
 apart (``hot_layout_s``), as it is paid once per fit, not per epoch. Epochs run back to
 back, as in a fit (and as the C++ reference runs them): each competitor keeps a copy of
-its weights after every epoch, and the full training log losses are computed from
-those copies after its last epoch, outside the timed region. With ``--cxx``,
+its weights after every epoch, and the full training log losses and held-out
+accuracies are computed from those copies after its last epoch, outside the timed
+region. With ``--cxx``,
 ``cxx-hogwild`` is a plain C++ Hogwild (``bench/cxx/hogwild.cpp``: the same algorithm
 with std::thread, no prefetching, no hot buffers), compiled on the spot and run in the
 same repetitions.
@@ -34,8 +37,8 @@ rows, the pool of processes, the epochs. Where "auto" copies the rows hot-first 
 data), a T-worker fit runs twice: ``fresh`` (the first fit on this matrix: the copy is
 built) and ``reused`` (a refit on the same, unchanged matrix: the layout kept by the
 last fit is checked by its fingerprint and reused, see ``sgd_shm.hogwild.hot_rows``). Every fit's
-training accuracy and log loss are reported beside its time; speed-ups are paired
-with the 1-worker fit of the same repetition, as above.
+held-out accuracy and training log loss are reported beside its time; speed-ups are
+paired with the 1-worker fit of the same repetition, as above.
 """
 from __future__ import annotations
 
@@ -48,12 +51,30 @@ from bench.common import Series
 
 #: max_iter of the whole fits timed (see the module notes)
 FIT_ITERS = (5, 10)
+#: the target: scikit-learn's final held-out accuracy minus this (half a point)
+TARGET_GAP = 0.005
 
 
 def train_loss(X, y, coef, icpt):
     """Mean log loss of the linear model (coef, icpt) on X with labels y in {-1, +1}."""
     z = y * (X @ coef + icpt)
     return float(np.mean(np.logaddexp(0.0, -z)))
+
+
+def accuracy(X, y, coef, icpt):
+    """Accuracy of the linear model (coef, icpt) on X with labels y in {-1, +1}."""
+    return float(np.mean(np.where(X @ coef + icpt > 0, 1.0, -1.0) == y))
+
+
+def split(X, y, n_train):
+    """(X, y, (X_val, y_val)): the first ``n_train`` rows, and the rest held out."""
+    return X[:n_train], y[:n_train], (X[n_train:], y[n_train:])
+
+
+def _measures(X, y, held, snaps):
+    """(training log losses, held-out accuracies) of per-epoch weight copies."""
+    return ([train_loss(X, y, *wb) for wb in snaps],
+            [accuracy(*held, *wb) for wb in snaps])
 
 
 def _epoch_time(times):
@@ -73,13 +94,13 @@ def _run_kit(prob, X, y, epochs, workers, backend, locked, seed):
             sgd.epoch(prob)
             times.append(time.perf_counter() - t0)
             snaps.append((sgd.W[0].copy(), sgd.b[0]))
-    return times, [train_loss(X, y, *wb) for wb in snaps]
+    return times, snaps
 
 
 def _run_cxx(ref, X, y, epochs, workers, seed):
     from sgd_shm.hogwild import _kernels as K
     times, weights = ref.run(workers, epochs, seed, 1e-4, K.optimal_t0(1e-4, K.LOG))
-    return times, [train_loss(X, y, coef, icpt) for coef, icpt in weights]
+    return times, list(weights)
 
 
 def _run_sklearn(X, y, epochs, seed):
@@ -93,11 +114,11 @@ def _run_sklearn(X, y, epochs, seed):
             clf.partial_fit(X, y, classes=[-1.0, 1.0])
             times.append(time.perf_counter() - t0)
             snaps.append((clf.coef_[0].copy(), clf.intercept_[0]))
-    return times, [train_loss(X, y, *wb) for wb in snaps]
+    return times, snaps
 
 
-def _fit_once(X, y, max_iter, workers, backend, seed, layout=None):
-    """(seconds, training accuracy, training log loss, hot features buffered) of one
+def _fit_once(X, y, held, max_iter, workers, backend, seed, layout=None):
+    """(seconds, held-out accuracy, training log loss, hot features buffered) of one
     whole fit: the kit's HogwildClassifier (workers >= 1; ``layout`` "fresh": forget
     the kept hot-first layout first, "reused": keep one of X, None: neither, for data
     whose rows "auto" reads in place) or, with workers == 0, SGDClassifier."""
@@ -120,8 +141,8 @@ def _fit_once(X, y, max_iter, workers, backend, seed, layout=None):
         t0 = time.perf_counter()
         clf.fit(X, y)
         seconds = time.perf_counter() - t0
-    return (seconds, float(clf.score(X, y)), train_loss(X, y, clf.coef_[0], clf.intercept_[0]),
-            getattr(clf, "hot_features_", 0))
+    return (seconds, float(clf.score(*held)),
+            train_loss(X, y, clf.coef_[0], clf.intercept_[0]), getattr(clf, "hot_features_", 0))
 
 
 def free_cores(threads=2, reps=3, n=30_000_000):
@@ -146,7 +167,7 @@ def free_cores(threads=2, reps=3, n=30_000_000):
     return float(np.median([threads * wall(1) / wall(threads) for _ in range(reps)]))
 
 
-def run_fits(X, y, workers_list, reps, seed, iters=FIT_ITERS):
+def run_fits(X, y, held, workers_list, reps, seed, iters=FIT_ITERS):
     """Whole fits (see the module notes), interleaved over ``reps`` repetitions after
     a warm-up, with the cache-line handoff between two threads measured around each
     repetition (``bench.common.handoff_ns``); returns (one row per (competitor,
@@ -168,7 +189,7 @@ def run_fits(X, y, workers_list, reps, seed, iters=FIT_ITERS):
         for it in iters:
             for c in comps:
                 name, T, backend, layout = c
-                r = _fit_once(X, y, it, T, backend, seed + rep, layout)
+                r = _fit_once(X, y, held, it, T, backend, seed + rep, layout)
                 if rep:
                     runs[(c, it)].append(r)
         if rep:
@@ -180,7 +201,7 @@ def run_fits(X, y, workers_list, reps, seed, iters=FIT_ITERS):
         secs = np.array([r[0] for r in rs])
         row = {"competitor": name, "workers": max(T, 1), "max_iter": it,
                "fit_s": secs.tolist(), "fit_s_median": float(np.median(secs)),
-               "train_accuracy": float(np.median([r[1] for r in rs])),
+               "val_accuracy": float(np.median([r[1] for r in rs])),
                "train_loss": float(np.median([r[2] for r in rs])),
                "hot_features": int(rs[0][3])}
         one = np.array([r[0] for r in runs[(comps[1], it)]])
@@ -205,8 +226,8 @@ def print_fits(fits, free=None):
           (f"; a private busy loop on 2 threads got {free[0]:.2f} and {free[1]:.2f} cores "
            "before and after" if free else "") + ":")
     print(f"{'competitor':28s} {'workers':>7s} {'max_iter':>8s} {'fit s':>7s} "
-          f"{'vs 1 worker (cores near, far)':>31s} {'vs sklearn':>10s} {'accuracy':>8s} "
-          f"{'loss':>7s}")
+          f"{'vs 1 worker (cores near, far)':>31s} {'vs sklearn':>10s} {'held-out acc':>12s} "
+          f"{'train loss':>10s}")
     for r in fits:
         v1 = f"{r['speedup_vs_1']:.2f}x" if r.get("workers", 1) > 1 else "-"
         for p in ("near", "far"):
@@ -214,8 +235,8 @@ def print_fits(fits, free=None):
                 v1 += f" {p} {r[f'speedup_vs_1_{p}']:.2f}x"
         vs = f"{r['speedup_vs_sklearn']:.2f}x" if "speedup_vs_sklearn" in r else "-"
         print(f"{r['competitor']:28s} {r['workers']:7d} {r['max_iter']:8d} "
-              f"{r['fit_s_median']:7.3f} {v1:>31s} {vs:>10s} {r['train_accuracy']:8.4f} "
-              f"{r['train_loss']:7.4f}")
+              f"{r['fit_s_median']:7.3f} {v1:>31s} {vs:>10s} {r['val_accuracy']:12.4f} "
+              f"{r['train_loss']:10.4f}")
 
 
 def print_sweep(sweep):
@@ -225,7 +246,8 @@ def print_sweep(sweep):
         print(f"  {r['problem']:8s} {r['n_features']:>9,} features "
               f"({r['nnz'] / r['n_features']:6.0f} nnz each)  {r['variant']:14s} "
               f"{r['workers']} worker(s) {r['epoch_s']:7.3f} s  {r['speedup_vs_1']:5.2f}x "
-              f"train loss {r['train_loss']:.4f}{' *' if r['auto'] else ''}")
+              f"train loss {r['train_loss']:.4f}  held-out acc {r['val_accuracy']:.4f}"
+              f"{' *' if r['auto'] else ''}")
 
 
 def _problems(X, y, E, workers_list):
@@ -296,14 +318,16 @@ def hot_sweep(args, epochs=4):
     one worker, on SWEEP_PROBLEMS: what "auto" chooses between; each run as the main
     table's (``_run_kit``). Interleaved over ``args.reps`` after a warm-up; epoch time =
     median of epochs 2..E, paired with the same repetition's one-worker epoch; training
-    loss after the last epoch. Returns one row per (problem, variant)."""
+    loss and held-out accuracy (a tenth as many more rows) after the last epoch.
+    Returns one row per (problem, variant)."""
     from sgd_shm.data import make_rcv1_like
     from sgd_shm.hogwild import AUTO_HOT_FEATURES, AUTO_HOT_MIN_EPOCHS, Problem, auto_hot_features
     rows = []
     for name, wider, denser in SWEEP_PROBLEMS:
         d = args.sgd_features * wider
-        X, y = make_rcv1_like(args.sgd_samples, d, density=0.0015 * denser,
-                              random_state=args.seed)
+        X, y = make_rcv1_like(args.sgd_samples + args.sgd_samples // 10, d,
+                              density=0.0015 * denser, random_state=args.seed)
+        X, y, held = split(X, y, args.sgd_samples)
         Y = y[:, None]
         top = min(AUTO_HOT_FEATURES, d - 1)
         variants = (("1 worker", 0, 1), ("plain", 0, 2), (f"top {top}", top, 2),
@@ -311,13 +335,16 @@ def hot_sweep(args, epochs=4):
         probs = {H: Problem.from_xy(X, Y, hot_features=H) for _, H, _ in variants}
         times = {v: [] for v in variants}
         losses = {v: [] for v in variants}
+        accs = {v: [] for v in variants}
         for rep in range(args.reps + 1):
             for v in variants:
-                ts, ls = _run_kit(probs[v[1]], X, y, epochs, v[2], "threads", False,
-                                  args.seed + rep)
+                ts, snaps = _run_kit(probs[v[1]], X, y, epochs, v[2], "threads", False,
+                                     args.seed + rep)
                 if rep:
                     times[v].append(_epoch_time(ts))
+                    ls, acc = _measures(X, y, held, snaps[-1:])
                     losses[v].append(ls[-1])
+                    accs[v].append(acc[-1])
         one = np.asarray(times[variants[0]])
         auto = auto_hot_features(X, AUTO_HOT_MIN_EPOCHS, 1, 2)
         for v in variants:
@@ -326,19 +353,20 @@ def hot_sweep(args, epochs=4):
                          "workers": v[2], "epoch_s": float(np.median(times[v])),
                          "speedup_vs_1": float(np.median(one / np.asarray(times[v]))),
                          "train_loss": float(np.median(losses[v])),
+                         "val_accuracy": float(np.median(accs[v])),
                          "auto": v[2] > 1 and v[1] == auto})
     return rows
 
 
 def _summaries(comps, series, curves):
     """(one result row per competitor: rates, epoch time, paired speed-up against its
-    one worker, final training loss, time to the target; the target: 1.01 × sklearn's
-    final training loss)."""
+    one worker, final training loss and held-out accuracy, time to the target; the
+    target: sklearn's final held-out accuracy minus TARGET_GAP)."""
     rows = []
     target = None
     base = curves[("sklearn", 1, None, False)]
     if base:
-        target = 1.01 * float(np.median([cv["train_loss"][-1] for cv in base]))
+        target = float(np.median([cv["val_accuracy"][-1] for cv in base])) - TARGET_GAP
 
     def epoch_s(c):
         return [_epoch_time(cv["epoch_s"]) for cv in curves[c]]
@@ -354,10 +382,12 @@ def _summaries(comps, series, curves):
             s["speedup_vs_1"] = float(np.median(ratios))
             s["speedup_vs_1_range"] = [float(ratios.min()), float(ratios.max())]
         s["final_train_loss"] = float(np.median([cv["train_loss"][-1] for cv in curves[c]]))
+        s["final_val_accuracy"] = float(np.median([cv["val_accuracy"][-1]
+                                                   for cv in curves[c]]))
         ttt = []
         for cv in curves[c]:
             cum = np.cumsum(cv["epoch_s"])
-            hit = np.flatnonzero(np.asarray(cv["train_loss"]) <= target)
+            hit = np.flatnonzero(np.asarray(cv["val_accuracy"]) >= target)
             ttt.append(float(cum[hit[0]]) if hit.size else None)
         ok = [v for v in ttt if v is not None]
         s["time_to_target_s"] = float(np.median(ok)) if len(ok) == len(ttt) else None
@@ -373,7 +403,9 @@ def run(args, workers_list):
 
     from sgd_shm.data import make_rcv1_like
     t0 = time.perf_counter()
-    X, y = make_rcv1_like(args.sgd_samples, args.sgd_features, random_state=args.seed)
+    X, y = make_rcv1_like(args.sgd_samples + args.sgd_samples // 10, args.sgd_features,
+                          random_state=args.seed)
+    X, y, held = split(X, y, args.sgd_samples)
     gen_s = time.perf_counter() - t0
     E = args.epochs
     prob_of, H_auto, layout_s = _problems(X, y, E, workers_list)
@@ -399,15 +431,17 @@ def run(args, workers_list):
             for c in comps:
                 name, T, backend, locked = c
                 if name == "sklearn":
-                    times, losses = _run_sklearn(X, y, E, args.seed + rep)
+                    times, snaps = _run_sklearn(X, y, E, args.seed + rep)
                 elif name == "cxx-hogwild":
-                    times, losses = _run_cxx(ref, X, y, E, T, args.seed + rep)
+                    times, snaps = _run_cxx(ref, X, y, E, T, args.seed + rep)
                 else:
-                    times, losses = _run_kit(prob_of(name, T), X, y, E, T, backend, locked,
-                                             args.seed + rep)
+                    times, snaps = _run_kit(prob_of(name, T), X, y, E, T, backend, locked,
+                                            args.seed + rep)
                 if rep:
                     series[c].rates.append(X.shape[0] / _epoch_time(times))
-                    curves[c].append({"epoch_s": times, "train_loss": losses})
+                    losses, accs = _measures(X, y, held, snaps)
+                    curves[c].append({"epoch_s": times, "train_loss": losses,
+                                      "val_accuracy": accs})
                 bar.update()
         bar.close()
     finally:
@@ -417,15 +451,16 @@ def run(args, workers_list):
     stale = _staleness(X, workers_list, prob_of, args.seed)
     sweep = hot_sweep(args)
     free = [free_cores()]
-    fits, handoffs = run_fits(X, y, workers_list, args.reps, args.seed)
+    fits, handoffs = run_fits(X, y, held, workers_list, args.reps, args.seed)
     free.append(free_cores())
     extra = {"fits": fits, "free_cores_before_after_fits": free, "staleness": stale,
              "hot_sweep": sweep,
              "handoff_ns_fits": handoffs,
              "problem": {"n_samples": X.shape[0], "n_features": X.shape[1], "nnz": int(X.nnz),
+                         "n_held_out": held[0].shape[0],
                          "generate_s": gen_s, "loss": "log_loss", "alpha": 1e-4,
                          "learning_rate": "optimal"},
-             "target_train_loss": target,
+             "target_val_accuracy": target, "target_gap": TARGET_GAP,
              "hot_layout_s": {"hot_features": H_auto,
                               "plain_s": float(np.median(layout_s["plain"])),
                               "hot_s": float(np.median(layout_s["hot"])),

@@ -58,14 +58,17 @@ def _hogwild(d):
     ax1.set_ylim(bottom=0)
     ax1.grid(alpha=0.3)
     ax1.legend(fontsize=8)
+    held = "val_accuracy" in rows[0]["curves"][0]       # files from before: training loss
+    key = "val_accuracy" if held else "train_loss"
     for r in rows:
         cv = r["curves"][0]
-        ax2.plot(np.cumsum(cv["epoch_s"]), cv["train_loss"], marker=".",
+        ax2.plot(np.cumsum(cv["epoch_s"]), cv[key], marker=".",
                  label=f"{r['competitor']} ({r['workers']})")
-    if d.get("target_train_loss"):
-        ax2.axhline(d["target_train_loss"], color="gray", ls=":", label="target")
+    target = d.get("target_val_accuracy" if held else "target_train_loss")
+    if target:
+        ax2.axhline(target, color="gray", ls=":", label="target")
     ax2.set_xlabel("training seconds")
-    ax2.set_ylabel("training log loss")
+    ax2.set_ylabel("held-out accuracy" if held else "training log loss")
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=7)
     for key, v in d.get("staleness", {}).items():

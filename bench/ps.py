@@ -5,10 +5,11 @@ Policies: BSP, ASP, SSP and SaPS on the same problem, worker 0 slowed 4x. Each
 repetition runs every policy once on every backend (interleaved: policy by policy,
 the backends in turn, their order alternating between repetitions) for ``seconds``,
 plus a SaPS control run with no slowdown per backend (nobody should be flagged);
-reported per backend: the time to a loose, the main and a tight target training
-loss (from the loss history), the final loss, updates and updates/s, mean push
-staleness, minibatches stolen, the epochs of the straggler's partition against the
-others', and detections. Medians.
+the problem's last ``holdout`` rows are held out and scored as the runs go. Reported
+per backend: the time to a loose, the main and a tight target held-out accuracy
+(from the history), the final held-out accuracy and training loss, updates and
+updates/s, mean push staleness, minibatches stolen, the epochs of the straggler's
+partition against the others', and detections. Medians.
 
 Transport: in the same repetitions, each backend's pull and push alone, through the
 link the worker loop talks to (:class:`sgd_shm.ps.shm_backend.ShmLink` on a
@@ -153,7 +154,7 @@ def _transport_rows(tr, d, n_shards, seconds):
 # ---- the runs -------------------------------------------------------------------------
 
 def _policy_row(pol, backend, rs, n_workers, slow, targets):
-    ttt = {name: [r.time_to(t) for r in rs] for name, t in targets.items()}
+    ttt = {name: [r.time_to_score(t) for r in rs] for name, t in targets.items()}
     tau = [r.mean_staleness for r in rs]
     ep0 = [r.batches["epochs"][0] / max(1, statistics.median(r.batches["epochs"][1:]))
            for r in rs] if n_workers > 1 else [1.0] * len(rs)
@@ -168,6 +169,8 @@ def _policy_row(pol, backend, rs, n_workers, slow, targets):
             "reached_loose": sum(t is not None for t in ttt["loose"]),
             "time_to_loose": ttt["loose"],
             "final_loss_median": statistics.median(r.final_loss for r in rs),
+            "val_score_median": statistics.median(r.val_score for r in rs),
+            "val_scores": [r.val_score for r in rs],
             "updates_median": statistics.median(r.updates for r in rs),
             "updates_per_s_median": statistics.median(r.updates / r.seconds for r in rs),
             "mean_staleness_median": statistics.median(tau),
@@ -182,10 +185,11 @@ def _policy_row(pol, backend, rs, n_workers, slow, targets):
 
 
 def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
-        target=0.53, tight=0.521, loose=0.68, slow=4.0, backends=("shm",),
-        transport_seconds=1.0, progress=True):
+        target=0.935, tight=0.94, loose=0.93, slow=4.0, backends=("shm",),
+        transport_seconds=1.0, progress=True, holdout=5_000):
     backends = list(backends)
-    X, y = make_rcv1_like(samples, features, random_state=seed)
+    X, y = make_rcv1_like(samples + holdout, features, random_state=seed)
+    X, y, held = X[:samples], y[:samples], (X[samples:], y[samples:])
     session = ensure_ray(n_workers) if "ray" in backends else None
     counts = sorted({1, n_workers})
     g = np.random.default_rng(seed).standard_normal(features)
@@ -204,7 +208,7 @@ def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
                 # one seed for every repetition: the same partitions and evaluation
                 # rows, so the targets mean the same; repetitions differ in timing only
                 r = train(X, y, n_workers=n_workers, policy=pol, slowdown={0: slow},
-                          max_seconds=seconds, seed=seed, backend=b,
+                          max_seconds=seconds, seed=seed, backend=b, eval_set=held,
                           session=session if b == "ray" else None)
                 if rep:
                     acc[b, pol].append(r)
@@ -237,7 +241,8 @@ def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
     targets = {"target": target, "tight": tight, "loose": loose}
     rows = [_policy_row(pol, b, acc[b, pol], n_workers, slow, targets)
             for b in backends for pol in POLICIES]
-    problem = {"samples": samples, "features": features, "seconds": seconds, "target": target,
+    problem = {"samples": samples, "holdout": holdout, "target_kind": "held-out accuracy",
+               "features": features, "seconds": seconds, "target": target,
                "tight_target": tight, "loose_target": loose, "backends": backends,
                "reps": reps, "n_shards": N_SHARDS, "transport_seconds": transport_seconds}
     extra = {"asp_pushes_per_s": [
@@ -259,8 +264,9 @@ def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
 
 
 def ratios(rows):
-    """Per backend: BSP's time to each target over SaPS's, and SaPS's final loss minus
-    ASP's. ({backend: {...}}; rows without a backend are shared memory's.)"""
+    """Per backend: BSP's time to each target over SaPS's, SaPS's final loss minus
+    ASP's and its final held-out accuracy minus ASP's and BSP's. ({backend: {...}};
+    rows without a backend are shared memory's.)"""
     out = {}
     for b in dict.fromkeys(r.get("backend", "shm") for r in rows):
         by = {r["policy"]: r for r in rows if r.get("backend", "shm") == b}
@@ -271,6 +277,10 @@ def ratios(rows):
                 o[f"bsp_over_saps_time_to_{name}"] = by["bsp"][key] / by["saps"][key]
         o["saps_minus_asp_final_loss"] = (by["saps"]["final_loss_median"]
                                           - by["asp"]["final_loss_median"])
+        if "val_score_median" in by["saps"]:
+            for other in ("asp", "bsp"):
+                o[f"saps_minus_{other}_val_score"] = (by["saps"]["val_score_median"]
+                                                      - by[other]["val_score_median"])
         o["saps_over_bsp_updates"] = (by["saps"]["updates_median"]
                                       / max(1, by["bsp"]["updates_median"]))
     return out
@@ -306,17 +316,21 @@ _LABEL = {"shm": "shared memory", "ray": "Ray"}
 
 
 def _loss_panels(a_t, a_u, a_h, backends, curves, p):
-    """Loss against time and updates, and the staleness histograms, per backend."""
+    """Held-out accuracy (the training loss in files from before held-out data)
+    against time, the training loss against updates, and the staleness histograms,
+    per backend."""
     from matplotlib.lines import Line2D
     color = {pol: f"C{i}" for i, pol in enumerate(POLICIES)}
+    held = p.get("target_kind") == "held-out accuracy"
     for b in backends:
         for pol, c in curves.get(b, {}).items():
             kw = dict(color=color.get(pol), ls=_STYLE.get(b, ":"), lw=1.4)
-            a_t.plot(c["seconds"], c["loss"], **kw)
+            top = c["val_score"] if held else c["loss"]
+            a_t.plot(c["seconds"], top, **kw)
             for t, _ in c["detections"][:1]:      # SaPS's first detection, on its curve
                 i = int(np.searchsorted(c["seconds"], t))
-                if i < len(c["loss"]):
-                    a_t.plot([c["seconds"][i]], [c["loss"][i]], marker="v", ms=7,
+                if i < len(top):
+                    a_t.plot([c["seconds"][i]], [top[i]], marker="v", ms=7,
                              color=color.get(pol), mec="k")
             if c.get("updates"):
                 u = np.maximum(c["updates"], 1)
@@ -325,14 +339,17 @@ def _loss_panels(a_t, a_u, a_h, backends, curves, p):
             if h.sum() > 0:
                 last = int(np.flatnonzero(h)[-1]) + 1
                 a_h.step(np.arange(last), h[:last] / h.sum(), where="mid", **kw)
-    for ax, xl in ((a_t, "seconds" + (" (log)" if len(backends) > 1 else "")),
-                   (a_u, "updates applied (log)")):
+    for ax, xl, yl in ((a_t, "seconds" + (" (log)" if len(backends) > 1 else ""),
+                        "held-out accuracy" if held else "training loss"),
+                       (a_u, "updates applied (log)", "training loss")):
         for t, ls in ((p["target"], "--"), (p.get("loose_target"), ":")):
-            if t is not None:
+            if t is not None and (ax is a_t or not held):
                 ax.axhline(t, color="grey", ls=ls, lw=1)
         ax.set_xlabel(xl)
-        ax.set_ylabel("training loss")
+        ax.set_ylabel(yl)
         ax.grid(alpha=0.3)
+    if held:
+        a_t.set_ylim(max(0.5, p["loose_target"] - 0.05), None)
     a_u.set_xscale("log")
     if len(backends) > 1:
         a_t.set_xscale("log")                     # the transports differ by orders of magnitude
@@ -346,7 +363,8 @@ def _loss_panels(a_t, a_u, a_h, backends, curves, p):
         handles.append(Line2D([], [], color="grey", ls=":", lw=1,
                               label=f"loose target {p['loose_target']}"))
     a_t.legend(handles=handles, fontsize=8, ncol=2)
-    a_t.set_title("loss against time (first repetition)", fontsize=9)
+    a_t.set_title(("held-out accuracy" if held else "loss") + " against time (first "
+                  "repetition)", fontsize=9)
     a_u.set_title("loss against updates: the same algorithm on both transports", fontsize=9)
     a_h.set_xlabel("push staleness τ, log2 bins (0: τ=0; i: 2^(i-1) ≤ τ < 2^i)")
     a_h.set_ylabel("fraction of pushes")
@@ -446,14 +464,15 @@ def _policy_table(d, loose):
     p, rows = d["problem"], d["results"]
     lines = [f"RCV1-like {p['samples']:,} × {p['features']:,}, {rows[0]['workers']} workers, "
              f"worker 0 slowed {rows[0]['slowdown_worker0']:g}×, {p['seconds']:g} s per run; "
-             "time to a target training loss, median (runs that reached it) — "
+             f"time to a target {_kind(p)}, median (runs that reached it) — "
              + (f"loose {loose}, " if loose is not None else "")
              + f"target {p['target']}, tight {p['tight_target']}:", "",
              "| backend | policy | " + ("time to loose (s) | " if loose is not None else "")
-             + "time to target (s) | time to tight (s) | final loss | updates | updates/s | "
-             "mean τ | stolen | straggler epochs / others' | SaPS detections |",
+             + "time to target (s) | time to tight (s) | held-out accuracy | final loss | "
+             "updates | updates/s | mean τ | stolen | straggler epochs / others' | "
+             "SaPS detections |",
              "|---|---|" + ("---:|" if loose is not None else "")
-             + "---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         det = "; ".join(",".join(map(str, x)) or "none" for x in r["detections"]) \
             if r["policy"] == "saps" else ""
@@ -461,7 +480,8 @@ def _policy_table(d, loose):
         lines.append(f"| {_backend_of(r)} | {r['policy']} | "
                      + (f"{_reach(r, 'loose')} | " if loose is not None else "")
                      + f"{_reach(r, 'target')} | {_reach(r, 'tight')} | "
-                     f"{r['final_loss_median']:.4f} | {r['updates_median']:,.0f} | "
+                     + (f"{r['val_score_median']:.4f}" if "val_score_median" in r else "–")
+                     + f" | {r['final_loss_median']:.4f} | {r['updates_median']:,.0f} | "
                      + (f"{ups:,.0f}" if ups is not None else "–") + " | "
                      f"{r['mean_staleness_median']:.2f} | {r['stolen_median']:,.0f} | "
                      f"{r['straggler_epochs_ratio_median']:.2f} | {det} |")
@@ -484,13 +504,17 @@ def _transport_table(p, tr):
     return lines
 
 
+def _kind(p):
+    return p.get("target_kind", "training loss")
+
+
 def _policy_finding(p, b, o, mine, names):
-    """One sentence per backend: targets reached, BSP over SaPS, updates, final loss."""
+    """One sentence per backend: targets reached, BSP over SaPS, updates, final
+    held-out accuracy and loss."""
     s = f"On {_LABEL.get(b, b)}, "
     if not any(r["reached"] for r in mine):
-        best = min(mine, key=lambda r: r["final_loss_median"])
-        s += (f"no policy reaches the target {p['target']} within the {p['seconds']:g} s "
-              f"runs (lowest final loss {best['final_loss_median']:.4f}, {best['policy']}); ")
+        s += (f"no policy reaches the target {_kind(p)} {p['target']} within the "
+              f"{p['seconds']:g} s runs; ")
     both = [n for n in ("target", "tight", "loose") if f"bsp_over_saps_time_to_{n}" in o]
     if both:
         first, rest = both[0], both[1:]
@@ -504,8 +528,12 @@ def _policy_finding(p, b, o, mine, names):
         s += "SaPS and BSP reach no target in common; "
     if "saps_over_bsp_updates" in o:
         s += f"SaPS applies {o['saps_over_bsp_updates']:.2f}× BSP's updates"
+    if "saps_minus_asp_val_score" in o:
+        s += (f"; its final held-out accuracy minus ASP's is "
+              f"{100 * o['saps_minus_asp_val_score']:+.2f} points and minus BSP's "
+              f"{100 * o['saps_minus_bsp_val_score']:+.2f} points")
     if "saps_minus_asp_final_loss" in o:
-        s += f", and its final loss minus ASP's is {o['saps_minus_asp_final_loss']:+.4f}"
+        s += f", and its final training loss minus ASP's is {o['saps_minus_asp_final_loss']:+.4f}"
     return s.rstrip("; ") + "."
 
 
@@ -544,9 +572,10 @@ def summary_markdown(d):
     if tr:
         lines += _transport_table(p, tr)
     lines.append("")
-    names = {"target": f"the target {p['target']}",
-             "tight": f"the tight target {p['tight_target']}",
-             "loose": f"the loose target {loose}"}
+    kind = "held-out accuracy " if _kind(p) == "held-out accuracy" else ""
+    names = {"target": f"{kind or 'the target '}{p['target']}",
+             "tight": f"the tight target {kind}{p['tight_target']}",
+             "loose": f"the loose target {kind}{loose}"}
     for b in backends:
         lines.append(_policy_finding(p, b, rt.get(b, {}),
                                      [r for r in rows if _backend_of(r) == b], names))

@@ -54,6 +54,8 @@ def test_bench_all_tiny(tmp_path):
         elif r["competitor"] != "sklearn":
             lo, hi = r["speedup_vs_1_range"]
             assert lo <= r["speedup_vs_1"] <= hi
+    assert all(0.5 < r["final_val_accuracy"] <= 1 for r in hw["results"])   # held out
+    assert all(0.5 < f["val_accuracy"] <= 1 for f in hw["fits"] + hw["hot_sweep"])
     assert hw["staleness"]["threads-1"]["frac_tau0"] == 1.0
     assert hw["hot_layout_s"]["hot_s"] > 0 and hw["hot_layout_s"]["plain_s"] > 0
     sweep = hw["hot_sweep"]                 # both problems, each variant, one worker = 1x
@@ -127,6 +129,8 @@ def _check_ps(ps, stdout, backends):
     assert {(r["backend"], r["policy"]) for r in ps["results"]} == {
         (b, p) for b in backends for p in ("bsp", "asp", "ssp", "saps")}
     assert all(r["runs"] == 1 and r["updates_median"] > 0 for r in ps["results"])
+    assert all(0.5 < r["val_score_median"] <= 1 for r in ps["results"])   # held out, scored
+    assert ps["problem"]["target_kind"] == "held-out accuracy"
     tr = ps["transport"]
     assert {(t["backend"], t["workers"]) for t in tr} == {("shm", n) for n in (1, 2)}
     for t in tr:
@@ -244,7 +248,8 @@ def test_parameter_server_cli(tmp_path):
     assert set(data["results"]) == {"bsp", "asp", "ssp", "saps"}
     for res in data["results"].values():
         assert res["batches"]["lost"] == 0 and sum(map(sum, res["staleness_hist"])) > 0
-    assert "mean tau" in r.stdout and "stolen" in r.stdout
+    assert "mean tau" in r.stdout and "stolen" in r.stdout and "held-out acc" in r.stdout
+    assert all(res["val_score"] > 0.65 for res in data["results"].values())
     assert (tmp_path / "ps-main.png").stat().st_size > 1000
     r = subprocess.run([sys.executable, "-m", "sgd_shm.ps", "--policies", "gossip"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)

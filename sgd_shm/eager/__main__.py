@@ -125,6 +125,8 @@ def summary(runs, target):
         o["speedup"] = base / o["time_to_target"] if base and o["time_to_target"] else None
         if "sync" in out:
             o["final_vs_sync"] = o["final_loss"] / out["sync"]["final_loss"] - 1.0
+            if o["val_score"] is not None:
+                o["val_vs_sync"] = o["val_score"] - out["sync"]["val_score"]
     return out
 
 
