@@ -341,3 +341,16 @@ def test_cli_sim_help_runs_nothing(capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert "    sim " in capsys.readouterr().out
+
+
+def test_compress_seconds_add_to_each_compressed_step(data):
+    X, y = data
+    step, extra = 1e-3, 4e-4
+    base = simulate(X, y, n_workers=1, epochs=1, cluster=Cluster(step, compress_s=extra),
+                    compress="topk:0.1")
+    assert base.seconds == pytest.approx(base.updates * (step + extra), rel=1e-9)
+    dense = simulate(X, y, n_workers=1, epochs=1, cluster=Cluster(step, compress_s=extra))
+    assert dense.seconds == pytest.approx(dense.updates * step, rel=1e-9)
+    r = simulate(X, y, n_workers=2, collective="sync", epochs=1,
+                 cluster=Cluster(step, compress_s=extra), compress="topk:0.1")
+    assert r.seconds == pytest.approx(r.rounds * (step + extra), rel=1e-9)

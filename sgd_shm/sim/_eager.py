@@ -135,6 +135,8 @@ class EagerSim:
             raise DivergenceError(f"training diverged at round {r}; lower lr (got {cfg.lr})")
         self.bytes_dense += 8 * self.d
         self.pending[k] = (r, g)
+        if self.channels is not None:
+            pause += cfg.cluster.compress_s
         self.at(t + pause + self.times.of(k, t), POST, k)
 
     def contribution(self, k, g):

@@ -288,7 +288,8 @@ class PSSim:
         depart = max(t, self.out_free) + nbytes / (self.S * net.bandwidth)
         self.out_free = depart
         t_recv = max(depart, t + nbytes / net.bandwidth) + net.latency
-        self.at(t_recv + self.times.of(k, t_recv), SEND, k)
+        extra = 0.0 if self.channels is None else self.cfg.cluster.compress_s
+        self.at(t_recv + self.times.of(k, t_recv) + extra, SEND, k)
 
     def send(self, t, k):
         st = self.state
