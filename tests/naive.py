@@ -493,3 +493,24 @@ def logistic_grad_naive(X, y, rows, w, alpha):
     Xb, yb = X[rows], y[rows]
     dl = -yb / (1.0 + np.exp(yb * (Xb @ w)))
     return Xb.T @ dl / len(rows) + alpha * w
+
+
+# ---- DDP communication hooks (sgd_shm.torch.hooks) ---------------------------------------
+def ddp_mean_naive(parts):
+    """The mean over ranks of their (decoded) bucket vectors, in float64."""
+    return np.sum([np.asarray(p, dtype=np.float64) for p in parts], axis=0) / len(parts)
+
+
+def error_feedback_naive(inputs, sents):
+    """Replay error feedback from a rank's gradients and the messages it sent: before
+    step t the memory holds r_t (r_0 = 0); the compressor sees acc_t = r_t + g_t (in
+    the gradients' own float type, as the memory adds them) and keeps r_{t+1} = acc_t -
+    sent_t. Returns (the sum of the messages sent, in float64; [acc_t])."""
+    resid = np.zeros_like(inputs[0])
+    acc, total = [], np.zeros(inputs[0].shape, np.float64)
+    for g, s in zip(inputs, sents):
+        a = resid + g
+        acc.append(a)
+        resid = a - s
+        total += s
+    return total, acc

@@ -1,0 +1,167 @@
+"""Multi-process DDP runs for tests/test_torch_hooks.py: P processes on this box, the
+gloo backend over a free TCP port, one small model trained by an unchanged DDP loop
+with or without one of sgd_shm.torch.hooks' hooks.
+
+The processes come from a forkserver that has imported torch once (spawning each rank
+would import it again, seconds per rank; forking a process that already ran torch's
+thread pools is unsafe). Every rank sends back ("ok", its result) or ("error", the
+exception's type name, its message); :func:`launch` waits for all of them up to a
+deadline and kills the ranks it started that are still alive after it.
+"""
+import multiprocessing
+import os
+import queue
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+import numpy as np
+
+#: what the forkserver imports once for every rank (DDP's constructor imports
+#: torch._dynamo: seconds, paid per rank otherwise)
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+           "sgd_shm.torch.hooks", "torch_ddp_workers"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(size, cfg, timeout=90.0):
+    """Run :func:`train` on ``size`` ranks with ``cfg``; {rank: ("ok", result) or
+    ("error", type name, message)}. A rank that sent nothing by the deadline (or died)
+    is absent."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, size, port, cfg, q), daemon=True)
+             for r in range(size)]
+    for p in procs:
+        p.start()
+    out, deadline = {}, time.monotonic() + timeout
+    try:
+        while len(out) < size and time.monotonic() < deadline:
+            try:
+                msg = q.get(timeout=0.2)
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs) and q.empty():
+                    break
+                continue
+            out[msg[0]] = msg[1:]
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+            if p.is_alive():
+                p.kill()
+                p.join(5.0)
+        q.close()
+    return out
+
+
+def _rank_main(rank, size, port, cfg, q):
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size, timeout=timedelta(seconds=60))
+    try:
+        q.put((rank, "ok", train(rank, size, cfg)))
+    except BaseException as e:          # the test reads the error from the result
+        q.put((rank, "error", type(e).__name__, f"{e}\n{traceback.format_exc()}"))
+    finally:
+        if cfg.get("destroy", True):
+            dist.destroy_process_group()
+
+
+def make_net(cfg):
+    """The test network: the same weights on every rank (seeded)."""
+    import torch
+    from torch import nn
+    torch.manual_seed(cfg.get("init_seed", 0))
+    width = cfg.get("width", 32)
+    return nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width),
+                         nn.ReLU(), nn.Linear(width, 5))
+
+
+def make_state(cfg):
+    """The hook's state named by cfg["hook"] (None: no hook)."""
+    from sgd_shm.torch import hooks
+    kind = cfg.get("hook")
+    if kind is None:
+        return None, None
+    if kind == "compress":
+        return hooks.CompressionState(cfg["compress"], record=True,
+                                      **cfg.get("state", {})), hooks.compression_hook
+    return hooks.PartialAllreduceState(kind, record=True, **cfg.get("state", {})), \
+        hooks.partial_allreduce_hook
+
+
+def flat_params(module):
+    import torch
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy().copy()
+
+
+def train(rank, size, cfg):
+    """cfg["steps"] steps of SGD on rank-seeded random minibatches in the plain DDP loop
+    (zero_grad, forward, backward, step). cfg: hook (None | "compress" | a partial
+    kind), compress, state (keywords of the state), bucket_cap_mb, lr, die_at
+    ((rank, step): that rank exits there), hang_at (likewise: it sleeps hang_s
+    seconds, then exits), sleep ({step: {rank:
+    seconds}}: a rank's pause before its step). Returns the final weights, the
+    buckets' sizes and the state's records."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    net = make_net(cfg)
+    model = DDP(net, bucket_cap_mb=cfg.get("bucket_cap_mb"))
+    state, hook = make_state(cfg)
+    sizes = []
+    if hook is not None:
+        model.register_comm_hook(state, _spy(hook, sizes))
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.get("lr", 0.1))
+    gen = torch.Generator().manual_seed(1000 + rank)
+    try:
+        for step in range(cfg["steps"]):
+            if cfg.get("die_at") == (rank, step):
+                os._exit(3)
+            if cfg.get("hang_at") == (rank, step):
+                time.sleep(cfg.get("hang_s", 10.0))      # alive, silent; then gone
+                os._exit(0)
+            pause = cfg.get("sleep", {}).get(step, {}).get(rank, 0.0)
+            if pause:
+                time.sleep(pause)
+            x = torch.randn(cfg.get("batch", 8), 16, generator=gen)
+            y = torch.randint(0, 5, (x.shape[0],), generator=gen)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return {"w": flat_params(net), "sizes": sizes, "log": getattr(state, "log", None),
+                "rounds": getattr(state, "rounds", None),
+                "residuals": {i: m.residual.copy() for i, m in
+                              getattr(state, "memories", {}).items()}}
+    finally:
+        if hasattr(state, "close"):
+            state.close()
+
+
+def _spy(hook, sizes):
+    """The hook, noting (iteration, bucket index, bucket length) of every call."""
+    def spied(state, bucket):
+        sizes.append((state.iteration, bucket.index(), bucket.buffer().numel()))
+        return hook(state, bucket)
+    return spied
+
+
+def contributions(res, bucket):
+    """(inputs, outputs, masks) of one bucket's partial rounds, from every rank's
+    records: inputs[k][r] what rank k handed to its r-th round of the bucket."""
+    size = len(res)
+    recs = [[x for x in res[k]["rounds"] if x["bucket"] == bucket] for k in range(size)]
+    masks = [sum(1 << c for c in x["contributors"]) for x in recs[0]]
+    inputs = [[np.asarray(x["input"], np.float64) for x in recs[k]] for k in range(size)]
+    outputs = [[x["output"] for x in recs[k]] for k in range(size)]
+    return inputs, outputs, masks, recs
