@@ -438,6 +438,15 @@ def cmd_clock(args):
         _workers(args), reps, args.seed, seconds=0.2 if args.quick else args.clock_seconds))
 
 
+def cmd_sim(args):
+    from bench.sim import PARTS
+    parts = [p for p in args.sim_parts.split(",") if p] if args.sim_parts else list(PARTS)
+    if set(parts) - set(PARTS):
+        sys.exit(f"--sim-parts: unknown {sorted(set(parts) - set(PARTS))}; use {', '.join(PARTS)}")
+    reps = 1 if args.quick else args.reps
+    _with_reps(args, reps, "sim", lambda sim: sim.run(reps, args.seed, parts, quick=args.quick))
+
+
 def cmd_plot(args):
     from bench import plot, report
     for p in plot.plot_all():
@@ -553,6 +562,8 @@ FLAGS = {
                                                            "run does (default 5)")),
     "clock_seconds": ("--clock-seconds", dict(type=float, default=1.0,
                                               help="seconds per clock run (default 1)")),
+    "sim_parts": ("--sim-parts", dict(default="", help="comma-separated parts of the sim "
+                                      "scenario: saps, eager, rps, topk, speed (default all)")),
     "quick": ("--quick", dict(action="store_true", help="a short run (see the scenario)")),
     "out": ("--out", dict(default=None, help="results folder (default bench/results)")),
     "label": ("--label", dict(default=None, metavar="NAME",
@@ -569,7 +580,8 @@ QUICK = {"conflict": "fewer samples",
          "compress": "1 repetition on the small problem, 2 epochs, 100k-entry vectors",
          "unreliable": "p in {0, 0.1, 0.3}, S in {1, 4}, one seed, 1 epoch",
          "nonconvex": "3 epochs of digits, 2 of a small non-linear problem, 1 repetition",
-         "clock": "1 repetition of runs of 0.2 s"}
+         "clock": "1 repetition of runs of 0.2 s",
+         "sim": "1 seed, 16-64 simulated workers, small problems, 1-2 epochs"}
 
 _RUN = ["workers", "reps", "seed"]
 _PQ = ["prefill", "iters", "py_iters"]
@@ -612,6 +624,8 @@ SCENARIOS = {
                   ["reps", "seed", "quick"]),
     "clock": ("the parameter server's version clock: pushes/s, exact vs MultiCounter",
               _RUN + ["clock_seconds", "quick"]),
+    "sim": ("simulated at 16-1,024 workers: SaPS, eager-SGD, RPS, TopK; the simulator's speed",
+            ["reps", "seed", "sim_parts", "quick"]),
 }
 
 #: the longer description each scenario's --help shows
@@ -652,6 +666,10 @@ DETAILS = {
     "clock": "the parameter server's version clock under contention: processes pushing "
              "tiny fixed gradients to one 8-weight store as fast as they can, exact clock "
              "against MultiCounter clock, pushes/s side by side, and the clock's own cost",
+    "sim": "the cluster-scale claims in virtual time (sgd_shm.sim): SaPS against BSP/ASP/SSP "
+           "at 32 and 128 workers of a heterogeneous cluster, solo/majority against sync at 64 "
+           "ranks under imbalance, RPS's loss gap against the servers at 64 workers, TopK "
+           "against dense at 1/10/100 Gb/s, and the simulator's wall time at 1,024 workers",
 }
 #: every scenario's results: bench/results/<scenario>.json, in this order under ``all``
 ORDER = list(SCENARIOS) + ["plot"]
@@ -748,6 +766,7 @@ STEPS = {"pq-threads": lambda a: cmd_pq(a, "threads"),
          "conflict": cmd_conflict, "stm": cmd_stm, "delay": cmd_delay, "mf": cmd_mf,
          "ps": cmd_ps, "eager": cmd_eager, "compress": cmd_compress,
          "unreliable": cmd_unreliable, "nonconvex": cmd_nonconvex, "clock": cmd_clock,
+         "sim": cmd_sim,
          "plot": cmd_plot}
 
 

@@ -354,3 +354,58 @@ def test_compress_seconds_add_to_each_compressed_step(data):
     r = simulate(X, y, n_workers=2, collective="sync", epochs=1,
                  cluster=Cluster(step, compress_s=extra), compress="topk:0.1")
     assert r.seconds == pytest.approx(r.rounds * (step + extra), rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", [dict(policy="asp"), dict(policy="rps"),
+                                  dict(collective="sync")])
+def test_a_callback_stops_the_run(data, kind):
+    X, y = data
+    seen = []
+
+    def stop(rec):
+        seen.append(rec["step"])
+        return len(seen) >= 3
+
+    r = simulate(X, y, n_workers=4, epochs=5, callbacks=stop, seed=0, **kind)
+    full = simulate(X, y, n_workers=4, epochs=5, seed=0, **kind)
+    assert len(seen) == 3 and r.updates < full.updates
+    assert r.history[-2]["step"] == seen[-1]
+
+
+def test_calibrate_fits_the_real_runs_counts(data):
+    """The fitted step is the real run's seconds per push over each worker's factor
+    (median over the workers); the calibration's simulate runs that cluster."""
+    from sgd_shm.sim import calibrate
+    X, y = data
+    cal = calibrate(X, y, n_workers=2, seconds=0.3, backend="threads",
+                    slowdown={0: 2.0})
+    per = np.array(cal.measured["step_s_per_worker"])
+    assert cal.kind == "ps" and cal.step_s == pytest.approx(np.median(per / [2.0, 1.0]))
+    sim = cal.simulate(X, y, policy="bsp", slowdown={0: 2.0}, epochs=1)
+    assert sim.n_workers == 2 and sim.seconds > 0
+    assert cal.cluster({0: 2.0}).worker_factors(2).tolist() == [2.0, 1.0]
+    with pytest.raises(ValueError, match="slowdown"):
+        calibrate(X, y, n_workers=2, collective=True, slowdown="straggler")
+
+
+def test_bench_sim_quick_parts(tmp_path):
+    """``python -m bench sim --quick`` on two parts writes its JSON, findings and plots;
+    a later run of one part keeps the other's results."""
+    import json
+    import subprocess
+    import sys
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    run = lambda parts: subprocess.run(
+        [sys.executable, "-m", "bench", "sim", "--quick", "--sim-parts", parts, "--out",
+         str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=600)
+    r = run("eager,rps")
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads((tmp_path / "sim.json").read_text())
+    assert {row["part"] for row in d["results"]} == {"eager", "rps"}
+    assert any(f.startswith("eager, 16 ranks, majority") for f in d["findings"])
+    assert (tmp_path / "sim_eager.png").exists() and (tmp_path / "sim_rps.png").exists()
+    assert run("rps").returncode == 0
+    d = json.loads((tmp_path / "sim.json").read_text())
+    assert {row["part"] for row in d["results"]} == {"eager", "rps"} and "eager_curves" in d
+    bad = run("nope")
+    assert bad.returncode != 0 and "--sim-parts" in bad.stderr

@@ -14,6 +14,8 @@ al., ISPASS 2020, and SimGrid, Casanova et al. 2014).
   (a :class:`sgd_shm.core.results.Result`, its history in virtual seconds).
 * :class:`Cluster`: compute times (heterogeneous classes, the trainers' straggler
   emulation, traces of real runs); :class:`Network`: latency, bandwidth, topology.
+* :func:`calibrate`: the compute model fitted to a short real run on this box (a
+  :class:`Calibration`, whose ``simulate`` predicts other runs).
 
 Example::
 
@@ -26,7 +28,9 @@ Example::
 
 See docs/sim.md for the model, its assumptions and its limits.
 """
+from sgd_shm.sim.calibrate import Calibration, calibrate
 from sgd_shm.sim.cluster import TOPOLOGIES, Cluster, Network
 from sgd_shm.sim.simulate import SimResult, simulate
 
-__all__ = ["simulate", "SimResult", "Cluster", "Network", "TOPOLOGIES"]
+__all__ = ["simulate", "SimResult", "Cluster", "Network", "calibrate", "Calibration",
+           "TOPOLOGIES"]

@@ -216,9 +216,12 @@ class EagerSim:
             self.at(ready, DONE, k)
         if ready >= self.next_sample or r + 1 >= self.last_round():
             rec = self.record(ready, r + 1)
+            stop = any([bool(cb(dict(rec))) for cb in cfg.callbacks])
             if (cfg.target_loss is not None and self.t_target is None
                     and rec["loss"] <= cfg.target_loss):
                 self.t_target = ready
+                stop = True
+            if stop and self.stop_round is None:
                 self.stop_round = r + 1
         if ready >= cfg.max_seconds and self.stop_round is None:
             self.stop_round = r + 1

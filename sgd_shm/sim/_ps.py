@@ -381,8 +381,12 @@ class PSSim:
         cfg = self.cfg
         rec = self.record(t)
         self.policy.on_sample(SimSampleView(t, self))
+        stop = any([bool(cb(dict(rec))) for cb in cfg.callbacks])     # every one is called
         if cfg.target_loss is not None and rec["loss"] <= cfg.target_loss:
             self.t_target = t
+            self.stop_t = t
+            return
+        if stop:
             self.stop_t = t
             return
         if t >= cfg.max_seconds or len(self.killed) == self.n:
@@ -505,8 +509,11 @@ class RPSSim(PSSim):
             if t_end >= next_sample:                  # a record after the round
                 rec = self.record(t_end)
                 next_sample = t_end + cfg.sample_every
+                stop = any([bool(cb(dict(rec))) for cb in cfg.callbacks])
                 if cfg.target_loss is not None and rec["loss"] <= cfg.target_loss:
                     self.t_target = t_end
+                    break
+                if stop:
                     break
             if t_end >= cfg.max_seconds:
                 break

@@ -32,9 +32,9 @@ import numpy as np
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE
 from sgd_shm.core.model import blas_limited
 from sgd_shm.core.results import Evaluator, Result
-from sgd_shm.core.validation import (check_choice, check_eval_set, check_int, check_number,
-                                     check_positive, model_data, n_columns, resolve_workers,
-                                     stopping_rule)
+from sgd_shm.core.validation import (check_callbacks, check_choice, check_eval_set,
+                                     check_int, check_number, check_positive, model_data,
+                                     n_columns, resolve_workers, stopping_rule)
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.ps.partitions import Batches
 from sgd_shm.ps.policies import make_policy
@@ -157,6 +157,7 @@ class _Config:
     budget: int | None = None
     step_times: StepTimes | None = None
     loss_seed: int = 0
+    callbacks: tuple = ()
 
 
 def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, cluster=None,
@@ -164,7 +165,7 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
              lr=None, batch_size=64, n_shards=8, staleness=None, window=None,
              detect_factor=2.0, late="carry", average="size", depth=8, sample_every=None,
              max_seconds=None, target_loss=None, faults=None, loss=None,
-             alpha=None) -> SimResult:
+             alpha=None, callbacks=None) -> SimResult:
     """Simulate training ``model`` (by default the linear model of ``loss`` and
     ``alpha``) on (X, y) with ``n_workers`` workers, in virtual time.
 
@@ -191,12 +192,15 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
     late ["carry"], average ["size"], depth [8] : the collectives' rules.
     sample_every [None: about 100 records per run] : virtual seconds between records.
     faults [None] : {worker: virtual seconds}: the worker dies then (parameter server).
+    callbacks [None] : a callable, or a sequence of them, called with each history
+        record; one that returns True stops the run (as the trainers' callbacks).
     """
     t_wall = time.perf_counter()
     model = model_or_linear(model, loss, alpha, n_columns(X))
     cfg = _config(n_workers, policy, collective, epochs, cluster, network, compress, drop,
                   seed, lr, batch_size, n_shards, staleness, window, detect_factor, late,
                   average, depth, sample_every, max_seconds, target_loss, faults)
+    cfg.callbacks = check_callbacks(callbacks)
     prob = _problem(X, y, model, cfg, eval_set)
     with blas_limited(model):
         if cfg.collective is None:
