@@ -9,6 +9,15 @@ two-choice process of balls into bins), so the counters stay within a small
 gap of their mean; ``read`` returns m times one random counter, an estimate of
 the total that touches one line; ``exact`` sums all counters.
 
+With ``stickiness`` s > 1 a handle keeps the counter it chose for s increments
+before it chooses again (the StickRandom policy of the MultiQueue, Williams,
+Sanders and Dementiev, ESA 2021): each increment is still one atomic add of 1,
+but the choice, two loads of lines that other cores keep writing, is paid once
+per s increments, so on a few cores each thread mostly adds to a line it already
+holds. The price is a wider gap: run by run it is the two-choice process with
+balls of weight s, so the read error scales with s (see
+:meth:`MultiCounter.error_bound`).
+
 Intended races: the two loads that pick the smaller counter are relaxed and may
 be stale; the increment itself is an atomic fetch_add, so no increment is ever
 lost (exact() is exact at quiescence). A stale choice only widens the gap.
@@ -33,6 +42,7 @@ ctypedef struct Header:
     int64_t stride
     int64_t counters_offset
     int64_t seed
+    int64_t stickiness
 
 cdef int64_t HEADER_BYTES = 256
 
@@ -48,12 +58,15 @@ def _attach(name):
 
 
 cdef class MultiCounter(ShmStructure):
-    """MultiCounter(n_counters=64, *, shared=False, seed=None)
+    """MultiCounter(n_counters=64, *, shared=False, seed=None, stickiness=1)
 
     A relaxed counter: increments scale across threads and processes because
     they spread over ``n_counters`` cache lines; ``read()`` is an unbiased
     estimate whose error stays within :meth:`error_bound` (whose docstring
     gives its rationale); ``exact()`` is exact when no increment is in flight.
+    ``stickiness`` s >= 1: a handle (each ``increment_many`` call) keeps the
+    counter it chose for s increments (see the module notes); 1 chooses anew
+    every increment, the textbook MultiCounter.
 
     Example
     -------
@@ -67,16 +80,23 @@ cdef class MultiCounter(ShmStructure):
     cdef char *base
     cdef int64_t stride
     cdef readonly int64_t n_counters
+    cdef readonly int64_t stickiness
     cdef uint64_t rng
+    cdef int64_t cur, left          # increment()'s sticky choice: counter, increments due
 
     def __cinit__(self):
         self.hdr = NULL
 
-    def __init__(self, n_counters=64, *, shared=False, seed=None):
+    def __init__(self, n_counters=64, *, shared=False, seed=None, stickiness=1):
         n_counters = _check_int("n_counters", n_counters, 1,
                                 "use at least 1 counter (4 per thread is usual)")
         if n_counters > 1 << 24:
             raise ValueError(f"n_counters must be at most {1 << 24}, got {n_counters}")
+        stickiness = _check_int("stickiness", stickiness, 1,
+                                "use 1 (choose every increment) or more, e.g. 64")
+        if stickiness > 1 << 20:
+            raise ValueError(f"stickiness must be at most {1 << 20}, got {stickiness}; the "
+                             "read error grows with it (see error_bound)")
         if not isinstance(shared, bool):
             raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
         seed = _make_seed(seed)
@@ -90,6 +110,7 @@ cdef class MultiCounter(ShmStructure):
             self.hdr.stride = stride
             self.hdr.counters_offset = HEADER_BYTES
             self.hdr.seed = <int64_t>seed
+            self.hdr.stickiness = stickiness
             self._setup()
         except BaseException:
             self.close() if self._seg is not None else seg.close()
@@ -103,7 +124,7 @@ cdef class MultiCounter(ShmStructure):
         try:
             _shm.check_header(seg.buf, KIND_MC, name)
             self._map(seg)
-            if (self.hdr.n_counters < 1 or self.hdr.stride < 8 or
+            if (self.hdr.n_counters < 1 or self.hdr.stride < 8 or self.hdr.stickiness < 1 or
                     self.hdr.counters_offset + self.hdr.n_counters * self.hdr.stride != seg.size):
                 raise ValueError(f"segment {name!r} has an inconsistent MultiCounter header")
             self._setup()
@@ -127,6 +148,8 @@ cdef class MultiCounter(ShmStructure):
         self.base = (<char*>self.hdr) + self.hdr.counters_offset
         self.stride = self.hdr.stride
         self.n_counters = self.hdr.n_counters
+        self.stickiness = self.hdr.stickiness
+        self.left = 0
         self._reseed()
 
     cdef _reseed(self):
@@ -135,24 +158,34 @@ cdef class MultiCounter(ShmStructure):
         self.rng = handle_stream(&self.hdr.head, self.hdr.seed)
 
     def increment(self):
-        """Add one to the smaller of two random counters."""
+        """Add one to the smaller of two random counters (with stickiness s, to the
+        counter this handle chose, for s increments)."""
         self._check_open()
-        mc_increment(self.base, self.stride, self.n_counters, &self.rng)
+        if self.stickiness == 1:
+            mc_increment(self.base, self.stride, self.n_counters, &self.rng)
+        else:
+            rlx_mc_add_sticky(self.base, self.stride, self.n_counters, &self.rng,
+                              self.stickiness, &self.cur, &self.left, 1)
 
     def increment_many(self, k):
-        """``k`` increments without the GIL (a private RNG stream per call)."""
+        """``k`` increments without the GIL (a private RNG stream and, with
+        stickiness, a private sticky choice per call: threads may share a handle)."""
         self._check_open()
         cdef int64_t n = _check_int("k", k, 0, "use a count >= 0")
         cdef int64_t i
         cdef uint64_t rng = rlx_mix64(rlx_rand(&self.rng))
         self._check_open()           # (the argument's __index__ could have closed it)
         cdef char *base = self.base
-        cdef int64_t stride = self.stride, m = self.n_counters
+        cdef int64_t stride = self.stride, m = self.n_counters, stick = self.stickiness
+        cdef int64_t cur = 0, left = 0
         self._active += 1            # no Python code runs from here to the decrement
         try:
             with nogil:
-                for i in range(n):
-                    mc_increment(base, stride, m, &rng)
+                if stick == 1:
+                    for i in range(n):
+                        mc_increment(base, stride, m, &rng)
+                else:
+                    rlx_mc_add_sticky(base, stride, m, &rng, stick, &cur, &left, n)
         finally:
             self._active -= 1
 
@@ -164,7 +197,7 @@ cdef class MultiCounter(ShmStructure):
 
     def error_bound(self):
         """The documented relaxation bound on ``|read() - exact()|``:
-        ``m * (2*log2(m) + 8)`` for m counters (0 for m = 1).
+        ``m * (2*log2(m) + 8) * s`` for m counters and stickiness s (0 for m = 1).
 
         Two-choice increments keep every counter within O(log m) of the mean
         (Berenbrink, Czumaj, Steger, Vöcking 2006 sequentially: the max is within
@@ -172,12 +205,16 @@ cdef class MultiCounter(ShmStructure):
         under concurrency). Those results bound the gap only up to constants; the
         formula's constants (2 per log2 m, 8 per counter) are chosen to leave a wide
         safety margin over the deviations that concurrent increments show in the
-        tests, so the bound is an engineering bound, not a theorem.
+        tests, so the bound is an engineering bound, not a theorem. With
+        stickiness s a handle's run of s increments lands on one counter, chosen as
+        the smaller of two: run by run (exactly so when one handle increments) it
+        is the two-choice process with balls of weight s, whose gaps are the
+        unit-weight gaps times s; hence the factor s.
         """
         cdef int64_t m = self.n_counters
         if m == 1:
             return 0
-        return int(m * (2 * log2(<double>m) + 8))
+        return int(m * (2 * log2(<double>m) + 8) * self.stickiness)
 
     def exact(self):
         """Sum of all counters; exact when no increment is in flight."""
@@ -241,5 +278,5 @@ cdef class MultiCounter(ShmStructure):
     def __repr__(self):
         if self.hdr == NULL:
             return "<MultiCounter closed>"
-        return (f"<MultiCounter n_counters={self.n_counters} exact={self.exact()} "
-                f"shared={self.shared} name={self.name!r}>")
+        return (f"<MultiCounter n_counters={self.n_counters} stickiness={self.stickiness} "
+                f"exact={self.exact()} shared={self.shared} name={self.name!r}>")

@@ -136,6 +136,36 @@ static inline void rlx_mc_increment(char *base, int64_t stride, int64_t m, uint6
     __atomic_fetch_add((int64_t *)(base + (int64_t)i * stride), 1, __ATOMIC_RELAXED);
 }
 
+/* The smaller of two distinct random counters (m >= 2), as rlx_mc_increment picks. */
+static inline int64_t rlx_mc_choose(char *base, int64_t stride, int64_t m, uint64_t *rng) {
+    uint32_t i, j;
+    rlx_rand_pair(rng, (uint32_t)m, &i, &j);
+    if (__atomic_load_n((int64_t *)(base + (int64_t)j * stride), __ATOMIC_RELAXED) <
+        __atomic_load_n((int64_t *)(base + (int64_t)i * stride), __ATOMIC_RELAXED)) i = j;
+    return (int64_t)i;
+}
+
+/* n sticky increments: a handle keeps the counter it chose (*cur) for `stick`
+ * increments (*left of them still due) before it chooses again, as the
+ * MultiQueue's StickRandom policy keeps its queues. Each increment is still one
+ * atomic add of 1; only the choice (two loads of lines the other cores write)
+ * is paid once per `stick` increments, so on a few cores each thread mostly adds
+ * to a line it already holds. */
+static inline void rlx_mc_add_sticky(char *base, int64_t stride, int64_t m, uint64_t *rng,
+                                     int64_t stick, int64_t *cur, int64_t *left, int64_t n) {
+    while (n > 0) {
+        if (*left <= 0) {
+            *cur = m == 1 ? 0 : rlx_mc_choose(base, stride, m, rng);
+            *left = stick;
+        }
+        int64_t run = *left < n ? *left : n;
+        int64_t *c = (int64_t *)(base + *cur * stride);
+        for (int64_t k = 0; k < run; k++) __atomic_fetch_add(c, 1, __ATOMIC_RELAXED);
+        *left -= run;
+        n -= run;
+    }
+}
+
 /* splitmix64, to derive independent seeds from (seed, stream id). */
 static inline uint64_t rlx_mix64(uint64_t z) {
     z += 0x9e3779b97f4a7c15ULL;

@@ -37,11 +37,30 @@ def test_single_counter_is_exact():
 def test_error_bound_formula():
     for m in (2, 16, 1024):
         assert MultiCounter(m).error_bound() == int(m * (2 * math.log2(m) + 8))
+        assert MultiCounter(m, stickiness=64).error_bound() == int(
+            m * (2 * math.log2(m) + 8) * 64)
 
 
-def test_threads_conserve_and_reads_stay_within_bound():
+def test_sticky_increments_come_in_runs():
+    """One handle with stickiness s adds to the counter it chose s times in a row, so
+    after whole runs every counter holds a multiple of s; increment() keeps its run
+    across calls."""
+    with MultiCounter(8, seed=0, stickiness=16) as c:
+        c.increment_many(16 * 100)
+        assert c.exact() == 1600 and (c.counters() % 16 == 0).all()
+        assert (c.counters() > 0).sum() > 1            # it did choose again
+        before = c.counters()
+        for _ in range(16):
+            c.increment()
+        grown = c.counters() - before
+        assert sorted(grown.tolist())[-1] == 16 and grown.sum() == 16   # one run, one counter
+        assert abs(c.read() - c.exact()) <= c.error_bound()
+
+
+@pytest.mark.parametrize("stickiness", [1, 64])
+def test_threads_conserve_and_reads_stay_within_bound(stickiness):
     n = scaled(500_000)
-    c = MultiCounter(16, seed=1)
+    c = MultiCounter(16, seed=1, stickiness=stickiness)
     ts = [threading.Thread(target=c.increment_many, args=(n,)) for _ in range(2)]
     for t in ts:
         t.start()
@@ -56,10 +75,10 @@ def test_threads_conserve_and_reads_stay_within_bound():
     c.close()
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_two_processes_million_increments_each(method, no_shm_leak):
+@pytest.mark.parametrize("method, stickiness", [("fork", 1), ("spawn", 1), ("fork", 64)])
+def test_two_processes_million_increments_each(method, stickiness, no_shm_leak):
     ctx = mp.get_context(method)
-    with MultiCounter(16, shared=True, seed=2) as c:
+    with MultiCounter(16, shared=True, seed=2, stickiness=stickiness) as c:
         ps = [ctx.Process(target=workers.increment, args=(c, 1_000_000)) for _ in range(2)]
         for p in ps:
             p.start()
@@ -95,6 +114,12 @@ def test_bad_input_and_close():
         MultiCounter(2.0)
     with pytest.raises(TypeError, match="shared"):
         MultiCounter(2, shared=1)
+    with pytest.raises(ValueError, match="stickiness must be >= 1"):
+        MultiCounter(2, stickiness=0)
+    with pytest.raises(TypeError, match="stickiness must be an int"):
+        MultiCounter(2, stickiness=2.0)
+    with MultiCounter(4, shared=True, stickiness=8) as c:      # the attached handle's too
+        assert pickle.loads(pickle.dumps(c)).stickiness == 8
     c = MultiCounter(2)
     with pytest.raises(ValueError, match="k must be >= 0"):
         c.increment_many(-1)
