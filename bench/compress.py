@@ -10,14 +10,22 @@ run.
   against k/n for real minibatch gradients of the RCV1-like problem (at w = 0 and
   after one epoch), the error-feedback accumulator of a top-0.1% run, and a Gaussian
   vector, with the worst-case bound sqrt(1 - k/n).
-* Training: a small (20k x 2k) and the RCV1-like (200k x 50k) problem, 10 epochs,
-  2 workers; dense against TopK at k/n = 0.01%, 0.1%, 1%, 10% with and without error
-  feedback, on the parameter server (asp, shared memory) and on the eager trainer
-  (sync allreduce, shared memory; under ``mpiexec -n 2`` too when MPI is present,
-  dense and top-0.1%); QSGD and DGC's threshold on the parameter server. Final loss
-  (the trainer's, on 4096 training rows, and the log loss on all rows) against the
-  dense run of the same seed, bytes sent against dense, bytes per step, seconds, time
-  to 1.01 x that dense run's final loss.
+* Training: a small (20k x 2k) and a large (200k x 50k) RCV1-shaped problem
+  (``make_rcv1_like``, learnable: held-out accuracy near 0.95), each with rows held
+  out (generated beside the training rows and split off, as ``python -m sgd_shm``
+  does), 10 epochs, 2 workers; dense against TopK at k/n = 0.01%, 0.1%, 1%, 10% with
+  and without error feedback, on the parameter server (asp, shared memory) and on the
+  eager trainer (sync allreduce, shared memory; under ``mpiexec -n 2`` too when MPI
+  is present, dense and top-0.1%); QSGD and DGC's threshold on the parameter server.
+  Per run: the final held-out accuracy (all held-out rows) and its gap to the dense
+  run of the same seed (points), the time to a held-out accuracy (within
+  ACC_TARGET_GAP of that dense run's final one, on the trainer's 4096-row held-out
+  sample), the final training loss (the trainer's, on 4096 training rows) and its gap,
+  bytes sent against dense, bytes per step, seconds.
+* Error feedback: for every k, whether TopK without error feedback ends measurably
+  worse in held-out accuracy than with it, paired by seed: every seed's difference
+  positive and the smallest larger than the run-to-run spread (the largest range over
+  the seeds of either run's held-out accuracy), and the k where that stops.
 """
 from __future__ import annotations
 
@@ -35,12 +43,18 @@ from tqdm import tqdm
 
 RATIOS = (1e-4, 1e-3, 1e-2, 1e-1)
 SPEED_N = 1_000_000
-PROBLEMS = {"small": {"samples": 20_000, "features": 2_000, "lr": 8.0, "alpha": 1e-4},
-            "rcv1": {"samples": 200_000, "features": 50_000, "lr": 8.0, "alpha": 1e-6}}
+#: the training problems: rows, columns, held-out rows (generated with them), lr, alpha
+PROBLEMS = {"small": {"samples": 20_000, "features": 2_000, "holdout": 5_000, "lr": 8.0,
+                      "alpha": 1e-4},
+            "large": {"samples": 200_000, "features": 50_000, "holdout": 20_000, "lr": 8.0,
+                      "alpha": 1e-6}}
 EPOCHS = 10
 WORKERS = 2
-CLAIM_RATIO, CLAIM_BYTES, CLAIM_GAP = 1e-3, 100.0, 0.01
-TARGET = 1.01                 # time to target: to 1.01 x the dense run's final loss
+CLAIM_RATIO, CLAIM_BYTES = 1e-3, 100.0
+#: the claim's held-out accuracy: at most this far (points / 100) below dense's
+CLAIM_ACC_GAP = 0.005
+#: time to target: to a held-out accuracy this far below the dense run's final one
+ACC_TARGET_GAP = 0.01
 
 
 # ---- selection speed -------------------------------------------------------------------
@@ -141,53 +155,75 @@ def configs(trainer, ratios):
     return out
 
 
+def problem(name, seed):
+    """(X, y, X_val, y_val) of a named problem: samples + holdout rows from one
+    ``make_rcv1_like`` call, the last ``holdout`` rows held out (as ``python -m
+    sgd_shm`` splits its problem)."""
+    from sgd_shm.data import make_rcv1_like
+    p = PROBLEMS[name]
+    X, y = make_rcv1_like(p["samples"] + p["holdout"], p["features"], random_state=seed)
+    n = p["samples"]
+    return X[:n], y[:n], X[n:], y[n:]
+
+
 def _full_loss(r, X, y):
     """Mean log loss on every training row (no penalty term)."""
     return float(np.mean(np.logaddexp(0.0, -y * r.decision_function(X))))
 
 
-def _record(r, X, y, key, steps, epochs):
+def _record(r, X, y, steps, epochs):
+    """A run's record; history rows are [seconds, epochs, training loss, held-out
+    accuracy on the trainer's held-out sample]."""
     last = max(steps, 1)
-    return {"final_loss": float(r.final_loss), "full_loss": _full_loss(r, X, y),
+    return {"val_score": float(r.val_score), "val_loss": float(r.val_loss),
+            "final_loss": float(r.final_loss), "full_loss": _full_loss(r, X, y),
             "bytes_sent": int(r.bytes_sent), "bytes_dense": int(r.bytes_dense),
             "steps": int(steps), "seconds": float(r.seconds),
-            "history": [[h["seconds"], epochs * h[key] / last, h["loss"]] for h in r.history]}
+            "history": [[h["seconds"], epochs * h["step"] / last, h["loss"], h["val_score"]]
+                        for h in r.history]}
 
 
-def _run_ps(X, y, comp, prob, seed, epochs):
+def _run_ps(data, comp, prob, seed, epochs):
     from sgd_shm.ps import train
+    X, y, Xv, yv = data
     r = train(X, y, n_workers=WORKERS, policy="asp", compress=comp, epochs=epochs,
-              max_seconds=3600, seed=seed, lr=prob["lr"], alpha=prob["alpha"], progress=False)
-    return _record(r, X, y, "step", r.updates, epochs)
+              max_seconds=3600, seed=seed, lr=prob["lr"], alpha=prob["alpha"], progress=False,
+              eval_set=(Xv, yv))
+    return _record(r, X, y, r.updates, epochs)
 
 
-def _run_eager(X, y, comp, prob, seed, epochs):
+def _run_eager(data, comp, prob, seed, epochs):
     from sgd_shm.eager import train
+    X, y, Xv, yv = data
     r = train(X, y, n_workers=WORKERS, collective="sync", compress=comp, epochs=epochs,
               max_seconds=3600, seed=seed, lr=prob["lr"], alpha=prob["alpha"],
-              sample_every=0.02, progress=False)
-    return _record(r, X, y, "step", r.rounds, epochs)
+              sample_every=0.02, progress=False, eval_set=(Xv, yv))
+    return _record(r, X, y, r.rounds, epochs)
 
 
 def _run_eager_mpi(prob, spec, seed, epochs, exe):
-    """One eager run under ``mpiexec -n 2`` through the command line; the JSON it
-    writes carries the loss history and the bytes (no weights: no full loss)."""
+    """One eager run under ``mpiexec -n 2`` through the command line, on the same
+    rows and held-out rows as ``problem`` draws from ``seed`` (the command seeds its
+    problem with the run's seed, so each repetition has its own problem, paired with
+    its own dense run); the JSON it writes carries the histories, the final held-out
+    accuracy and the bytes (no weights: no all-row loss)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [exe, "-n", str(WORKERS), sys.executable, "-m", "sgd_shm", "eager",
                "--backend", "mpi", "--collectives", "sync", "--imbalance", "0", "0",
                "--epochs", str(epochs), "--seconds", "3600", "--samples",
-               str(prob["samples"]), "--features", str(prob["features"]), "--lr",
-               str(prob["lr"]), "--alpha", str(prob["alpha"]), "--seed", str(seed),
-               "--out", tmp] + (["--compress", spec] if spec else [])
+               str(prob["samples"]), "--features", str(prob["features"]), "--holdout",
+               str(prob["holdout"]), "--lr", str(prob["lr"]), "--alpha", str(prob["alpha"]),
+               "--seed", str(seed), "--out", tmp] + (["--compress", spec] if spec else [])
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         if p.returncode != 0:
             raise RuntimeError(f"mpiexec eager failed:\n{p.stderr[-2000:]}")
         with open(os.path.join(tmp, "eager-main.json")) as f:
             r = json.load(f)["runs"]["sync"][0]
     last = max(r["rounds"], 1)
-    return {"final_loss": r["final_loss"], "full_loss": None, "bytes_sent": r["bytes_sent"],
-            "bytes_dense": r["bytes_dense"], "steps": r["rounds"], "seconds": r["seconds"],
-            "history": [[h["seconds"], epochs * h["step"] / last, h["loss"]]
+    return {"val_score": r["val_score"], "val_loss": None, "final_loss": r["final_loss"],
+            "full_loss": None, "bytes_sent": r["bytes_sent"], "bytes_dense": r["bytes_dense"],
+            "steps": r["rounds"], "seconds": r["seconds"],
+            "history": [[h["seconds"], epochs * h["step"] / last, h["loss"], h["val_score"]]
                         for h in r["history"]]}
 
 
@@ -198,29 +234,27 @@ def _plan(problems, ratios, mpi):
         for trainer, runner in (("ps", _run_ps), ("eager", _run_eager)):
             for label, make in configs(trainer, ratios):
                 plan.append((name, trainer, label,
-                             lambda X, y, p, s, e, runner=runner, make=make:
-                             runner(X, y, make(s), p, s, e)))
+                             lambda data, p, s, e, runner=runner, make=make:
+                             runner(data, make(s), p, s, e)))
         if mpi:
             for label, spec in (("dense", None), (f"topk {CLAIM_RATIO:g} ef",
                                                   f"topk:{CLAIM_RATIO:g}")):
                 plan.append((name, "eager-mpi", label,
-                             lambda X, y, p, s, e, spec=spec:
+                             lambda data, p, s, e, spec=spec:
                              _run_eager_mpi(p, spec, s, e, mpi)))
     return plan
 
 
 def training(reps, seed, problems, ratios=RATIOS, epochs=EPOCHS, mpi=None):
-    """Every configuration of :func:`_plan`, ``reps`` interleaved repetitions."""
-    from sgd_shm.data import make_rcv1_like
-    data = {n: make_rcv1_like(PROBLEMS[n]["samples"], PROBLEMS[n]["features"],
-                              random_state=seed) for n in problems}
+    """Every configuration of :func:`_plan`, ``reps`` interleaved repetitions (seeds
+    seed, seed + 1, ...; the problem is drawn once from ``seed``)."""
+    data = {n: problem(n, seed) for n in problems}
     plan = _plan(problems, ratios, mpi)
     rows = []
     with tqdm(total=reps * len(plan), desc="compress: training runs", unit="run") as bar:
         for rep in range(reps):
             for name, trainer, label, run in plan:
-                X, y = data[name]
-                out = run(X, y, {**PROBLEMS[name]}, seed + rep, epochs)
+                out = run(data[name], {**PROBLEMS[name]}, seed + rep, epochs)
                 rows.append({"part": "training", "problem": name, "trainer": trainer,
                              "config": label, "rep": rep, **out})
                 bar.update()
@@ -228,9 +262,9 @@ def training(reps, seed, problems, ratios=RATIOS, epochs=EPOCHS, mpi=None):
 
 
 # ---- summary ---------------------------------------------------------------------------
-def _loss_at(history, epoch):
-    """The sampled loss at the first sample at or past ``epoch`` (None: not reached)."""
-    return next((h[2] for h in history if h[1] >= epoch - 1e-9), None)
+def _at(history, epoch, col):
+    """Column ``col`` of the first sample at or past ``epoch`` (None: not reached)."""
+    return next((h[col] for h in history if h[1] >= epoch - 1e-9), None)
 
 
 def _med(xs):
@@ -250,43 +284,86 @@ def _rel(a, b):
     return None if a is None or not b else a / b - 1.0
 
 
+def _diff(a, b):
+    return None if a is None or b is None else a - b
+
+
+def _time_to(r, level):
+    """Seconds of the first sample whose held-out accuracy is >= level (None: never)."""
+    return next((h[0] for h in r["history"] if h[3] is not None and h[3] >= level), None)
+
+
 def _summarize_one(rs, dense, epochs):
     """Medians over the repetitions of each run against the dense run of the same
-    repetition (the same seed: the same rows, batches and evaluation sample)."""
+    repetition (the same seed: the same rows, batches and evaluation samples)."""
     ref = {r["rep"]: r for r in dense}
+    acc = [_diff(r["val_score"], ref[r["rep"]]["val_score"]) for r in rs]
     gaps = [_rel(r["final_loss"], ref[r["rep"]]["final_loss"]) for r in rs]
-    full = [_rel(r["full_loss"], ref[r["rep"]]["full_loss"]) for r in rs]
-    ttt = [next((h[0] for h in r["history"]
-                 if h[2] <= TARGET * ref[r["rep"]]["final_loss"]), None) for r in rs]
-    curve = {}
-    for e in range(1, epochs + 1):
-        curve[e] = _med(_rel(_loss_at(r["history"], e), _loss_at(ref[r["rep"]]["history"], e))
-                        for r in rs)
+    ttt = [_time_to(r, ref[r["rep"]]["val_score"] - ACC_TARGET_GAP) for r in rs]
+    curve = {e: _med(_diff(_at(r["history"], e, 3), _at(ref[r["rep"]]["history"], e, 3))
+                     for r in rs) for e in range(1, epochs + 1)}
     sent = _med(r["bytes_sent"] for r in rs)
     dense_bytes = _med(r["bytes_dense"] for r in rs)
-    return {"final_loss": _med(r["final_loss"] for r in rs), "gap": _med(gaps),
-            "gap_range": [min(gaps), max(gaps)], "full_gap": _med(full),
+    return {"val_score": _med(r["val_score"] for r in rs),
+            "val_scores": [r["val_score"] for r in rs],
+            "acc_gap": _med(acc), "acc_gap_range": [min(acc), max(acc)],
+            "time_to_target": _med(ttt) if None not in ttt else None,
+            "reached": sum(t is not None for t in ttt),
+            "final_loss": _med(r["final_loss"] for r in rs), "gap": _med(gaps),
+            "gap_range": [min(gaps), max(gaps)],
+            "full_gap": _med(_rel(r["full_loss"], ref[r["rep"]]["full_loss"]) for r in rs),
             "bytes_sent": sent, "bytes_dense": dense_bytes,
             "bytes_ratio": dense_bytes / max(sent, 1),
             "bytes_per_step": sent / max(_med(r["steps"] for r in rs), 1),
-            "seconds": _med(r["seconds"] for r in rs),
-            "time_to_target": _med(ttt) if None not in ttt else None,
-            "gap_by_epoch": curve}
+            "seconds": _med(r["seconds"] for r in rs), "runs": len(rs),
+            "acc_gap_by_epoch": curve}
 
 
 def summarize(rows, epochs=EPOCHS):
     """{problem/trainer: {config: medians and gaps against dense}}; the time to
-    target is to TARGET x the final loss of the dense run of the same seed."""
+    target is to the final held-out accuracy of the dense run of the same seed minus
+    ACC_TARGET_GAP."""
     out = {}
     for (prob, trainer), by in _group(rows).items():
-        out[f"{prob}/{trainer}"] = {"target": TARGET, "configs": {
+        out[f"{prob}/{trainer}"] = {"target_gap": ACC_TARGET_GAP, "configs": {
             c: _summarize_one(rs, by["dense"], epochs) for c, rs in by.items()}}
     return out
 
 
-def claims(summary):
-    """The issue's claim per problem and trainer: top-0.1% with error feedback sends
-    >= 100x fewer bytes and ends within 1% of dense; the gap without feedback."""
+def _feedback_one(on, off):
+    """TopK with against without error feedback, paired by seed: the differences of
+    the final held-out accuracies, the run-to-run spread (the larger range over the
+    seeds of either's accuracy) and whether every difference exceeds it (None with
+    fewer than two seeds: no spread to judge against)."""
+    a = {r["rep"]: r["val_score"] for r in on}
+    b = {r["rep"]: r["val_score"] for r in off}
+    reps = sorted(set(a) & set(b))
+    diffs = [a[k] - b[k] for k in reps]
+    spread = max(max(v) - min(v) for v in ([a[k] for k in reps], [b[k] for k in reps]))
+    return {"seeds": len(reps), "diff": statistics.median(diffs),
+            "diff_range": [min(diffs), max(diffs)], "spread": spread,
+            "measurable": None if len(reps) < 2 else min(diffs) > spread}
+
+
+def feedback(rows):
+    """{problem/trainer: {k/n: :func:`_feedback_one`}} for every TopK ratio run both
+    with and without error feedback."""
+    out = {}
+    for (prob, trainer), by in _group(rows).items():
+        res = {}
+        for c in by:
+            parts = c.split()
+            if parts[0] == "topk" and parts[-1] == "ef" and f"topk {parts[1]} no-ef" in by:
+                res[parts[1]] = _feedback_one(by[c], by[f"topk {parts[1]} no-ef"])
+        if res:
+            out[f"{prob}/{trainer}"] = dict(sorted(res.items(), key=lambda t: float(t[0])))
+    return out
+
+
+def claims(summary, fb):
+    """The claim per problem and trainer: top-0.1% with error feedback sends >= 100x
+    fewer bytes and ends, in every seed, at most CLAIM_ACC_GAP below dense in held-out
+    accuracy; its time to target beside dense's; without feedback, the gap."""
     out = {}
     on, off = f"topk {CLAIM_RATIO:g} ef", f"topk {CLAIM_RATIO:g} no-ef"
     for key, s in summary.items():
@@ -294,34 +371,46 @@ def claims(summary):
         if on not in c:
             continue
         o = c[on]
-        gaps = [o["gap"]] + ([o["full_gap"]] if o["full_gap"] is not None else [])
-        first = next((e for e, gp in sorted(o["gap_by_epoch"].items(), key=lambda t: int(t[0]))
-                      if gp is not None and gp <= CLAIM_GAP), None)
-        out[key] = {"bytes_ratio": o["bytes_ratio"], "gap": o["gap"], "full_gap": o["full_gap"],
-                    "holds": o["bytes_ratio"] >= CLAIM_BYTES and max(gaps) <= CLAIM_GAP,
-                    "no_ef_gap": c[off]["gap"] if off in c else None,
+        first = next((e for e, gp in sorted(o["acc_gap_by_epoch"].items(),
+                                             key=lambda t: int(t[0]))
+                      if gp is not None and gp >= -CLAIM_ACC_GAP), None)
+        out[key] = {"bytes_ratio": o["bytes_ratio"], "val_score": o["val_score"],
+                    "dense_val_score": c["dense"]["val_score"], "acc_gap": o["acc_gap"],
+                    "acc_gap_range": o["acc_gap_range"], "gap": o["gap"],
+                    "time_to_target": o["time_to_target"],
+                    "dense_time_to_target": c["dense"]["time_to_target"],
+                    "holds": (o["bytes_ratio"] >= CLAIM_BYTES
+                              and o["acc_gap_range"][0] >= -CLAIM_ACC_GAP),
+                    "no_ef_acc_gap": c[off]["acc_gap"] if off in c else None,
+                    "feedback": fb.get(key, {}).get(f"{CLAIM_RATIO:g}"),
                     "first_epoch_within": first}
     return out
 
 
-def run(reps, seed, *, problems=("small", "rcv1"), ratios=RATIOS, epochs=EPOCHS,
-        speed_n=SPEED_N, mpi=None, curve_problem="rcv1"):
+def run(reps, seed, *, problems=("small", "large"), ratios=RATIOS, epochs=EPOCHS,
+        speed_n=SPEED_N, mpi=None, curve_problem="large"):
     rows = selection(reps, n=speed_n, ratios=ratios, seed=seed)
     tr, data = training(reps, seed, problems, ratios, epochs, mpi)
     rows += tr
-    X, y = data[curve_problem if curve_problem in data else problems[0]]
-    prob = PROBLEMS[curve_problem if curve_problem in data else problems[0]]
-    curve = error_curve(X, y, prob["alpha"], prob["lr"], seed,
+    name = curve_problem if curve_problem in data else problems[0]
+    X, y = data[name][:2]
+    curve = error_curve(X, y, PROBLEMS[name]["alpha"], PROBLEMS[name]["lr"], seed,
                         np.unique(np.concatenate([np.logspace(-4, 0, 13), ratios])))
     summ = summarize(rows, epochs)
-    return rows, {"curve": curve, "summary": summ, "claims": claims(summ), "reps": reps,
-                  "epochs": epochs, "workers": WORKERS, "problems":
+    fb = feedback(rows)
+    return rows, {"curve": curve, "summary": summ, "feedback": fb, "claims": claims(summ, fb),
+                  "reps": reps, "epochs": epochs, "workers": WORKERS, "problems":
                   {n: PROBLEMS[n] for n in problems}, "mpi": mpi is not None}
 
 
 # ---- report ----------------------------------------------------------------------------
 def _pct(x):
     return "-" if x is None else f"{100 * x:+.2f}%"
+
+
+def _pts(x):
+    """A held-out accuracy difference in points (hundredths)."""
+    return "-" if x is None else f"{100 * x:+.2f}"
 
 
 def _selection_table(rows):
@@ -338,35 +427,94 @@ def _selection_table(rows):
     return lines
 
 
-def _training_table(key, s):
-    lines = [f"{key} (medians over the seeds, each run against the dense run of its seed; "
-             f"target: {s['target']:g} x that run's final loss):", "",
-             "| compressor | final loss | vs dense (range) | all-row log loss vs dense | "
-             "bytes sent | dense / sent | bytes per step | seconds | time to target |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def _training_table(key, s, problems):
+    prob = problems.get(key.split("/")[0], {})
+    size = (f" ({prob['samples']:,} x {prob['features']:,}, {prob['holdout']:,} rows held out)"
+            if prob else "")
+    lines = [f"{key}{size}: medians over the seeds, each run against the dense run of its "
+             f"seed; held-out accuracy on all held-out rows, its gap to dense in points (range "
+             f"over the seeds); time to target: to the dense run's final held-out accuracy "
+             f"minus {100 * s['target_gap']:g} point(s), on the 4096-row held-out sample "
+             "(wall clock of a shared 2-core machine: noisy):", "",
+             "| compressor | held-out acc | vs dense, points (range) | time to target | "
+             "final training loss | vs dense | bytes sent | dense / sent | bytes per step | "
+             "seconds |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c, o in s["configs"].items():
-        ttt = f"{o['time_to_target']:.2f} s" if o["time_to_target"] is not None else "not reached"
-        lo, hi = o["gap_range"]
-        lines.append(f"| {c} | {o['final_loss']:.4f} | {_pct(o['gap'])} ({_pct(lo)} to "
-                     f"{_pct(hi)}) | "
-                     f"{_pct(o['full_gap'])} | {o['bytes_sent'] / 1e6:.2f} MB | "
-                     f"{o['bytes_ratio']:.0f}x | {o['bytes_per_step']:.0f} | "
-                     f"{o['seconds']:.1f} | {ttt} |")
+        ttt = (f"{o['time_to_target']:.2f} s" if o["time_to_target"] is not None else
+               f"reached in {o['reached']} of {o['runs']}")
+        lo, hi = o["acc_gap_range"]
+        lines.append(f"| {c} | {o['val_score']:.4f} | {_pts(o['acc_gap'])} ({_pts(lo)} to "
+                     f"{_pts(hi)}) | {ttt} | {o['final_loss']:.4f} | {_pct(o['gap'])} | "
+                     f"{o['bytes_sent'] / 1e6:.2f} MB | {o['bytes_ratio']:.0f}x | "
+                     f"{o['bytes_per_step']:.0f} | {o['seconds']:.1f} |")
     return lines
 
 
+def _feedback_table(fb):
+    lines = ["Error feedback: held-out accuracy of TopK with minus without it, paired by "
+             "seed, in points; spread: the larger range over the seeds of either run's "
+             "held-out accuracy; measurable: every seed's difference above the spread:", "",
+             "| problem / trainer | k / n | seeds | with - without (range) | spread | "
+             "measurable |", "|---|---:|---:|---:|---:|---|"]
+    for key, res in fb.items():
+        for ratio, f in res.items():
+            lo, hi = f["diff_range"]
+            verdict = {True: "yes", False: "no", None: "one seed"}[f["measurable"]]
+            lines.append(f"| {key} | {100 * float(ratio):g}% | {f['seeds']} | "
+                         f"{_pts(f['diff'])} ({_pts(lo)} to {_pts(hi)}) | "
+                         f"{100 * f['spread']:.2f} | {verdict} |")
+    return lines
+
+
+def _feedback_finding(key, res):
+    """Where, over k, dropping error feedback costs held-out accuracy beyond the
+    run-to-run spread, and where it stops (the boundary)."""
+    yes = [r for r, f in res.items() if f["measurable"]]
+    no = [r for r, f in res.items() if f["measurable"] is False]
+    if not yes and not no:
+        return (f"- {key}: error feedback's effect cannot be judged against run-to-run "
+                "spread with one seed.")
+    seeds = min(f["seeds"] for f in res.values())
+
+    def ks(rs):
+        return ", ".join(f"{100 * float(r):g}%" for r in rs)
+    txt = (f"- {key} ({seeds} seeds): without error feedback TopK ends measurably worse in "
+           f"held-out accuracy (every seed's difference above the spread) at k/n = "
+           f"{ks(yes) or 'none'}")
+    if no:
+        worst = max(no, key=lambda r: res[r]["diff"])
+        txt += (f"; not at {ks(no)} (e.g. {100 * float(worst):g}%: "
+                f"{_pts(res[worst]['diff'])} points, spread {100 * res[worst]['spread']:.2f})")
+    return txt + "."
+
+
 def findings(d):
-    """The claim, per problem and trainer, in words computed from the data."""
+    """The claims per problem and trainer and error feedback's effect over k, in
+    words computed from the data."""
     out = []
     for key, c in d.get("claims", {}).items():
         verdict = "holds" if c["holds"] else "does not hold"
-        first = (f"; its loss curve first comes within 1% of dense at epoch "
-                 f"{c['first_epoch_within']} of {d['epochs']}" if c["first_epoch_within"]
-                 else "; its loss curve is never within 1% of dense")
+        first = (f"; its held-out accuracy first comes within {100 * CLAIM_ACC_GAP:g} point "
+                 f"of dense at epoch {c['first_epoch_within']} of {d['epochs']}"
+                 if c["first_epoch_within"] else
+                 f"; its held-out accuracy is never within {100 * CLAIM_ACC_GAP:g} point of "
+                 "dense at an epoch mark")
+        t, td = c["time_to_target"], c["dense_time_to_target"]
+        ttt = (f"; time to target {t:.2f} s against dense's {td:.2f} s"
+               if t is not None and td is not None else
+               "; the target is not reached in every seed")
+        no_ef = ("" if c["no_ef_acc_gap"] is None else
+                 f"; without error feedback {_pts(c['no_ef_acc_gap'])} points")
+        lo, hi = c["acc_gap_range"]
         out.append(f"- {key}: top-{100 * CLAIM_RATIO:g}% with error feedback sends "
-                   f"{c['bytes_ratio']:.0f}x fewer bytes than dense and ends "
-                   f"{_pct(c['gap'])} from dense (all-row log loss {_pct(c['full_gap'])}): "
-                   f"the claim {verdict}{first}; without error feedback {_pct(c['no_ef_gap'])}.")
+                   f"{c['bytes_ratio']:.0f}x fewer bytes than dense and ends at held-out "
+                   f"accuracy {c['val_score']:.4f} against dense's {c['dense_val_score']:.4f} "
+                   f"({_pts(c['acc_gap'])} points, seeds {_pts(lo)} to {_pts(hi)}; training "
+                   f"loss {_pct(c['gap'])}): the claim (>= {CLAIM_BYTES:g}x fewer bytes, every "
+                   f"seed at most {100 * CLAIM_ACC_GAP:g} point below dense) {verdict}"
+                   f"{first}{ttt}{no_ef}.")
+    for key, res in d.get("feedback", {}).items():
+        out.append(_feedback_finding(key, res))
     return out
 
 
@@ -376,7 +524,9 @@ def summary_markdown(d):
     lines = [f"Top-k selection on {n:,} float32 (seconds per call, medians):", ""]
     lines += _selection_table(rows)
     for key, s in d.get("summary", {}).items():
-        lines += [""] + _training_table(key, s)
+        lines += [""] + _training_table(key, s, d.get("problems", {}))
+    if d.get("feedback"):
+        lines += [""] + _feedback_table(d["feedback"])
     cv = d.get("curve")
     if cv:
         lines += ["", f"||G - TopK(G)|| / ||G|| on {cv['d']:,} weights:", "",
@@ -398,8 +548,9 @@ def plot(d, path):
     _plot_selection(axes[0], d["results"])
     _plot_curve(axes[1], d.get("curve"))
     _plot_gaps(axes[2], d.get("summary", {}))
-    for ax, key in zip(axes[3:], [k for k in d.get("summary", {}) if k.startswith("rcv1")]
-                       or list(d.get("summary", {}))):
+    keys = list(d.get("summary", {}))
+    big = [k for k in keys if k.startswith("large")] or keys
+    for ax, key in zip(axes[3:], big):
         _plot_history(ax, d["results"], key)
     fig.suptitle(f"Sparsified gradients: {d.get('epochs')} epochs, {d.get('workers')} workers",
                  fontsize=10)
@@ -433,16 +584,24 @@ def _plot_curve(ax, cv):
 
 
 def _plot_gaps(ax, summary):
+    """The final held-out accuracy gap to dense (points; median and range over the
+    seeds) against k/n, with and without error feedback."""
     for i, (key, s) in enumerate(summary.items()):
         for ef, ls in (("ef", "-"), ("no-ef", ":")):
-            pts = sorted((float(c.split()[1]), o["gap"] * 100) for c, o in s["configs"].items()
+            pts = sorted((float(c.split()[1]), o) for c, o in s["configs"].items()
                          if c.startswith("topk") and c.endswith(f" {ef}"))
-            if pts:
-                ax.plot(*zip(*pts), "o" + ls, color=f"C{i}", ms=4,
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            med = [100 * o["acc_gap"] for _, o in pts]
+            err = [[m - 100 * o["acc_gap_range"][0] for m, (_, o) in zip(med, pts)],
+                   [100 * o["acc_gap_range"][1] - m for m, (_, o) in zip(med, pts)]]
+            ax.errorbar(xs, med, yerr=err, fmt="o" + ls, color=f"C{i}", ms=4, capsize=2,
                         label=f"{key} {'with' if ef == 'ef' else 'without'} feedback")
-    ax.axhline(100 * CLAIM_GAP, color="grey", ls="--", lw=1)
-    ax.set(xscale="log", yscale="symlog", xlabel="k / n",
-           ylabel="final loss vs dense (%)", title="final loss gap after the epochs")
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.axhline(-100 * CLAIM_ACC_GAP, color="grey", ls="--", lw=1)
+    ax.set(xscale="log", xlabel="k / n", ylabel="held-out accuracy vs dense (points)",
+           title="final held-out accuracy gap after the epochs")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
 
@@ -455,9 +614,13 @@ def _plot_history(ax, rows, key):
         rs = [r for r in rows if r["part"] == "training" and r["problem"] == prob
               and r["trainer"] == trainer and r["config"] == c]
         for j, r in enumerate(rs):
-            h = r["history"]
-            ax.plot([p[1] for p in h], [p[2] for p in h], color=f"C{i}", lw=1.1,
+            h = [p for p in r["history"] if p[3] is not None]
+            ax.plot([p[1] for p in h], [p[3] for p in h], color=f"C{i}", lw=1.1,
                     alpha=0.9 if j == 0 else 0.3, label=c if j == 0 else None)
-    ax.set(xlabel="epochs", ylabel="training loss (4096 rows)", title=key)
+    finals = [r["val_score"] for r in rows if r["part"] == "training"
+              and r["problem"] == prob and r["trainer"] == trainer and r["config"] in want]
+    if finals:                  # the start (about 0.5) would squash the ends together
+        ax.set_ylim(max(0.0, min(finals) - 0.05), 1.0)
+    ax.set(xlabel="epochs", ylabel="held-out accuracy (4096 rows)", title=key)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

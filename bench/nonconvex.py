@@ -30,10 +30,14 @@ Accuracy is measured on the held-out rows after each epoch (Hogwild, scikit-lear
 clock stops meanwhile), or, for the trainers that run a budget of epochs in one call
 (sync, PS), after runs of 1/4, 1/2 and all of the epochs (the sync runs are
 deterministic, so a shorter run is a prefix of the longer one). Time is the training
-time. Reported per (problem, competitor, momentum, workers): accuracy against epochs
-and against seconds (medians over the repetitions, interleaved), final accuracy, the
-seconds per epoch, and the time to a target accuracy (scikit-learn's final accuracy at
-the same momentum minus 1.5 points).
+time. Reported per (problem, competitor, momentum, workers): held-out accuracy against
+epochs and against seconds (medians over the repetitions, interleaved), the final
+held-out accuracy and its gap to scikit-learn's at the same momentum (paired by seed:
+median and range), the seconds per epoch, and the time to a target held-out accuracy
+(scikit-learn's final one at the same momentum minus 1.5 points); the findings state
+each MLP trainer against ``MLPClassifier`` as that time and that gap. The scaling
+fits (below) hold out one row in ten of their problem and report held-out accuracy
+beside training accuracy.
 """
 from __future__ import annotations
 
@@ -64,6 +68,8 @@ SCALING_TARGET = 1.6
 #: at least this many scaling repetitions: a VM's vCPUs may move between placements
 #: (see bench.common.handoff_ns), and each placement needs repetitions of its own
 SCALING_MIN_REPS = 6
+#: the scaling problem holds out one row in this many (drawn beside its rows)
+SCALING_HOLDOUT = 10
 
 
 def make_nonlinear(n, d, classes=10, hidden=32, seed=0):
@@ -132,8 +138,10 @@ def _hogwild(data, hidden, batch, epochs, lr, mu, seed, workers, partition):
 
 # ---- scaling: 1 worker against 2 threads and 2 processes, per epoch and per whole fit -------
 
-def _scaling_fit(X, y, spec, it, workers, backend, seed):
-    """(seconds, training accuracy) of one whole ``HogwildMLPClassifier.fit``."""
+def _scaling_fit(data, spec, it, workers, backend, seed):
+    """(seconds, training accuracy, held-out accuracy) of one whole
+    ``HogwildMLPClassifier.fit``."""
+    X, Xv, y, yv = data
     from sgd_shm.hogwild.mlp import HogwildMLPClassifier
     _, _, hidden, batch, lr, mu = spec
     clf = HogwildMLPClassifier(hidden, batch_size=batch, learning_rate_init=lr, momentum=mu,
@@ -144,7 +152,7 @@ def _scaling_fit(X, y, spec, it, workers, backend, seed):
         t0 = time.perf_counter()
         clf.fit(X, y)
         sec = time.perf_counter() - t0
-    return sec, float(clf.score(X, y))
+    return sec, float(clf.score(X, y)), float(clf.score(Xv, yv))
 
 
 def _scaling_epochs(X, y, spec, workers, backend, seed, epochs=4):
@@ -176,10 +184,15 @@ def scaling(reps, seed, *, spec=SCALING, iters=SCALING_ITERS, progress=True):
     cache-line handoff between two threads around every repetition
     (``bench.common.handoff_ns``): rows for all repetitions, and for those whose
     cores shared a cache ("near") or did not ("far") throughout."""
+    from sklearn.model_selection import train_test_split
+
     from bench.common import handoff_ns, placement
     from bench.hogwild import free_cores
     n, d = spec[0], spec[1]
-    X, y = make_nonlinear(n, d, seed=seed)
+    held = max(1, n // SCALING_HOLDOUT)
+    X, y = make_nonlinear(n + held, d, seed=seed)
+    data = train_test_split(X, y, test_size=held, random_state=seed)
+    X, y = data[0], data[2]
     comps = [(1, "threads"), (2, "threads"), (2, "processes")]
     kinds = [("epoch", None)] + [("fit", it) for it in iters]
     runs = {(c, k): [] for c in comps for k in kinds}
@@ -191,9 +204,9 @@ def scaling(reps, seed, *, spec=SCALING, iters=SCALING_ITERS, progress=True):
         for kind, it in kinds:
             for P, backend in comps:
                 if kind == "epoch":
-                    r = (_scaling_epochs(X, y, spec, P, backend, seed + rep), None)
+                    r = (_scaling_epochs(X, y, spec, P, backend, seed + rep), None, None)
                 else:
-                    r = _scaling_fit(X, y, spec, it, P, backend, seed + rep)
+                    r = _scaling_fit(data, spec, it, P, backend, seed + rep)
                 if rep:
                     runs[((P, backend), (kind, it))].append(r)
                 bar.update()
@@ -207,7 +220,8 @@ def scaling(reps, seed, *, spec=SCALING, iters=SCALING_ITERS, progress=True):
         pick = [i for i, p in enumerate(places) if place in ("all", p)]
         if pick:
             rows += _scaling_rows(runs, comps, pick, place)
-    return {"problem": {"rows": n, "features": d, "classes": int(np.unique(y).shape[0]),
+    return {"problem": {"rows": n, "held_out": held, "features": d,
+                        "classes": int(np.unique(y).shape[0]),
                         "hidden": list(spec[2]), "batch": spec[3], "lr": spec[4],
                         "momentum": spec[5]},
             "rows": rows, "free_cores_before_after": free, "handoff_ns": handoffs,
@@ -228,7 +242,9 @@ def _scaling_rows(runs, comps, pick, place):
                      "speedup_vs_1": float(np.median(ratios)),
                      "speedup_vs_1_range": [float(ratios.min()), float(ratios.max())],
                      "train_accuracy": (None if k[0] == "epoch" else
-                                        float(np.median([r[1] for r in rs])))})
+                                        float(np.median([r[1] for r in rs]))),
+                     "val_accuracy": (None if k[0] == "epoch" else
+                                      float(np.median([r[2] for r in rs])))})
     return rows
 
 
@@ -354,11 +370,19 @@ def _row(p, comp, mu, P, runs):
 
 
 def _targets(rows):
-    """Each row's target (scikit-learn's final accuracy at its momentum minus
-    TARGET_GAP) and the first seconds and epochs at which its median curve reaches it."""
-    ref = {(r["problem"], r["momentum"]): r["final_accuracy"] for r in rows
-           if r["competitor"] == "sklearn"}
+    """Each row's target (scikit-learn's final held-out accuracy at its momentum minus
+    TARGET_GAP), the first seconds and epochs at which its median curve reaches it,
+    and its final held-out accuracy minus scikit-learn's, paired by seed (median and
+    range, in accuracy units)."""
+    sk = {(r["problem"], r["momentum"]): r for r in rows if r["competitor"] == "sklearn"}
+    ref = {k: r["final_accuracy"] for k, r in sk.items()}
     for r in rows:
+        base = sk.get((r["problem"], r["momentum"]))
+        if base is not None:
+            gaps = [a - b for a, b in zip(r["final_accuracy_runs"],
+                                          base["final_accuracy_runs"])]
+            r["gap_to_sklearn"] = statistics.median(gaps)
+            r["gap_to_sklearn_range"] = [min(gaps), max(gaps)]
         target = ref.get((r["problem"], r["momentum"]), 1.0) - TARGET_GAP
         hit = next((i for i, a in enumerate(r["accuracy"]) if a >= target), None)
         r["target"] = target
@@ -373,10 +397,47 @@ def _get(rows, p, comp, mu, P):
                                      r["workers"]) == (p, comp, mu, P)), None)
 
 
-def findings(d):
-    """Sentences computed from the rows: accuracy against scikit-learn's, and the
-    time-to-accuracy ratio of partitioned to plain Hogwild (the paper's ~1.2x)."""
+def _versus_sklearn(r, sk):
+    """One competitor against MLPClassifier: time to the held-out target (both) and
+    the final held-out accuracy gap, paired by seed."""
+    def t(x):
+        return "not reached" if x["time_to_target"] is None else f"{x['time_to_target']:.2f} s"
+    lo, hi = r["gap_to_sklearn_range"]
+    ratio = ("" if r["time_to_target"] is None or sk["time_to_target"] is None else
+             f" ({sk['time_to_target'] / r['time_to_target']:.2f}x MLPClassifier's speed)")
+    return (f"{r['competitor']} {t(r)}{ratio}, final {r['final_accuracy']:.4f} "
+            f"({100 * r['gap_to_sklearn']:+.2f} points, seeds {100 * lo:+.2f} to "
+            f"{100 * hi:+.2f})")
+
+
+def versus_sklearn(d):
+    """Per problem, momentum and worker count: each trainer of the MLP against
+    MLPClassifier, as time to the held-out target and the final held-out gap."""
     rows, out = d["results"], []
+    for p in d["problems"]:
+        for mu in d["momenta"]:
+            sk = _get(rows, p, "sklearn", mu, 1)
+            if not sk:
+                continue
+            for P in d["workers"]:
+                them = [r for r in rows if (r["problem"], r["momentum"], r["workers"]) ==
+                        (p, mu, P) and r["competitor"] != "sklearn" and "gap_to_sklearn" in r]
+                if not them:
+                    continue
+                skt = ("not reached" if sk["time_to_target"] is None else
+                       f"{sk['time_to_target']:.2f} s")
+                out.append(f"- {p}, momentum {mu:g}, {P} worker{'s' if P > 1 else ''}: to "
+                           f"held-out accuracy {sk['target']:.4f}, MLPClassifier {skt} (final "
+                           f"{sk['final_accuracy']:.4f}); "
+                           + "; ".join(_versus_sklearn(r, sk) for r in them) + ".")
+    return out
+
+
+def findings(d):
+    """Sentences computed from the rows: each MLP trainer against MLPClassifier (time
+    to a held-out accuracy, final held-out gap), and the time-to-accuracy ratio of
+    partitioned to plain Hogwild (the paper's ~1.2x)."""
+    rows, out = d["results"], versus_sklearn(d)
     for p in d["problems"]:
         for mu in d["momenta"]:
             sk = _get(rows, p, "sklearn", mu, 1)
@@ -385,7 +446,7 @@ def findings(d):
                 if not (sk and hw and bl):
                     continue
                 txt = (f"- {p}, momentum {mu:g}, {P} worker{'s' if P > 1 else ''}: final "
-                       f"accuracy Hogwild {hw['final_accuracy']:.4f}, blocks "
+                       f"held-out accuracy Hogwild {hw['final_accuracy']:.4f}, blocks "
                        f"{bl['final_accuracy']:.4f}, MLPClassifier {sk['final_accuracy']:.4f}")
                 th, tb = hw["time_to_target"], bl["time_to_target"]
                 if th is not None and tb is not None:
@@ -451,12 +512,14 @@ def scaling_markdown(sc):
              f"trainer and whole `fit` calls, medians of {sc['reps']}, speed-ups paired by "
              "repetition:", "",
              "| cores | reps | workers | backend | what | seconds | vs 1 worker | "
-             "training accuracy |", "|---|---:|---:|---|---|---:|---:|---:|"]
+             f"training accuracy | held-out accuracy ({pr.get('held_out', 0):,} rows) |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
     for r in sc["rows"]:
         acc = "-" if r["train_accuracy"] is None else f"{r['train_accuracy']:.4f}"
+        val = "-" if r.get("val_accuracy") is None else f"{r['val_accuracy']:.4f}"
         lines.append(f"| {r.get('placement', 'all')} | {r.get('reps', sc['reps'])} | "
                      f"{r['workers']} | {r['backend']} | {_scaling_what(r)} | "
-                     f"{r['seconds_median']:.3f} | {r['speedup_vs_1']:.2f}x | {acc} |")
+                     f"{r['seconds_median']:.3f} | {r['speedup_vs_1']:.2f}x | {acc} | {val} |")
     return lines + [""]
 
 
@@ -467,15 +530,23 @@ def summary_markdown(d):
         lines += [f"{p}: {info['train_rows']:,} training x {info['features']} features, "
                   f"{info['classes']} classes, hidden {tuple(info['hidden'])}, minibatch "
                   f"{info['batch']}, {info['epochs']} epochs (blocks: x layers x workers), "
-                  f"lr {info['lr']:g} x (1 - momentum); medians of {d['reps']} run(s):", "",
-                  "| competitor | momentum | workers | epochs | final accuracy | s/epoch | "
-                  "target | time to target (s) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  f"lr {info['lr']:g} x (1 - momentum), {info['test_rows']:,} rows held out; "
+                  f"medians of {d['reps']} run(s); the gap to MLPClassifier paired by seed; "
+                  f"target: MLPClassifier's final held-out accuracy minus "
+                  f"{100 * TARGET_GAP:g} points (training seconds on a shared 2-core machine: "
+                  "noisy):", "",
+                  "| competitor | momentum | workers | epochs | final held-out accuracy | "
+                  "vs MLPClassifier, points (range) | s/epoch | target | time to target (s) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
             if r["problem"] != p:
                 continue
             ttt = "-" if r["time_to_target"] is None else f"{r['time_to_target']:.3f}"
+            gap = ("-" if "gap_to_sklearn" not in r else
+                   f"{100 * r['gap_to_sklearn']:+.2f} ({100 * r['gap_to_sklearn_range'][0]:+.2f}"
+                   f" to {100 * r['gap_to_sklearn_range'][1]:+.2f})")
             lines.append(f"| {r['competitor']} | {r['momentum']:g} | {r['workers']} | "
-                         f"{r['epochs'][-1]} | {r['final_accuracy']:.4f} | "
+                         f"{r['epochs'][-1]} | {r['final_accuracy']:.4f} | {gap} | "
                          f"{r['seconds_per_epoch']:.4f} | {r['target']:.4f} | {ttt} |")
         lines.append("")
     if d.get("scaling"):
@@ -507,7 +578,7 @@ def plot(d, path):
                 ax_t.plot(r["seconds"], r["accuracy"], **kw)
             for ax, xl in ((ax_e, "epochs"), (ax_t, "seconds (training)")):
                 ax.set_xlabel(xl)
-                ax.set_ylabel("test accuracy")
+                ax.set_ylabel("held-out accuracy")
                 ax.set_title(f"{p}, momentum {mu:g}", fontsize=9)
                 ax.grid(alpha=0.3)
                 ax.legend(fontsize=7, ncol=2)

@@ -90,6 +90,7 @@ def test_bench_all_tiny(tmp_path):
     assert {"kit TopK.compress", "np.argpartition"} <= sel
     assert set(cp["claims"]) >= {"small/ps", "small/eager"}
     assert all(c["bytes_ratio"] > 100 for c in cp["claims"].values()), cp["claims"]  # 667x
+    assert all(0.5 < r["val_score"] <= 1 for r in cp["results"] if r["part"] == "training")
     assert cp["curve"]["curves"] and cp["curve"]["bound"][-1] == 0.0
     page = (tmp_path / "benchmarks.md").read_text()       # --out: the page beside the JSON
     assert "| shm | bsp |" in page
@@ -97,7 +98,7 @@ def test_bench_all_tiny(tmp_path):
         assert "| ray | asp |" in page and "on Ray" in page and "actor calls" in page
     un = json.loads((tmp_path / "unreliable.json").read_text())
     assert {r["series"] for r in un["results"]} == {"shards", "coupled", "asp"}
-    assert all(r["gap"] == [0.0] for r in un["results"] if r["drop"] == 0.0), \
+    assert all(r["gap"] == [0.0] == r["val_gap"] for r in un["results"] if r["drop"] == 0.0), \
         [r for r in un["results"] if r["drop"] == 0.0]
     nc = json.loads((tmp_path / "nonconvex.json").read_text())
     assert {(r["competitor"], r["workers"]) for r in nc["results"]} >= {
@@ -323,7 +324,7 @@ def test_delay_simulator_equals_the_naive_loop(tau, mu, squared):
     keeps every past weight vector (tests/naive.py): the same final loss."""
     import numpy as np
 
-    from bench.delay import delayed_sgd, problem
+    from bench.delay import delayed_sgd, delayed_weights, problem
     from naive import delayed_sgd_naive
     X, y = problem(300, 4, 0)
     if squared:
@@ -337,6 +338,9 @@ def test_delay_simulator_equals_the_naive_loop(tau, mu, squared):
     ref += 0.5e-3 * (w @ w)
     got = delayed_sgd(X, y, order.astype(np.int64), 2, 0.01, 1e-3, tau, False, mu, 0, squared)
     assert abs(got - ref) <= 1e-12 * max(1.0, abs(ref))
+    wts = delayed_weights(X, y, order.astype(np.int64), 2, 0.01, 1e-3, tau, False, mu, 0,
+                          squared)
+    np.testing.assert_allclose(wts, w, rtol=1e-12, atol=1e-14)
 
 
 def test_cxx_mq_option_runs_the_binary_interleaved(tmp_path):
@@ -375,3 +379,93 @@ def test_cxx_mq_option_runs_the_binary_interleaved(tmp_path):
     bad = subprocess.run(cmd + ["--cxx-mq", str(tmp_path / "missing")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "not an executable file" in bad.stderr
+
+
+def _quick(tmp_path, scenario, *extra):
+    """``python -m bench <scenario> --quick`` (or ``extra`` options) into tmp_path;
+    the JSON it wrote."""
+    r = subprocess.run([sys.executable, "-m", "bench", scenario, *(extra or ("--quick",)),
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads((tmp_path / f"{scenario}.json").read_text()), r.stdout
+
+
+def test_bench_compress_quick_reports_held_out_accuracy(tmp_path):
+    """bench compress --quick: every training run carries its final held-out accuracy
+    and a held-out history; dense is its own reference (gap 0, target reached);
+    error feedback is compared per ratio; the page's tables and findings say so.
+    Dense reaches >= 0.9 held-out accuracy on the small problem in 2 epochs (0.935
+    seen)."""
+    cp, out = _quick(tmp_path, "compress")
+    runs = [r for r in cp["results"] if r["part"] == "training"]
+    assert {(r["trainer"], r["config"]) for r in runs} >= {
+        ("ps", "dense"), ("ps", "topk 0.001 ef"), ("ps", "topk 0.001 no-ef"),
+        ("eager", "dense"), ("eager", "topk 0.001 no-ef")}
+    for r in runs:
+        assert 0.5 < r["val_score"] <= 1 and all(len(h) == 4 for h in r["history"]), r
+    for key, s in cp["summary"].items():
+        dense = s["configs"]["dense"]
+        assert dense["acc_gap"] == 0.0 and dense["time_to_target"] is not None, key
+        assert dense["val_score"] >= 0.9, (key, dense["val_score"])
+    assert set(cp["feedback"]) >= {"small/ps", "small/eager"}
+    for res in cp["feedback"].values():
+        assert set(res) == {"0.001", "0.01"}
+        assert all(f["seeds"] == 1 and f["measurable"] is None for f in res.values())
+    assert "held-out acc" in out and "Error feedback" in out and "Findings" in out
+    assert all(c["acc_gap_range"][0] <= c["acc_gap"] <= c["acc_gap_range"][1]
+               for c in cp["claims"].values())
+
+
+def test_bench_unreliable_quick_reports_held_out_accuracy(tmp_path):
+    """bench unreliable --quick: every row carries the final held-out accuracies and
+    their gaps to p = 0 of the same seed (0 at p = 0); the curves carry held-out
+    accuracy; the findings state held-out gaps."""
+    un, out = _quick(tmp_path, "unreliable")
+    for r in un["results"]:
+        assert all(0.5 < a <= 1 for a in r["val_score"]), r
+        base = next(b for b in un["results"] if (b["series"], b["shards"], b["drop"]) ==
+                    (r["series"], r["shards"], 0.0))
+        assert r["val_gap"] == [a - b for a, b in zip(r["val_score"], base["val_score"])]
+    assert all(len(c["val_score"]) == len(c["epochs"]) for c in un["curves"].values())
+    assert any("held-out accuracy drop" in f for f in un["findings"]), un["findings"]
+    assert "held-out acc at p = 0" in out
+
+
+def test_bench_delay_reports_held_out_accuracy(tmp_path):
+    """bench delay: the log-loss rows carry the held-out accuracy of the final weights,
+    the squared-loss rows the held-out loss; both against tau = 0 (0 there); the held-out
+    accuracy is that of the naive loop's weights (tests/naive.py) on the held-out rows."""
+    from bench.delay import _data
+    from naive import delayed_sgd_naive
+    dl, out = _quick(tmp_path, "delay", "--delay-samples", "2000")
+    p = dl["problem"]
+    for r in dl["results"]:
+        if r["diverged"]:
+            continue
+        assert (r["val_score"] is None) == (r["loss"] == "squared"), r
+        if r["tau"] == 0:
+            assert r["val_loss_excess"] == 0.0 and r["val_score_gap"] in (0.0, None), r
+    X, y, Xv, yv = _data(0, p["n"], p["d"], p["holdout"])["log"]
+    order = np.random.default_rng(0).permutation(p["n"])
+    w = delayed_sgd_naive(X, y, order, p["epochs"], p["lr"], p["alpha"], 4, 0.0, False)
+    row = next(r for r in dl["results"] if (r["loss"], r["mode"], r["momentum"], r["tau"]) ==
+               ("log", "max", 0.0, 4))
+    assert row["val_score"] == float(np.mean(np.sign(Xv @ w) == yv))
+    assert "held-out rows" in out and "Findings" in out
+
+
+def test_bench_nonconvex_quick_reports_held_out_accuracy(tmp_path):
+    """bench nonconvex --quick: every row carries its final held-out accuracy and its
+    gap to MLPClassifier, paired by seed (0 for MLPClassifier itself); the whole fits
+    of the scaling part carry held-out accuracy; the findings state each trainer
+    against MLPClassifier as time to a held-out accuracy and the final gap."""
+    nc, out = _quick(tmp_path, "nonconvex")
+    for r in nc["results"]:
+        assert 0 < r["final_accuracy"] <= 1 and "gap_to_sklearn" in r, r
+        if r["competitor"] == "sklearn":
+            assert r["gap_to_sklearn"] == 0.0
+    assert all((r["val_accuracy"] is None) == (r["kind"] == "epoch")
+               for r in nc["scaling"]["rows"])
+    assert any("to held-out accuracy" in f and "MLPClassifier" in f for f in nc["findings"])
+    assert "vs MLPClassifier, points" in out
