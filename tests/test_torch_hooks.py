@@ -173,6 +173,44 @@ def test_three_ranks_solo_rounds_equal_oracle(no_shm_leak):
     assert all(np.array_equal(res[k]["w"], res[0]["w"]) for k in range(size))
 
 
+@pytest.mark.parametrize("kind,late", [("solo", "carry"), ("majority", "drop")])
+def test_mpi_backend_rounds_equal_oracle(kind, late):
+    """The partial hook on the MPI backend (an MPICommunicator per bucket) under
+    ``mpiexec -n 2``: every round equals the oracle over its reported contributors."""
+    pytest.importorskip("mpi4py")
+    import os
+    import pickle
+    import shutil
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    near = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = near if os.path.exists(near) else shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec (pip install mpich)")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([here, os.path.dirname(here),
+                                           os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([mpiexec, "-n", "2", sys.executable,
+                        os.path.join(here, "torch_ddp_workers.py"), kind, late],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0 and "OK mpi" in p.stdout, (p.stdout + p.stderr)[-3000:]
+    path = next(ln.split(" ", 1)[1] for ln in p.stdout.splitlines() if ln.startswith("RESULT"))
+    with open(path, "rb") as f:
+        res = pickle.load(f)
+    os.unlink(path)
+    partial = 0
+    for b in (0, 1):
+        inputs, outputs, masks, _ = contributions(res, b)
+        sums, _ = partial_allreduce_naive(inputs, masks, late)
+        for r, m in enumerate(masks):
+            for k in range(2):
+                np.testing.assert_allclose(outputs[k][r], sums[r] / 2, rtol=2e-5, atol=1e-7)
+        partial += sum(bin(m).count("1") < 2 for m in masks)
+    assert partial > 0
+    assert np.array_equal(res[0]["w"], res[1]["w"])
+
+
 # ---- failures -----------------------------------------------------------------------------
 @pytest.mark.parametrize("dead", [1, 0])
 def test_dead_rank_raises_on_the_others(dead, no_shm_leak):

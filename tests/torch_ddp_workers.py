@@ -165,3 +165,36 @@ def contributions(res, bucket):
     inputs = [[np.asarray(x["input"], np.float64) for x in recs[k]] for k in range(size)]
     outputs = [[x["output"] for x in recs[k]] for k in range(size)]
     return inputs, outputs, masks, recs
+
+
+def mpi_main(kind, late):
+    """Under ``mpiexec -n P``: :func:`train` with the partial hook on the MPI backend
+    (the gloo group's port comes from MPI rank 0); rank 0 prints each rank's records
+    as one pickle file's path, then "OK mpi"."""
+    import pickle
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    port = world.bcast(free_port() if rank == 0 else None, root=0)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size, timeout=timedelta(seconds=60))
+    cfg = dict(steps=8, bucket_cap_mb=0.002, hook=kind, sleep={3: {1: 0.4}, 5: {0: 0.3}},
+               state={"late": late, "backend": "mpi", "timeout": 60.0})
+    res = train(rank, size, cfg)
+    out = world.gather(res, root=0)
+    dist.destroy_process_group()
+    if rank == 0:
+        with tempfile.NamedTemporaryFile("wb", suffix=".pkl", delete=False) as f:
+            pickle.dump(out, f)
+        print(f"RESULT {f.name}")
+        print("OK mpi", flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+    mpi_main(sys.argv[1], sys.argv[2])
