@@ -495,6 +495,44 @@ def logistic_grad_naive(X, y, rows, w, alpha):
     return Xb.T @ dl / len(rows) + alpha * w
 
 
+# ---- torch models (sgd_shm.torch) --------------------------------------------------------
+class _one_torch_thread:
+    """torch on one thread for the block (restored after): a pool of spinning threads
+    on a shared 2-core machine makes the oracles crawl."""
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def __enter__(self):
+        self.n = self.torch.get_num_threads()
+        self.torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        self.torch.set_num_threads(self.n)
+
+
+def torch_sgd_naive(module, X, y, batches, *, lr, momentum=0.0, loss="cross_entropy"):
+    """Serial ``torch.optim.SGD`` on (a copy of) ``module`` over the minibatches
+    ``batches`` (arrays of row indices of X, y), the way a PyTorch user writes it:
+    zero_grad, forward, loss, backward, step. Returns the final parameters as one
+    flat float32 vector (in ``module.parameters()`` order)."""
+    import copy
+
+    import torch
+    with _one_torch_thread(torch):
+        net = copy.deepcopy(module).float().train()
+        opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+        f = getattr(torch.nn.functional, loss)
+        Xt, yt = torch.from_numpy(np.ascontiguousarray(X, np.float32)), torch.from_numpy(
+            np.asarray(y, np.int64))
+        for rows in batches:
+            idx = torch.from_numpy(np.asarray(rows, np.int64))
+            opt.zero_grad()
+            f(net(Xt[idx]), yt[idx]).backward()
+            opt.step()
+        return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
+
+
 # ---- DDP communication hooks (sgd_shm.torch.hooks) ---------------------------------------
 def ddp_mean_naive(parts):
     """The mean over ranks of their (decoded) bucket vectors, in float64."""
@@ -514,3 +552,30 @@ def error_feedback_naive(inputs, sents):
         resid = a - s
         total += s
     return total, acc
+
+
+def torch_block_sgd_naive(module, X, y, batches, draws, bounds, *, lr):
+    """Serial block-partitioned SGD (arXiv:1905.11845) of ``module``: for each
+    minibatch, the full gradient by autograd, and only the coordinates of the drawn
+    block ``[bounds[b], bounds[b + 1])`` of the flat parameter vector move by
+    -lr * g. ``draws``: the block of each minibatch. Returns the flat float32
+    parameters."""
+    import copy
+
+    import torch
+    net = copy.deepcopy(module).float().train()
+    params = list(net.parameters())
+    ends = np.cumsum([p.numel() for p in params])
+    Xt, yt = torch.from_numpy(np.ascontiguousarray(X, np.float32)), torch.from_numpy(
+        np.asarray(y, np.int64))
+    with _one_torch_thread(torch):
+        for rows, b in zip(batches, draws):
+            idx = torch.from_numpy(np.asarray(rows, np.int64))
+            net.zero_grad()
+            torch.nn.functional.cross_entropy(net(Xt[idx]), yt[idx]).backward()
+            with torch.no_grad():
+                for p, end in zip(params, ends):
+                    start = end - p.numel()
+                    if bounds[b] <= start and end <= bounds[b + 1]:
+                        p.add_(p.grad, alpha=-lr)
+    return torch.cat([p.detach().reshape(-1) for p in params]).numpy()

@@ -43,13 +43,19 @@ class Model(abc.ABC):
     Attributes: ``n_features``, ``n_outputs`` (classes), ``n_params``; ``uses_blas``
     (its kernels call BLAS: trainers then cap BLAS at one thread per worker, which
     would otherwise oversubscribe the cores); ``has_proba`` (``predict_proba`` gives
-    probabilities)."""
+    probabilities); ``input_shape`` (None: X is a matrix of ``n_features`` columns;
+    a tuple: the shape of one sample, X is an array (n, *input_shape), e.g. images
+    (n, C, H, W), whose samples hold ``n_features`` values in all) and ``dtype`` (the
+    float type X is checked into: float64, or float32 for a model that computes in
+    it)."""
 
     n_features: int
     n_outputs: int
     n_params: int
     uses_blas: bool = False
     has_proba: bool = True
+    input_shape: tuple | None = None
+    dtype = np.float64
 
     @abc.abstractmethod
     def init(self, rng: np.random.Generator) -> np.ndarray:
@@ -109,6 +115,14 @@ class Model(abc.ABC):
         """The class index of the highest score of each row."""
         return np.argmax(self.decision_function(w, X), axis=1)
 
+    def threads_limited(self):
+        """A context in which the model computes on one thread per worker (the
+        trainers enter it around their workers: several workers each running a
+        threaded kernel would oversubscribe the cores). By default BLAS on one thread
+        when the model ``uses_blas``; a model with its own thread pool (torch)
+        overrides it."""
+        return one_blas_thread() if self.uses_blas else _null()
+
 
 def one_blas_thread():
     """BLAS on one thread: from now on in this process, or, used as ``with
@@ -120,7 +134,15 @@ def one_blas_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def blas_limited(model):
-    """A context that runs BLAS on one thread when ``model`` uses it, else nothing."""
+def _null():
     import contextlib
-    return one_blas_thread() if model.uses_blas else contextlib.nullcontext()
+    return contextlib.nullcontext()
+
+
+def blas_limited(model):
+    """A context that runs ``model`` on one thread per worker: its
+    ``threads_limited()``, or for an object outside the Model class, BLAS on one
+    thread when it ``uses_blas``, else nothing."""
+    if isinstance(model, Model):
+        return model.threads_limited()
+    return one_blas_thread() if getattr(model, "uses_blas", False) else _null()

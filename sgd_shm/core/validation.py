@@ -142,21 +142,51 @@ def _matrix(X, name="X"):
 
 
 def n_columns(X) -> int:
-    """The number of columns of the matrix X (a ValueError unless X is 2-D)."""
+    """The number of values of one sample of X: the columns of a matrix, or, for an
+    array of samples of more than one dimension (images (n, C, H, W) for a model with
+    an ``input_shape``), the size of one sample. A ValueError for fewer than 2
+    dimensions."""
     shape = X.shape if hasattr(X, "shape") else np.shape(X)
-    if len(shape) != 2:
-        raise ValueError(f"X: expected a 2-D matrix, got {len(shape)} dimensions")
-    return int(shape[1])
+    if len(shape) < 2:
+        raise ValueError(f"X: expected a 2-D matrix (or an array of samples shaped like a "
+                         f"model's input_shape), got {len(shape)} dimensions")
+    return int(np.prod(shape[1:]))
+
+
+def _samples(X, model, name="X"):
+    """X for a model with an ``input_shape``: a C-contiguous array of the model's
+    ``dtype`` shaped (n, *input_shape); a matrix of n_features columns is reshaped
+    (a copy only where the dtype or the layout differ)."""
+    shape, dtype = tuple(model.input_shape), np.dtype(getattr(model, "dtype", np.float64))
+    if sp.issparse(X):
+        raise TypeError(f"{name}: this model takes a dense array shaped (n, *{shape}), got a "
+                        "sparse matrix; pass X.toarray()")
+    X = np.ascontiguousarray(X, dtype=dtype)
+    if X.ndim == 2 and X.shape[1] == model.n_features and len(shape) != 1:
+        X = X.reshape((X.shape[0],) + shape)
+    if X.shape[1:] != shape:
+        raise ValueError(f"{name}: expected samples shaped {shape} (the model's input_shape), "
+                         f"i.e. an array ({'n, ' + ', '.join(map(str, shape))}) or a matrix of "
+                         f"{model.n_features} columns, got shape {X.shape}")
+    if not np.isfinite(X).all():
+        raise ValueError(f"{name}: contains NaN or inf; clean or impute the data first")
+    return X
 
 
 def model_data(X, y, model, n_workers):
     """(X as float64 CSR or C-contiguous dense, y as class indices 0..C-1, the C
     classes) for a run of ``model``, checked: 2-D, finite, the model's n_features, as
-    many classes as its n_outputs, as many labels as rows, a row per worker at least."""
-    X = _matrix(X)
-    if X.shape[1] != model.n_features:
-        raise ValueError(f"model: built for n_features={model.n_features}, but X has "
-                         f"{X.shape[1]} features; make the model with n_features=X.shape[1]")
+    many classes as its n_outputs, as many labels as rows, a row per worker at least.
+    For a model with an ``input_shape``, X is instead an array (n, *input_shape) of the
+    model's ``dtype`` (a matrix of n_features columns is reshaped to it)."""
+    if getattr(model, "input_shape", None) is not None:
+        X = _samples(X, model)
+    else:
+        X = _matrix(X)
+        if X.shape[1] != model.n_features:
+            raise ValueError(f"model: built for n_features={model.n_features}, but X has "
+                             f"{X.shape[1]} features; make the model with "
+                             "n_features=X.shape[1]")
     y = np.asarray(y)
     if y.shape != (X.shape[0],):
         raise ValueError(f"X has {X.shape[0]} rows but y has shape {y.shape}")
@@ -173,7 +203,10 @@ def model_data(X, y, model, n_workers):
 
 
 def model_X(X, model, name="X"):
-    """X for ``model``'s predictions: float64 CSR or dense, with its n_features."""
+    """X for ``model``'s predictions: float64 CSR or dense, with its n_features (for a
+    model with an ``input_shape``: as :func:`model_data` checks it)."""
+    if getattr(model, "input_shape", None) is not None:
+        return _samples(X, model, name)
     X = sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, np.float64)
     if X.ndim != 2 or X.shape[1] != model.n_features:
         raise ValueError(f"{name}: expected a 2-D matrix with {model.n_features} features, got "

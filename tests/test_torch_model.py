@@ -1,0 +1,312 @@
+"""sgd_shm.torch.TorchModel: an nn.Module as a kit Model, and the kit's distributed
+trainers (ps.train, eager.train) on it.
+
+Oracles: torch.autograd on an untouched copy of the module (the gradient), serial
+``torch.optim.SGD`` over the same minibatches (tests/naive.torch_sgd_naive: one
+worker of each trainer), the module's own forward pass (predictions)."""
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from naive import torch_sgd_naive  # noqa: E402
+
+from sgd_shm import eager, ps  # noqa: E402
+from sgd_shm.data import load_digits_split, make_digits_augmented  # noqa: E402
+from sgd_shm.ps import worker as ps_worker  # noqa: E402
+from sgd_shm.torch import DigitsCNN, TorchModel  # noqa: E402
+from sgd_shm.torch.model import one_torch_thread  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The tests' own torch work (oracles, predictions) on one thread, as the
+    trainers' workers run (a spinning pool on a shared 2-core machine crawls)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits_split(0.2, random_state=0)
+
+
+@pytest.fixture(scope="module")
+def augmented():
+    """12,000 training images derived from the digits' training part; the held-out
+    images untouched."""
+    return make_digits_augmented(12_000, random_state=0)
+
+
+class FlatNet(torch.nn.Module):
+    """A module that outputs log-probabilities (nll_loss) and declares no input_shape."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 12),
+                                        torch.nn.Tanh(), torch.nn.Linear(12, 10))
+
+    def forward(self, x):
+        return torch.log_softmax(self.body(x), dim=1)
+
+
+def _autograd(module, X, y, rows, loss="cross_entropy"):
+    """(loss, flat gradient) of the minibatch by plain autograd on ``module``."""
+    module.zero_grad()
+    f = getattr(torch.nn.functional, loss)
+    out = f(module(torch.from_numpy(X[rows])), torch.from_numpy(y[rows]))
+    out.backward()
+    return float(out.detach()), torch.cat([p.grad.reshape(-1) for p in module.parameters()]).numpy()
+
+
+# ---- the gradient ---------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gradient_equals_autograd(digits, dtype):
+    X, _, y, _ = digits
+    net = DigitsCNN(seed=0)
+    ref = copy.deepcopy(net)
+    model = TorchModel(net)
+    data = model.prepare(X, y)
+    w = model.init(np.random.default_rng(0)).astype(dtype)
+    rows = np.array([5, 900, 17, 3, 1200, 44, 44, 0], np.int64)
+    g = np.full(model.n_params, np.nan, dtype)
+    loss = model.loss_grad(w, data, rows, g)
+    want_loss, want = _autograd(ref, X, y, rows)
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    np.testing.assert_array_equal(g.astype(np.float32), want)      # the same float32 ops
+    g2 = np.zeros_like(g)
+    model.grad(w, data, rows, g2)                                  # twice: no accumulation
+    np.testing.assert_array_equal(g2, g)
+
+
+def test_gradient_at_other_weights_and_nll_loss(digits):
+    X, _, y, _ = digits
+    Xf = X.reshape(len(X), 64)
+    net = FlatNet()
+    model = TorchModel(net, "nll_loss", input_shape=(64,))
+    assert model.n_outputs == 10 and model.n_features == 64
+    w = np.random.default_rng(2).normal(0, 0.3, model.n_params)    # not the module's own
+    ref = copy.deepcopy(net)
+    with torch.no_grad():
+        for p, (lo, hi) in zip(ref.parameters(), model.spans):
+            p.copy_(torch.from_numpy(w[lo:hi].astype(np.float32)).view(p.shape))
+    rows = np.arange(40, 72)
+    g = np.empty(model.n_params)
+    loss = model.loss_grad(w, model.prepare(Xf, y), rows, g)
+    want_loss, want = _autograd(ref, Xf, y, rows, "nll_loss")
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    np.testing.assert_array_equal(g.astype(np.float32), want)
+
+
+def test_block_gradient_writes_only_its_block(digits):
+    X, _, y, _ = digits
+    net = DigitsCNN(seed=3)
+    _, want = _autograd(copy.deepcopy(net), X, y, np.arange(16))
+    model = TorchModel(net)
+    bounds = model.layers()
+    data, w = model.prepare(X, y), model.init(None)
+    for b in range(len(bounds) - 1):
+        lo, hi = int(bounds[b]), int(bounds[b + 1])
+        g = np.full(model.n_params, 7.0)
+        model.loss_grad(w, data, np.arange(16), g, block=(lo, hi))
+        np.testing.assert_array_equal(g[lo:hi].astype(np.float32), want[lo:hi])
+        assert (g[:lo] == 7.0).all() and (g[hi:] == 7.0).all()
+    with pytest.raises(ValueError, match="whole parameter tensors"):
+        model.loss_grad(w, data, np.arange(16), g, block=(1, 160))
+
+
+def test_float32_buffers_are_used_in_place(digits):
+    """A float32 weight vector becomes the parameters (views, no copy) and autograd
+    writes straight into a float32 gradient buffer."""
+    X, _, y, _ = digits
+    model = TorchModel(DigitsCNN(seed=0))
+    w = model.init(None).astype(np.float32)
+    g = np.zeros(model.n_params, np.float32)
+    model.loss_grad(w, model.prepare(X, y), np.arange(8), g)
+    rep = model.replica()
+    for p, (lo, hi) in zip(rep.params, model.spans):
+        assert p.data_ptr() == w.ctypes.data + 4 * lo
+        assert p.grad.data_ptr() == g.ctypes.data + 4 * lo
+    w[:] = 0.0                         # the replica reads the caller's vector itself
+    assert all(float(p.abs().sum()) == 0.0 for p in rep.params)
+    # the template module is the model's own flat vector
+    model.set_weights(np.arange(model.n_params, dtype=np.float64))
+    first = next(model.module.parameters())
+    assert first.data_ptr() == model.weights.ctypes.data and float(first.reshape(-1)[5]) == 5.0
+
+
+def test_predictions_are_the_modules(digits):
+    _, Xte, _, yte = digits
+    net = DigitsCNN(seed=0)
+    model = TorchModel(net)
+    w = model.init(None)
+    with torch.no_grad():
+        want = net.eval()(torch.from_numpy(Xte)).numpy()
+    np.testing.assert_allclose(model.decision_function(w, Xte), want, rtol=1e-6, atol=1e-6)
+    p = model.predict_proba(w, Xte)
+    np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-9)
+    assert np.array_equal(model.predict(w, Xte), want.argmax(1))
+    data = model.prepare(Xte, yte)
+    want_loss = float(torch.nn.functional.cross_entropy(torch.from_numpy(want),
+                                                        torch.from_numpy(yte)))
+    assert model.loss(w, data) == pytest.approx(want_loss, rel=1e-5)
+
+
+def test_pickles_with_its_weights(digits):
+    X, _, y, _ = digits
+    model = TorchModel(DigitsCNN(seed=0))
+    model.set_weights(model.init(None) * 0.5)
+    back = pickle.loads(pickle.dumps(model))
+    assert np.array_equal(back.init(None), model.init(None))
+    g1, g2 = np.empty(model.n_params), np.empty(model.n_params)
+    model.loss_grad(model.init(None), model.prepare(X, y), np.arange(9), g1)
+    back.loss_grad(back.init(None), back.prepare(X, y), np.arange(9), g2)
+    np.testing.assert_array_equal(g1, g2)
+    assert next(back.module.parameters()).data_ptr() == back.weights.ctypes.data
+
+
+def test_blocks_are_layers_balanced_by_size():
+    model = TorchModel(DigitsCNN(seed=0))
+    spans = dict(zip(model.names, model.spans))
+    bounds = model.layers()
+    assert bounds.tolist() == [0, spans["conv2.weight"][0], spans["fc1.weight"][0],
+                               spans["fc2.weight"][0], model.n_params]
+    sizes = np.diff(bounds)
+    for parts in (1, 2, 3, 4):
+        b, owners = model.blocks(parts)
+        assert np.array_equal(b, bounds)
+        assert sorted(np.concatenate(owners).tolist()) == [0, 1, 2, 3]   # each block once
+        loads = sorted(int(sizes[o].sum()) for o in owners)
+        # greedy largest-first: no part gains by taking another's smallest block
+        assert loads[-1] - loads[0] <= max(sizes.max() - 0, 0)
+    assert [o.tolist() for o in model.blocks(2)[1]] == [[2], [0, 1, 3]]   # fc1 alone
+    with pytest.raises(ValueError, match="n_parts: must be an int in \\[1, 4\\]"):
+        model.blocks(5)
+
+
+def test_threads_limited_restores():
+    before = torch.get_num_threads()
+    model = TorchModel(DigitsCNN(seed=0))
+    with model.threads_limited():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with one_torch_thread():
+        assert torch.get_num_threads() == 1
+
+
+@pytest.mark.parametrize("make, exc, words", [
+    (lambda: TorchModel("net"), TypeError, "torch.nn.Module instance"),
+    (lambda: TorchModel(DigitsCNN(), loss="mse"), ValueError, "loss: must be one of"),
+    (lambda: TorchModel(FlatNet()), ValueError, "input_shape: the module declares none"),
+    (lambda: TorchModel(FlatNet(), input_shape=(3, 3)), ValueError, "forward pass"),
+    (lambda: TorchModel(torch.nn.Linear(4, 1), input_shape=(4,)), ValueError,
+     "n_classes >= 2")])
+def test_bad_construction(make, exc, words):
+    with pytest.raises(exc, match=words):
+        make()
+
+
+def test_trainers_check_x_against_input_shape(digits):
+    X, _, y, _ = digits
+    model = TorchModel(DigitsCNN(seed=0))
+    with pytest.raises(ValueError, match=r"expected samples shaped \(1, 8, 8\)"):
+        ps.train(X.reshape(len(X), 8, 8)[:, :4], y, model=model, n_workers=1, epochs=1,
+                 progress=False)
+    with pytest.raises(TypeError, match="sparse"):
+        import scipy.sparse as sp
+        eager.train(sp.csr_matrix(X.reshape(len(X), 64)), y, model=model, n_workers=1,
+                    epochs=1, progress=False)
+    # a matrix of 64 columns is the same data, reshaped to the module's input
+    r = ps.train(X.reshape(len(X), 64), y, model=model, n_workers=1, epochs=1, lr=0.05,
+                 batch_size=32, progress=False)
+    assert r.predict(X[:5]).shape == (5,) and r.predict(X[:5].reshape(5, 64)).shape == (5,)
+
+
+# ---- one worker of each trainer equals serial torch.optim.SGD --------------------------
+def _recorder(monkeypatch, path):
+    """Record every minibatch a (forked) PS worker computes a gradient of."""
+    real = ps_worker._gradient
+
+    def gradient(job, p, j, w, g, block=None):
+        with open(path, "a") as f:
+            f.write(json.dumps(job.batches.rows_of(p, j).tolist()) + "\n")
+        return real(job, p, j, w, g, block)
+    monkeypatch.setattr(ps_worker, "_gradient", gradient)
+
+
+@pytest.mark.parametrize("backend", ["shm", "threads"])
+def test_ps_one_worker_equals_serial_torch_sgd(digits, backend, monkeypatch, tmp_path,
+                                               no_shm_leak):
+    X, _, y, _ = digits
+    X, y = X[:600], y[:600]
+    path = str(tmp_path / "rows")
+    _recorder(monkeypatch, path)
+    net = DigitsCNN(seed=4)
+    start = copy.deepcopy(net)
+    r = ps.train(X, y, model=TorchModel(net), n_workers=1, policy="asp", epochs=1, lr=0.1,
+                 batch_size=32, n_shards=4, seed=2, backend=backend, progress=False)
+    with open(path) as f:
+        batches = [np.array(json.loads(line)) for line in f]
+    assert len(batches) == r.updates == 19                     # 600 rows / 32
+    assert sorted(np.concatenate(batches).tolist()) == list(range(600))
+    want = torch_sgd_naive(start, X, y, batches, lr=0.1)
+    # the store keeps float64 weights (each step rounds them once more to float32 for
+    # the module): equal to float32 rounding
+    np.testing.assert_allclose(r.coef_, want, rtol=0, atol=2e-6)
+    assert not np.allclose(want, TorchModel(copy.deepcopy(start)).init(None), atol=1e-3)
+
+
+def _rank_batches(n, b, seed, rounds):
+    """One rank's minibatches as the eager trainer documents them: a fresh permutation
+    of default_rng([seed, 0, 0x5EED]) whenever a batch would run past the end."""
+    rng = np.random.default_rng([seed, 0, 0x5EED])
+    order, pos, out = rng.permutation(n), 0, []
+    for _ in range(rounds):
+        if pos + b > order.size:
+            order, pos = rng.permutation(n), 0
+        out.append(order[pos:pos + b])
+        pos += b
+    return out
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_eager_one_rank_equals_serial_torch_sgd(digits, momentum, no_shm_leak):
+    X, _, y, _ = digits
+    X, y = X[:600], y[:600]
+    net = DigitsCNN(seed=5)
+    start = copy.deepcopy(net)
+    r = eager.train(X, y, model=TorchModel(net), n_workers=1, epochs=1, lr=0.05,
+                    batch_size=32, seed=3, momentum=momentum, sample_every=10.0,
+                    progress=False)
+    assert r.rounds == 19
+    want = torch_sgd_naive(start, X, y, _rank_batches(600, 32, 3, 19), lr=0.05,
+                           momentum=momentum)
+    np.testing.assert_allclose(r.coef_, want, rtol=0, atol=2e-6)
+
+
+# ---- held-out accuracy on the digits -------------------------------------------------------
+def test_ps_trains_the_cnn_to_095(augmented, no_shm_leak):
+    X, Xte, y, yte = augmented
+    r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, policy="asp",
+                 epochs=6, lr=0.2, batch_size=32, seed=0, eval_set=(Xte, yte),
+                 sample_every=0.5, progress=False)
+    assert r.val_score >= 0.95, r.history[-1]
+    assert r.score(Xte, yte) == pytest.approx(r.val_score)
+
+
+def test_eager_trains_the_cnn_to_095(augmented, no_shm_leak):
+    X, Xte, y, yte = augmented
+    r = eager.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, epochs=3,
+                    lr=0.05, momentum=0.9, batch_size=32, seed=0, sample_every=2.0,
+                    eval_set=(Xte, yte), progress=False)
+    assert r.replicas_equal
+    assert r.val_score >= 0.95, r.history[-1]
