@@ -392,6 +392,22 @@ def cmd_eager(args):
         imbalance=(1, args.eager_sleep), quick=args.quick))
 
 
+def cmd_torch_ddp(args):
+    # --quick: 1 repetition without the warm-up run, 1 epoch of each part
+    if importlib.util.find_spec("torch") is None:
+        if args.scenario == "all":
+            print("(torch_ddp left out: torch is not installed)", file=sys.stderr)
+            return
+        sys.exit("torch_ddp needs torch: pip install 'relaxed-sgd-kit[torch]'")
+    reps = 1 if args.quick else args.reps
+    epochs = 1 if args.quick else args.torch_ddp_epochs
+    _with_reps(args, reps, "torch_ddp", lambda torch_ddp: torch_ddp.run(
+        reps, args.seed, ranks=args.torch_ddp_ranks, data=args.torch_ddp_data,
+        epochs=epochs, compress_epochs=1 if args.quick else args.torch_ddp_compress_epochs,
+        imbalance=(1, args.torch_ddp_sleep), target=args.torch_ddp_target,
+        warmup=not args.quick))
+
+
 def _with_reps(args, reps, name, measure):
     """_scenario with ``reps`` repetitions (what the header reports), leaving
     ``args.reps`` as it was for the scenarios after this one."""
@@ -557,6 +573,23 @@ FLAGS = {
                                               "training run (default 3)")),
     "no_mpi": ("--no-mpi", dict(action="store_true",
                                 help="leave out the eager runs under mpiexec")),
+    "torch_ddp_ranks": ("--torch-ddp-ranks", dict(type=int, default=2,
+                                                  help="DDP processes per run (default 2)")),
+    "torch_ddp_data": ("--torch-ddp-data", dict(choices=("digits", "augmented"),
+                                                default="digits",
+                                                help="sklearn's digits or the 50,000-image "
+                                                     "augmented set (default digits)")),
+    "torch_ddp_epochs": ("--torch-ddp-epochs", dict(type=int, default=10,
+                                                    help="epochs per imbalance run "
+                                                         "(default 10)")),
+    "torch_ddp_compress_epochs": ("--torch-ddp-compress-epochs", dict(
+        type=int, default=10, help="epochs per compression run (default 10)")),
+    "torch_ddp_sleep": ("--torch-ddp-sleep", dict(type=float, default=0.05,
+                                                  help="seconds one rank per step sleeps "
+                                                       "(default 0.05)")),
+    "torch_ddp_target": ("--torch-ddp-target", dict(type=float, default=0.95,
+                                                    help="target held-out accuracy "
+                                                         "(default 0.95)")),
     "unreliable_epochs": ("--unreliable-epochs", dict(type=int, default=5,
                                                       help="epochs per run, the work every "
                                                            "run does (default 5)")),
@@ -577,6 +610,7 @@ FLAGS = {
 QUICK = {"conflict": "fewer samples",
          "ps": "1 repetition of runs of at most 1 s, short transport loops",
          "eager": "1 repetition, a 1 MB buffer, trainer runs of 1 s",
+         "torch_ddp": "1 repetition, no warm-up run, 1 epoch per run",
          "compress": "1 repetition on the small problem, 2 epochs, 100k-entry vectors",
          "unreliable": "p in {0, 0.1, 0.3}, S in {1, 4}, one seed, 1 epoch",
          "nonconvex": "3 epochs of digits, 2 of a small non-linear problem, 1 repetition",
@@ -616,6 +650,11 @@ SCENARIOS = {
                                      "backend", "quick"]),
     "eager": ("eager-SGD: shm and MPI allreduce speed; sync, solo, majority training",
               ["reps", "seed", "eager_seconds", "eager_target", "eager_sleep", "quick"]),
+    "torch_ddp": ("DDP hooks on the reference CNN: eager-SGD solo/majority vs allreduce under "
+                  "imbalance; TopK 0.1%% with and without error feedback vs dense",
+                  ["reps", "seed", "torch_ddp_ranks", "torch_ddp_data", "torch_ddp_epochs",
+                   "torch_ddp_compress_epochs", "torch_ddp_sleep", "torch_ddp_target",
+                   "quick"]),
     "compress": ("sparsified gradients: top-k selection, what it leaves out, training",
                  ["seed", "compress_reps", "no_mpi", "quick"]),
     "unreliable": ("training over lossy links: RPS against the drop rate and servers",
@@ -654,6 +693,12 @@ DETAILS = {
     "eager": "eager-SGD: shm and MPI allreduce against memcpy and MPI_Allreduce, round "
              "latency; sync, solo and majority allreduce training under the paper's "
              "load-imbalance model (shm, and MPI when mpi4py is installed)",
+    "torch_ddp": "sgd_shm.torch.hooks in P processes of an unchanged DDP loop (gloo) on "
+                 "DigitsCNN: DDP's allreduce against the solo and majority partial-allreduce "
+                 "hooks under the eager-SGD paper's imbalance model (one rank per step sleeps), "
+                 "time to a held-out accuracy and final held-out accuracy; TopK 0.1% of each "
+                 "bucket with and without error feedback against dense DDP after the same "
+                 "epochs",
     "compress": "sparsified gradients: top-k selection against np.argpartition, what top-k "
                 "leaves out, 10 epochs of the parameter server and the eager trainer, dense "
                 "against TopK (k/n 0.01%..10%, with and without error feedback), QSGD and "
@@ -718,9 +763,10 @@ _POSITIVE_INTS = ("reps", "prefill", "iters", "py_iters", "manager_iters", "qual
                   "epochs", "sgd_samples", "sgd_features", "mis_n", "mis_m", "mis_degree",
                   "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
                   "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch",
-                  "delay_samples", "compress_reps", "unreliable_epochs", "stickiness")
+                  "delay_samples", "compress_reps", "unreliable_epochs", "stickiness",
+                  "torch_ddp_ranks", "torch_ddp_epochs", "torch_ddp_compress_epochs")
 _POSITIVE = ("clock_seconds", "ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",
-             "eager_target", "eager_sleep")
+             "eager_target", "eager_sleep", "torch_ddp_target")
 
 
 def check(ap, args):
@@ -764,7 +810,8 @@ STEPS = {"pq-threads": lambda a: cmd_pq(a, "threads"),
          "pq-processes": lambda a: cmd_pq(a, "processes"),
          "quality": cmd_quality, "counter": cmd_counter, "hogwild": cmd_hogwild, "mis": cmd_mis,
          "conflict": cmd_conflict, "stm": cmd_stm, "delay": cmd_delay, "mf": cmd_mf,
-         "ps": cmd_ps, "eager": cmd_eager, "compress": cmd_compress,
+         "ps": cmd_ps, "eager": cmd_eager, "torch_ddp": cmd_torch_ddp,
+         "compress": cmd_compress,
          "unreliable": cmd_unreliable, "nonconvex": cmd_nonconvex, "clock": cmd_clock,
          "sim": cmd_sim,
          "plot": cmd_plot}
