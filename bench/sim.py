@@ -25,8 +25,9 @@ Parts (``--sim-parts``, all by default):
 * ``speed``: the simulator's own wall time for 10 epochs of a 20,000 x 2,000 problem at
   1,024 workers, every policy and collective (the issue's target: at most 60 s).
 * ``calibrate``: the simulator against this box. At 2 and 4 workers, the compute model
-  is fitted to a short real run (:func:`sgd_shm.sim.calibrate`: an ASP run of the
-  parameter server with worker 0 slowed 4x; a sync run of eager-SGD), then every
+  is fitted to short real runs (:func:`sgd_shm.sim.calibrate`: an ASP run of the
+  parameter server with worker 0 slowed 4x; sync runs of eager-SGD without and with
+  the imbalance), then every
   policy (BSP, ASP, SSP, SaPS, worker 0 slowed 4x) and every collective (one rank a
   round sleeping 2 ms) runs for real and is simulated from the same seed; the times to
   the held-out target are compared (the issue's bar: within 25%). Wall-clock
@@ -257,7 +258,8 @@ def part_calibrate(reps, seed, quick, bar):
                                    callbacks=_stop_at(CAL_TARGET), **kw)
                 rows.append(_cal_row("ps", P, pol, s, cal, real, sim))
                 bar.update()
-            calc = calibrate(X, y, n_workers=P, seconds=fit, seed=s, collective=True, lr=8.0)
+            calc = calibrate(X, y, n_workers=P, seconds=fit, seed=s, collective=True, lr=8.0,
+                             imbalance=CAL_SLEEP)
             for c in COLLECTIVES:
                 kw = dict(max_seconds=secs, seed=s, eval_set=ev, lr=8.0)
                 real = eager_train(X, y, n_workers=P, collective=c, imbalance=CAL_SLEEP,
@@ -276,7 +278,7 @@ def _cal_row(kind, P, name, seed, cal, real, sim):
     err = (t_sim / t_real - 1.0) if t_real and t_sim else None
     return {"part": "calibrate", "kind": kind, "workers": P, "name": name, "seed": seed,
             "step_s": cal.step_s, "time_real": t_real, "time_sim": t_sim, "error": err,
-            "updates_real": real.updates, "updates_sim": sim.updates}
+            "updates_real": real.history[-1]["step"], "updates_sim": sim.updates}
 
 
 # ---- the scenario -----------------------------------------------------------------------------
@@ -284,7 +286,9 @@ def _runs_of(part, reps, quick):
     n = {"saps": (1 if quick else len(SAPS_WORKERS)) * len(POLICIES),
          "eager": len(COLLECTIVES),
          "rps": (2 * 2) if quick else len(RPS_SHARDS) * len(RPS_DROPS),
-         "topk": 2 * len(GBPS), "speed": len(KINDS)}[part]
+         "topk": 2 * len(GBPS), "speed": len(KINDS),
+         "calibrate": (1 if quick else len(CAL_WORKERS)) * (len(POLICIES) + len(COLLECTIVES))
+         }[part]
     return n * reps
 
 

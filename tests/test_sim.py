@@ -381,11 +381,31 @@ def test_calibrate_fits_the_real_runs_counts(data):
                     slowdown={0: 2.0})
     per = np.array(cal.measured["step_s_per_worker"])
     assert cal.kind == "ps" and cal.step_s == pytest.approx(np.median(per / [2.0, 1.0]))
+    assert cal.slow_extra_s == pytest.approx(max(per[0] - 2.0 * cal.step_s, 0.0))
+    assert cal.wake_s >= 0.0001                    # half the shm transport's poll at least
     sim = cal.simulate(X, y, policy="bsp", slowdown={0: 2.0}, epochs=1)
     assert sim.n_workers == 2 and sim.seconds > 0
-    assert cal.cluster({0: 2.0}).worker_factors(2).tolist() == [2.0, 1.0]
+    f = cal.cluster({0: 2.0}).worker_factors(2)
+    assert f[1] == 1.0 and f[0] == pytest.approx(2.0 + cal.slow_extra_s / cal.step_s)
     with pytest.raises(ValueError, match="slowdown"):
         calibrate(X, y, n_workers=2, collective=True, slowdown="straggler")
+    with pytest.raises(ValueError, match="imbalance"):
+        calibrate(X, y, n_workers=2, imbalance=(1, 0.001))
+
+
+def test_wake_seconds_delay_a_gated_worker(data):
+    """BSP on two workers of (almost) equal steps: each round, the first to push waits
+    and notices the open gate wake_s later, which makes it the last of the next
+    round: every round after the first costs a step plus wake_s."""
+    X, y = data
+    step, wake = 1e-3, 3e-4
+    cl = dict(factors=[1.0, 1.0 + 1e-6])
+    a = simulate(X, y, n_workers=2, policy="bsp", epochs=1, cluster=Cluster(step, **cl))
+    b = simulate(X, y, n_workers=2, policy="bsp", epochs=1,
+                 cluster=Cluster(step, wake_s=wake, **cl))
+    rounds = a.updates // 2
+    assert a.seconds == pytest.approx(rounds * step, rel=1e-5)
+    assert b.seconds == pytest.approx(rounds * step + (rounds - 1) * wake, rel=1e-5)
 
 
 def test_bench_sim_quick_parts(tmp_path):

@@ -235,10 +235,11 @@ class PSSim:
 
     def wake(self, t):
         order = sorted(self.blocked.items(), key=lambda kv: (kv[1], kv[0]))
+        late = self.cfg.cluster.wake_s                 # until the worker notices
         for k, c in order:
             if self.gate(k, c):
                 del self.blocked[k]
-                self.begin(t, k)
+                self.begin(t + late, k)
             elif self.known_gate:
                 return
 

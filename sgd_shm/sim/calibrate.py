@@ -1,30 +1,40 @@
-"""Calibration: the simulator's compute model fitted to a short real run on this box.
+"""Calibration: the simulator's compute model fitted to short real runs on this box.
 
 :func:`calibrate` runs the real trainer briefly and fits the :class:`Cluster` that
-makes the simulator reproduce its throughput:
+makes the simulator reproduce it:
 
-* parameter server: an asynchronous run (``ps.train(policy="asp")``, the gate never
-  closes, so every worker steps back to back): worker k's step took ``seconds /
-  pushes_k`` of wall time, which is ``step_s * factor_k``; ``step_s`` is the median
-  over the workers of ``seconds / (pushes_k * factor_k)``. It holds everything a step
-  costs on this box (pull, gradient, push, the shard locks, the other processes on the
-  same cores), so the network model is left free.
+* parameter server: an asynchronous run (``ps.train(policy="asp")`` with the
+  ``slowdown`` of the runs to predict; the gate never closes, so every worker steps
+  back to back). Worker k's step took ``seconds / pushes_k``. ``step_s`` is the
+  median over the workers of that over their factor; a slowed worker's step is longer
+  than ``factor * step_s`` by what its emulation's sleep overran (a process that
+  sleeps waits for a core to wake on, more so on a loaded box): ``slow_extra_s``, the
+  mean overrun, is added to every slowed step of the predictions. ``wake_s``: how long
+  a worker waiting at a closed gate (BSP, SSP) takes to notice it opened: half the
+  transport's polling period plus the mean time a sleep of that period overran,
+  measured here. ``step_s`` holds everything a step costs on this box (pull,
+  gradient, push, shard locks, the other processes on the same cores), so the
+  network model is left free.
 * collectives: a synchronous run (``eager.train(collective="sync")``) without
-  imbalance: a round took ``seconds / rounds``, the slowest rank's step plus the
-  allreduce plus rank 0's samples; ``step_s`` is that (the imbalance of the runs to
-  predict is then added by the simulator, as the trainer adds it by sleeping).
+  imbalance gives the round, ``step_s``: the slowest rank's step plus the allreduce
+  plus rank 0's samples; with ``imbalance`` given, a second synchronous run with it
+  gives what the sleeps cost a round beyond their nominal seconds (``sleep_extra_s``),
+  added to the predictions' imbalance.
 
 ``Calibration.simulate(X, y, **kw)`` runs the simulator with the fitted cluster (and
-the run's sampling period, so times to a target are read at the same granularity).
+the trainer's sampling period, so times to a target are read at the same
+granularity).
 
 Example::
 
-    cal = calibrate(X, y, n_workers=4, seconds=1.0)             # a real ASP run
+    cal = calibrate(X, y, n_workers=4, seconds=1.0, slowdown="straggler")
     sim = cal.simulate(X, y, policy="bsp", slowdown="straggler", max_seconds=3.0,
                        eval_set=(Xv, yv))
 """
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,18 +52,27 @@ PS_SAMPLE_EVERY, EAGER_SAMPLE_EVERY = 0.02, 0.05
 @dataclass
 class Calibration:
     """A fitted compute model: ``step_s`` (seconds of a step at factor 1 on this box),
-    the ``kind`` of run it was fitted on ("ps" or "collective"), ``n_workers``, and
-    what was measured (``measured``: the real run's seconds, updates or rounds and
-    per-worker step seconds)."""
+    ``slow_extra_s`` (what a slowed step overran its factor), ``wake_s`` (a gate's
+    wake-up), ``sleep_extra_s`` (what an imbalance sleep overran, a round), the
+    ``kind`` of run it was fitted on ("ps" or "collective"), ``n_workers``, and what
+    was measured (``measured``)."""
     kind: str
     n_workers: int
     step_s: float
+    slow_extra_s: float = 0.0
+    wake_s: float = 0.0
+    sleep_extra_s: float = 0.0
     measured: dict = field(default_factory=dict)
 
     def cluster(self, slowdown=None, imbalance=None) -> Cluster:
         """The cluster of the fitted step with the trainers' ``slowdown`` (parameter
-        server) or ``imbalance`` (collectives)."""
-        return Cluster(self.step_s, factors=slowdown, imbalance=imbalance)
+        server) or ``imbalance`` (collectives), their overruns added."""
+        from sgd_shm.ps.config import factors_of
+        f = factors_of(slowdown, self.n_workers)
+        f = np.where(f > 1, f + self.slow_extra_s / self.step_s, 1.0)
+        if imbalance is not None:
+            imbalance = (imbalance[0], imbalance[1] + self.sleep_extra_s)
+        return Cluster(self.step_s, factors=f, imbalance=imbalance, wake_s=self.wake_s)
 
     def simulate(self, X, y, *, slowdown=None, imbalance=None, **kw):
         """:func:`sgd_shm.sim.simulate` with this cluster, a free network, this many
@@ -65,32 +84,63 @@ class Calibration:
                         **kw)
 
 
+def sleep_overrun(seconds, n=50):
+    """The mean seconds by which ``time.sleep(seconds)`` overran, over n sleeps, now."""
+    over = []
+    for _ in range(n):
+        t = time.perf_counter()
+        time.sleep(seconds)
+        over.append(time.perf_counter() - t - seconds)
+    return statistics.fmean(over)
+
+
 def calibrate(X, y, *, n_workers, collective=False, seconds=1.0, seed=0, slowdown=None,
-              **train_kw) -> Calibration:
-    """Fit the compute model to a real run of ``seconds`` on this box (see the module
+              imbalance=None, **train_kw) -> Calibration:
+    """Fit the compute model to real runs of ``seconds`` on this box (see the module
     notes): the parameter server's ASP (``collective=False``, with ``slowdown`` as
-    ``ps.train`` takes it) or eager-SGD's synchronous allreduce (``collective=True``).
-    ``train_kw`` go to the trainer (``lr``, ``batch_size``, ``model``, ...)."""
+    ``ps.train`` takes it) or eager-SGD's synchronous allreduce (``collective=True``,
+    with ``imbalance`` as ``eager.train`` takes it). ``train_kw`` go to the trainer
+    (``lr``, ``batch_size``, ``model``, ``eval_set``, ...)."""
     n_workers = resolve_workers(n_workers)
     seconds = check_positive("seconds", seconds)
     if collective:
         if slowdown is not None:
             raise ValueError("slowdown: a parameter-server setting; the collectives' runs "
-                             "take imbalance= in their predictions instead")
-        from sgd_shm.eager import train as eager_train
-        r = eager_train(X, y, n_workers=n_workers, collective="sync", max_seconds=seconds,
-                        seed=seed, progress=False, **train_kw)
-        step = r.seconds / max(r.rounds, 1)
-        return Calibration("collective", n_workers, step,
-                           {"seconds": r.seconds, "rounds": r.rounds, "round_s": step})
+                             "take imbalance= instead")
+        return _calibrate_eager(X, y, n_workers, seconds, seed, imbalance, train_kw)
+    if imbalance is not None:
+        raise ValueError("imbalance: a collectives' setting; the parameter server's runs "
+                         "take slowdown= instead")
     from sgd_shm.ps import train as ps_train
     from sgd_shm.ps.config import factors_of
+    from sgd_shm.ps.shm_backend import ShmLink
     r = ps_train(X, y, n_workers=n_workers, policy="asp", max_seconds=seconds, seed=seed,
                  slowdown=slowdown, progress=False, **train_kw)
     factors = factors_of(slowdown, n_workers)
     pushes = np.array([max(w["pushes"], 1) for w in r.workers], np.float64)
     per = r.seconds / pushes
     step = float(np.median(per / factors))
-    return Calibration("ps", n_workers, step,
-                       {"seconds": r.seconds, "updates": r.updates,
-                        "step_s_per_worker": per.tolist()})
+    slow = factors > 1
+    extra = float(np.mean(per[slow] - factors[slow] * step)) if slow.any() else 0.0
+    poll = ShmLink.poll_s
+    wake = poll / 2 + max(sleep_overrun(poll), 0.0)
+    return Calibration("ps", n_workers, step, max(extra, 0.0), wake,
+                       measured={"seconds": r.seconds, "updates": r.updates,
+                                 "step_s_per_worker": per.tolist()})
+
+
+def _calibrate_eager(X, y, n_workers, seconds, seed, imbalance, train_kw):
+    from sgd_shm.eager import train as eager_train
+
+    def round_s(imb):
+        r = eager_train(X, y, n_workers=n_workers, collective="sync", max_seconds=seconds,
+                        seed=seed, progress=False, imbalance=imb, **train_kw)
+        return r.seconds / max(r.rounds, 1), r
+    step, r = round_s(None)
+    measured = {"seconds": r.seconds, "rounds": r.rounds, "round_s": step}
+    extra = 0.0
+    if imbalance is not None and imbalance[0] > 0 and imbalance[1] > 0:
+        slept, r2 = round_s(imbalance)
+        extra = max(slept - step - imbalance[1], 0.0)
+        measured.update(round_s_imbalanced=slept, rounds_imbalanced=r2.rounds)
+    return Calibration("collective", n_workers, step, sleep_extra_s=extra, measured=measured)

@@ -23,7 +23,10 @@ trainers' straggler emulation, in virtual time:
   ``step_s * factor``;
 * ``compress_s``: seconds a worker spends compressing one message, added to its step
   when the run compresses (the simulator computes the real messages, but their cost
-  on the cluster's machines is a setting, e.g. measured on one of them).
+  on the cluster's machines is a setting, e.g. measured on one of them);
+* ``wake_s``: seconds a parameter-server worker waiting at a closed gate (BSP, SSP)
+  takes to notice that it opened (the real workers look at their gate every
+  ``poll_s`` and sleep in between).
 
 :class:`Network`: every message between two machines takes ``latency + bytes /
 bandwidth`` seconds. The parameter server is a star: workers talk to the
@@ -78,8 +81,8 @@ def _check_pair(name, v, what):
 @dataclass(frozen=True)
 class Cluster:
     """Cluster(step_s=1e-3, *, factors=None, classes=None, transient=None, delay=None,
-    imbalance=None, trace=None, compress_s=0.0): the compute-time model (see the
-    module notes).
+    imbalance=None, trace=None, compress_s=0.0, wake_s=0.0): the compute-time model
+    (see the module notes).
 
     ``step_s``: seconds of one step (one minibatch's pull, gradient and push on the
     parameter server; one rank's gradient in eager-SGD) of a worker at factor 1."""
@@ -92,10 +95,12 @@ class Cluster:
     imbalance: tuple | None = None
     trace: object = None
     compress_s: float = 0.0
+    wake_s: float = 0.0
 
     def __post_init__(self):
         check_positive("step_s", self.step_s)
         check_number("compress_s", self.compress_s, lo=0)
+        check_number("wake_s", self.wake_s, lo=0)
         if self.factors is not None and self.classes is not None:
             raise ValueError("classes: give factors or classes, not both")
         if self.classes is not None:
