@@ -579,11 +579,11 @@ FLAGS = {
                                                 default="digits",
                                                 help="sklearn's digits or the 50,000-image "
                                                      "augmented set (default digits)")),
-    "torch_ddp_epochs": ("--torch-ddp-epochs", dict(type=int, default=10,
+    "torch_ddp_epochs": ("--torch-ddp-epochs", dict(type=int, default=15,
                                                     help="epochs per imbalance run "
-                                                         "(default 10)")),
+                                                         "(default 15)")),
     "torch_ddp_compress_epochs": ("--torch-ddp-compress-epochs", dict(
-        type=int, default=10, help="epochs per compression run (default 10)")),
+        type=int, default=30, help="epochs per compression run (default 30)")),
     "torch_ddp_sleep": ("--torch-ddp-sleep", dict(type=float, default=0.05,
                                                   help="seconds one rank per step sleeps "
                                                        "(default 0.05)")),

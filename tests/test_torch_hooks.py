@@ -288,3 +288,32 @@ def test_closed_state_refuses_rounds():
     st.close()
     with pytest.raises(CollectiveError, match="closed"):
         st.communicator(0, 10, np.float32)
+
+
+# ---- the benchmark's summary (bench/torch_ddp.py) ---------------------------------------
+def test_bench_summary_medians_and_ratios():
+    """Medians over repetitions, a run that never reached the target counted as slower
+    than any that did, speed-ups against the baseline's median, the findings' verdicts."""
+    from bench import torch_ddp
+
+    def row(part, mode, rep, acc, ttt=None, **kw):
+        return dict(part=part, mode=mode, rep=rep, accuracy=acc, seconds=10.0, steps=100,
+                    steps_per_s=10.0, history=[(1.0, 10, acc)], time_to_target=ttt, **kw)
+    rows = [row("imbalance", "allreduce", r, a, t) for r, (a, t) in
+            enumerate([(0.96, 4.0), (0.95, 6.0), (0.97, 5.0)])]
+    rows += [row("imbalance", "solo", r, a, t, contributors=1.0) for r, (a, t) in
+             enumerate([(0.95, 2.0), (0.94, None), (0.96, 4.0)])]
+    rows += [row("imbalance", "majority", r, 0.9, None, contributors=1.5) for r in range(3)]
+    sm = torch_ddp.summarize(rows, "imbalance", ("allreduce", "solo", "majority"), "allreduce")
+    assert sm["allreduce"]["time_to_target"] == 5.0 and sm["allreduce"]["speedup"] == 1.0
+    assert sm["solo"]["time_to_target"] == 4.0 and sm["solo"]["reached"] == 2
+    assert sm["solo"]["speedup"] == pytest.approx(1.25)
+    assert sm["solo"]["accuracy_vs_baseline"] == pytest.approx(-0.01)
+    assert sm["majority"]["time_to_target"] is None and "speedup" not in sm["majority"]
+    d = {"summary": {"imbalance": sm}, "target": 0.95, "imbalance": [1, 0.05], "data": "digits",
+         "train_rows": 1437, "held_out": 360, "ranks": 2, "epochs": 3, "batch": 32,
+         "late": "carry", "reps": 3, "lr": 0.2, "momentum": 0.0}
+    text = torch_ddp.summary_markdown(d)
+    assert "| solo | 4.00 s (2/3 reached) | 1.25x |" in text
+    assert "solo: 1.25x as fast" in text and "claim holds" in text
+    assert "majority: no time to compare" in text
