@@ -30,7 +30,7 @@ Parts (``--sim-parts``, all by default):
   the imbalance), then every
   policy (BSP, ASP, SSP, SaPS, worker 0 slowed 4x) and every collective (one rank a
   round sleeping 2 ms) runs for real and is simulated from the same seed; the times to
-  the held-out target are compared (the issue's bar: within 25%). Wall-clock
+  a training-loss target are compared (the issue's bar: within 25%). Wall-clock
   measurements on a shared 2-core box: the ratios move with the load.
 
 Repetitions are seeds (the data stay; the partitions, orders and draws change);
@@ -230,19 +230,19 @@ def part_speed(reps, seed, quick, bar):
     return rows, {}
 
 
-CAL_WORKERS, CAL_TARGET, CAL_SECONDS, CAL_FIT_S, CAL_BAR = (2, 4), 0.93, 4.0, 1.5, 0.25
+CAL_WORKERS, CAL_SECONDS, CAL_FIT_S, CAL_BAR = (2, 4), 4.0, 1.5, 0.25
+#: the training-loss targets of the calibration's runs: where the loss still falls
+#: steeply, so that a time to them is well defined (the held-out accuracy of this
+#: problem creeps towards its plateau, and a time to 0.93 moves by seconds with noise)
+CAL_LOSS = {"ps": 0.45, "collective": 0.38}
 CAL_SLEEP = (1, 0.002)
-
-
-def _stop_at(target):
-    return lambda rec: rec.get("val_score", 0.0) >= target
 
 
 def part_calibrate(reps, seed, quick, bar):
     from sgd_shm.eager import train as eager_train
     from sgd_shm.ps import train as ps_train
     from sgd_shm.sim import calibrate
-    X, y, ev = _problem(20000, 2000, 0.0015, 0, 5000)
+    X, y, _ = _problem(20000, 2000, 0.0015, 0, 1)
     secs = 1.0 if quick else CAL_SECONDS
     fit = 0.5 if quick else CAL_FIT_S
     rows = []
@@ -251,33 +251,32 @@ def part_calibrate(reps, seed, quick, bar):
             s = seed + rep
             cal = calibrate(X, y, n_workers=P, seconds=fit, seed=s, slowdown="straggler")
             for pol in POLICIES:
-                kw = dict(policy=pol, max_seconds=secs, seed=s, eval_set=ev)
-                real = ps_train(X, y, n_workers=P, slowdown="straggler", progress=False,
-                                callbacks=_stop_at(CAL_TARGET), **kw)
-                sim = cal.simulate(X, y, slowdown="straggler", window=0.5,
-                                   callbacks=_stop_at(CAL_TARGET), **kw)
+                kw = dict(policy=pol, max_seconds=secs, seed=s, target_loss=CAL_LOSS["ps"])
+                real = ps_train(X, y, n_workers=P, slowdown="straggler", progress=False, **kw)
+                sim = cal.simulate(X, y, slowdown="straggler", window=0.5, **kw)
                 rows.append(_cal_row("ps", P, pol, s, cal, real, sim))
                 bar.update()
             calc = calibrate(X, y, n_workers=P, seconds=fit, seed=s, collective=True, lr=8.0,
                              imbalance=CAL_SLEEP)
             for c in COLLECTIVES:
-                kw = dict(max_seconds=secs, seed=s, eval_set=ev, lr=8.0)
+                kw = dict(max_seconds=secs, seed=s, lr=8.0, target_loss=CAL_LOSS["collective"])
                 real = eager_train(X, y, n_workers=P, collective=c, imbalance=CAL_SLEEP,
-                                   progress=False, callbacks=_stop_at(CAL_TARGET), **kw)
-                sim = calc.simulate(X, y, collective=c, imbalance=CAL_SLEEP,
-                                    callbacks=_stop_at(CAL_TARGET), **kw)
+                                   progress=False, **kw)
+                sim = calc.simulate(X, y, collective=c, imbalance=CAL_SLEEP, **kw)
                 rows.append(_cal_row("collective", P, c, s, calc, real, sim))
                 bar.update()
-    return rows, {"calibrate_problem": {"samples": 20000, "features": 2000, "holdout": 5000,
-                                        "target": CAL_TARGET, "fit_seconds": fit,
+    return rows, {"calibrate_problem": {"samples": 20000, "features": 2000,
+                                        "target_loss": CAL_LOSS, "fit_seconds": fit,
                                         "max_seconds": secs, "sleep": CAL_SLEEP}}
 
 
 def _cal_row(kind, P, name, seed, cal, real, sim):
-    t_real, t_sim = real.time_to_score(CAL_TARGET), sim.time_to_score(CAL_TARGET)
+    t_real, t_sim = real.time_to_target, sim.time_to_target
     err = (t_sim / t_real - 1.0) if t_real and t_sim else None
     return {"part": "calibrate", "kind": kind, "workers": P, "name": name, "seed": seed,
-            "step_s": cal.step_s, "time_real": t_real, "time_sim": t_sim, "error": err,
+            "step_s": cal.step_s, "slow_extra_s": cal.slow_extra_s, "wake_s": cal.wake_s,
+            "sleep_extra_s": cal.sleep_extra_s, "target_loss": CAL_LOSS[kind],
+            "time_real": t_real, "time_sim": t_sim, "error": err,
             "updates_real": real.history[-1]["step"], "updates_sim": sim.updates}
 
 
@@ -406,8 +405,8 @@ def findings(d):
             ok = [e for e in errs if e is not None]
             med = _med([abs(e) for e in ok])
             within = sum(abs(e) <= CAL_BAR for e in ok)
-            out.append(f"calibrate, {P} workers, {name}: simulated time to {CAL_TARGET:g} "
-                       f"held-out within {100 * CAL_BAR:g}% of the measured in {within} of "
+            out.append(f"calibrate, {P} workers, {name}: simulated time to the target loss "
+                       f"within {100 * CAL_BAR:g}% of the measured in {within} of "
                        f"{len(errs)} seeds" + (f" (median |error| {100 * med:.0f}%)."
                                                if med is not None else "."))
     return out
@@ -464,8 +463,9 @@ def summary_markdown(d):
                          f"{r['updates']} |")
     rows = _part(d, "calibrate")
     if rows:
-        lines += ["", "Calibrated on this box: measured against simulated time to "
-                  f"{CAL_TARGET:g} held-out (seconds, wall vs virtual):", "",
+        lines += ["", "Calibrated on this box: measured against simulated time to the "
+                  f"training-loss target ({CAL_LOSS['ps']:g} ps, {CAL_LOSS['collective']:g} "
+                  "collectives; seconds, wall vs virtual):", "",
                   "| workers | run | seed | step (ms) | measured | simulated | error |",
                   "|---:|---|---:|---:|---:|---:|---:|"]
         for r in rows:
