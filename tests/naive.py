@@ -579,3 +579,23 @@ def torch_block_sgd_naive(module, X, y, batches, draws, bounds, *, lr):
                     if bounds[b] <= start and end <= bounds[b + 1]:
                         p.add_(p.grad, alpha=-lr)
     return torch.cat([p.detach().reshape(-1) for p in params]).numpy()
+
+
+# ---- DDP communication hooks, continued (sgd_shm.torch.hooks) ----------------------------
+def momentum_correction_naive(inputs, sents, momentum):
+    """Replay Deep Gradient Compression's momentum correction on one rank from its
+    gradients and the messages it sent: u_t = momentum * u_{t-1} + g_t, acc_t = r_t +
+    u_t, r_{t+1} = acc_t - sent_t, and the entries sent are zeroed in u (momentum
+    factor masking), all in the gradients' float type. Returns ([acc_t], [u_t after
+    masking])."""
+    u = np.zeros_like(inputs[0])
+    resid = np.zeros_like(inputs[0])
+    acc, vel = [], []
+    for g, s in zip(inputs, sents):
+        u = u * u.dtype.type(momentum) + g
+        a = resid + u
+        acc.append(a)
+        resid = a - s
+        u = np.where(s != 0, u.dtype.type(0), u)
+        vel.append(u)
+    return acc, vel

@@ -8,7 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from naive import ddp_mean_naive, error_feedback_naive, partial_allreduce_naive
+from naive import (ddp_mean_naive, error_feedback_naive, momentum_correction_naive,
+                   partial_allreduce_naive)
 from torch_ddp_workers import contributions, launch
 
 from sgd_shm.collectives import CollectiveError
@@ -91,6 +92,25 @@ def test_error_feedback_conserves_mass(spec):
         for k in range(size):
             np.testing.assert_allclose(res[k]["log"][t]["output"], want, rtol=1e-6,
                                        atol=1e-9)
+    assert np.array_equal(res[0]["w"], res[1]["w"])
+
+
+def test_momentum_correction_velocity_and_mass():
+    """With momentum (DGC's correction) each rank compresses its velocity: the logged
+    velocities equal the serial replay, and each step sent + residual = old residual +
+    velocity, exactly."""
+    size, m = 2, 0.9
+    res = _ok(launch(size, dict(steps=8, bucket_cap_mb=CAP, hook="compress",
+                                compress="topk:0.05", state={"momentum": m})), size)
+    for k in range(size):
+        log = res[k]["log"]
+        for b in (0, 1):
+            ent = [e for e in log if e["bucket"] == b]
+            acc, vel = momentum_correction_naive([e["input"] for e in ent],
+                                                 [e["sent"] for e in ent], m)
+            for t, e in enumerate(ent):
+                assert np.array_equal(e["velocity"], vel[t]), (k, b, t)
+                assert np.array_equal(e["sent"] + e["residual"], acc[t]), (k, b, t)
     assert np.array_equal(res[0]["w"], res[1]["w"])
 
 
@@ -268,6 +288,8 @@ def test_bad_compression_state_arguments():
         hooks.CompressionState("topk:0.1", error_feedback="yes")
     with pytest.raises(ValueError, match="start_iter"):
         hooks.CompressionState("topk:0.1", start_iter=-2)
+    with pytest.raises(ValueError, match="momentum"):
+        hooks.CompressionState("topk:0.1", momentum=1.5)
     assert not hooks.CompressionState(TopK(ratio=0.1), error_feedback=False) \
         .compressor.error_feedback
 

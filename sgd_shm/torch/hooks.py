@@ -69,7 +69,7 @@ import torch.distributed as dist
 
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE, CollectiveError, check_timeout
 from sgd_shm.compress import Dense, RandomK, TopK, make_compressor
-from sgd_shm.core.validation import check_bool, check_choice, check_int
+from sgd_shm.core.validation import check_bool, check_choice, check_int, check_momentum
 
 __all__ = ["BACKENDS", "CompressionState", "PartialAllreduceState", "compression_hook",
            "partial_allreduce_hook"]
@@ -144,22 +144,29 @@ class CompressionState(_Iterations):
         "dense".
     error_feedback [None] : True / False overrides the compressor's own setting
         (TopK, RandomK and the threshold keep a residual by default; QSGD does not).
+    momentum [0.0] : Deep Gradient Compression's momentum correction (Lin, Han, Mao,
+        Wang, Dally, ICLR 2018): each rank keeps a velocity per bucket, u = momentum *
+        u + g, and compresses u (through the memory) instead of g; the entries sent
+        are zeroed in u too (momentum factor masking). Pair it with an optimizer
+        *without* momentum: the hook has applied it. A momentum optimizer after a
+        sparse hook instead multiplies every entry a residual releases late.
     process_group [None] : the group the messages travel in (None: the default one).
     start_iter [2] : iterations reduced by DDP's own allreduce before compression
         starts (see the module notes).
     record [False] : keep, per compressed bucket, copies of the local gradient
         (``input``), the decoded message sent (``sent``), the residual after it
-        (``residual``) and the bucket's result (``output``) in ``log``: for checks,
-        not for long runs.
+        (``residual``), the velocity after masking (``velocity``, with momentum) and
+        the bucket's result (``output``) in ``log``: for checks, not for long runs.
 
-    Attributes: ``compressor``, ``memories`` (bucket index -> ErrorFeedback; random
+    Attributes: ``compressor``, ``momentum``, ``velocities`` (bucket index -> u, with
+    momentum), ``memories`` (bucket index -> ErrorFeedback; random
     compressors draw from the stream (seed, rank + size * bucket)), ``iteration``,
     ``bytes_sent`` (this rank's messages: indices and values), ``bytes_dense`` (what
     its dense buckets would have been), ``log``.
     """
 
-    def __init__(self, compress, *, error_feedback=None, process_group=None, start_iter=2,
-                 record=False):
+    def __init__(self, compress, *, error_feedback=None, momentum=0.0, process_group=None,
+                 start_iter=2, record=False):
         comp = make_compressor(compress)
         if comp is None:
             raise ValueError("compress: expected a compressor or a spec such as "
@@ -169,6 +176,8 @@ class CompressionState(_Iterations):
             comp = copy.copy(comp)
             comp.error_feedback = check_bool("error_feedback", error_feedback)
         self.compressor = comp
+        self.momentum = check_momentum(momentum)
+        self.velocities = {}
         self.process_group = process_group
         self.start_iter = _check_start_iter(start_iter)
         self.memories = {}
@@ -198,7 +207,10 @@ class CompressionState(_Iterations):
         pg, rank, size = _group(self.process_group)
         mem = self.memory(index, g.size, g.dtype, rank, size)
         before = g.copy() if self.log is not None else None
-        msg = mem.step(g)
+        u = self._velocity(index, g)
+        msg = mem.step(g if u is None else u)
+        if u is not None:
+            u[msg.indices] = 0                # momentum factor masking (DGC)
         vals = msg.values * msg.scale if msg.scale != 1.0 else msg.values
         vals = np.asarray(vals, dtype=g.dtype)            # decoded, in the bucket's type
         m = msg.indices.size
@@ -216,9 +228,24 @@ class CompressionState(_Iterations):
             sent[msg.indices] = vals
             entry = {"iteration": self.iteration, "bucket": index, "input": before,
                      "sent": sent, "residual": mem.residual.copy()}
+            if u is not None:
+                entry["velocity"] = u.copy()
             self.log.append(entry)
         fut = dist.all_gather(parts, wire, group=pg, async_op=True).get_future()
         return fut.then(lambda f: _decode(f, parts, counts, t, g, entry))
+
+
+    def _velocity(self, index, g):
+        """With momentum: bucket ``index``'s velocity u = momentum * u + g (what the
+        memory then accumulates), else None."""
+        if not self.momentum:
+            return None
+        u = self.velocities.get(index)
+        if u is None:
+            u = self.velocities[index] = np.zeros_like(g)
+        u *= self.momentum
+        u += g
+        return u
 
 
 def _gather_counts(pg, m, size):
