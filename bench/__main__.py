@@ -405,7 +405,7 @@ def cmd_torch_ddp(args):
         reps, args.seed, ranks=args.torch_ddp_ranks, data=args.torch_ddp_data,
         epochs=epochs, compress_epochs=1 if args.quick else args.torch_ddp_compress_epochs,
         imbalance=(1, args.torch_ddp_sleep), target=args.torch_ddp_target,
-        warmup=not args.quick))
+        momentum=args.torch_ddp_momentum, warmup=not args.quick))
 
 
 def _with_reps(args, reps, name, measure):
@@ -590,6 +590,10 @@ FLAGS = {
     "torch_ddp_target": ("--torch-ddp-target", dict(type=float, default=0.95,
                                                     help="target held-out accuracy "
                                                          "(default 0.95)")),
+    "torch_ddp_momentum": ("--torch-ddp-momentum", dict(type=float, default=0.0,
+                                                        help="SGD momentum; the compression "
+                                                             "hook applies it as DGC's "
+                                                             "momentum correction (default 0)")),
     "unreliable_epochs": ("--unreliable-epochs", dict(type=int, default=5,
                                                       help="epochs per run, the work every "
                                                            "run does (default 5)")),
@@ -654,7 +658,7 @@ SCENARIOS = {
                   "imbalance; TopK 0.1%% with and without error feedback vs dense",
                   ["reps", "seed", "torch_ddp_ranks", "torch_ddp_data", "torch_ddp_epochs",
                    "torch_ddp_compress_epochs", "torch_ddp_sleep", "torch_ddp_target",
-                   "quick"]),
+                   "torch_ddp_momentum", "quick"]),
     "compress": ("sparsified gradients: top-k selection, what it leaves out, training",
                  ["seed", "compress_reps", "no_mpi", "quick"]),
     "unreliable": ("training over lossy links: RPS against the drop rate and servers",

@@ -7,11 +7,12 @@ held-out accuracy on the untouched held-out digits.
 Every run is P processes (``--torch-ddp-ranks``, 2 by default on a 2-core box) of an
 unchanged PyTorch DDP loop (gloo on the CPU, one intra-op thread per rank): each rank
 walks its own shard of the training rows (rows k, k + P, ...) in a fresh random order
-per epoch, minibatches of ``batch`` rows, ``torch.optim.SGD`` (plain: lr 0.2, no
-momentum, by default; with momentum 0.9 applied after the hook, TopK 0.1 % with error
-feedback is unstable here: a residual released after many steps is then amplified by
-the momentum buffer, which Deep Gradient Compression's momentum correction exists to
-avoid); rank 0 measures the held-out accuracy every ``eval_every`` steps (a forward pass over the 360
+per epoch, minibatches of ``batch`` rows, ``torch.optim.SGD`` (plain, lr 0.2, by
+default; with ``momentum`` > 0, DDP's allreduce and the partial hooks run
+``torch.optim.SGD(momentum=...)``, and the compression hook applies the momentum
+itself, Deep Gradient Compression's momentum correction, before an optimizer without
+momentum: a momentum optimizer after a sparse hook amplifies every entry that a
+residual releases late); rank 0 measures the held-out accuracy every ``eval_every`` steps (a forward pass over the 360
 held-out images, inside its timed loop) and at the end.
 
 (a) eager-SGD under load imbalance: the eager-SGD paper's model (Li et al., PPoPP 2020,
@@ -81,7 +82,8 @@ def _hook(job):
                 hooks.partial_allreduce_hook)
     if mode in ("topk", "topk-no-ef"):
         comp = TopK(ratio=job["ratio"], error_feedback=mode == "topk")
-        return hooks.CompressionState(comp), hooks.compression_hook
+        return (hooks.CompressionState(comp, momentum=job["momentum"]),
+                hooks.compression_hook)
     return None, None
 
 
@@ -124,7 +126,9 @@ def _train(rank, size, job, data):
     state, hook = _hook(job)
     if hook is not None:
         model.register_comm_hook(state, hook)
-    opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+    # a compression hook applies the momentum itself (DGC's momentum correction)
+    momentum = 0.0 if job["mode"] in ("topk", "topk-no-ef") else job["momentum"]
+    opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=momentum)
     rows = np.arange(rank, Xtr.shape[0], size)
     per_epoch = (Xtr.shape[0] // size) // job["batch"]
     rng = np.random.default_rng([job["seed"], rank, job["rep"]])
@@ -296,6 +300,8 @@ def run(reps, seed, *, ranks=2, data="digits", n_samples=50_000, epochs=15,
         target=0.95, late="carry", eval_every=None, parts=("imbalance", "compress"),
         warmup=True):
     """Both parts (see the module notes); (rows, extra) for bench/results/torch_ddp.json."""
+    from sgd_shm.core.validation import check_momentum
+    momentum = check_momentum(momentum)
     arrays = load(data, n_samples, seed)
     per_epoch = (arrays[0].shape[0] // ranks) // batch
     if eval_every is None:              # about 20 points per epoch, at most one per 5 steps
