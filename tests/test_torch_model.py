@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -265,17 +268,34 @@ def test_ps_one_worker_equals_serial_torch_sgd(digits, backend, monkeypatch, tmp
     assert not np.allclose(want, TorchModel(copy.deepcopy(start)).init(None), atol=1e-3)
 
 
-def _rank_batches(n, b, seed, rounds):
-    """One rank's minibatches as the eager trainer documents them: a fresh permutation
-    of default_rng([seed, 0, 0x5EED]) whenever a batch would run past the end."""
-    rng = np.random.default_rng([seed, 0, 0x5EED])
-    order, pos, out = rng.permutation(n), 0, []
+def _rank_batches(n, b, seed, rounds, P=1, k=0):
+    """Rank k's minibatches as the eager trainer documents them: its rows k, k + P, ...
+    in a fresh permutation of default_rng([seed, k, 0x5EED]) whenever a batch would run
+    past the end."""
+    rng = np.random.default_rng([seed, k, 0x5EED])
+    rows = np.arange(k, n, P)
+    order, pos, out = rng.permutation(rows), 0, []
     for _ in range(rounds):
         if pos + b > order.size:
-            order, pos = rng.permutation(n), 0
+            order, pos = rng.permutation(rows), 0
         out.append(order[pos:pos + b])
         pos += b
     return out
+
+
+def _averaged_sgd(module, X, y, per_rank, lr):
+    """Serial SGD of ``module`` on the mean of the ranks' minibatch gradients
+    (autograd on a copy), as synchronous data-parallel SGD computes it. Returns the
+    flat float32 weights."""
+    net = copy.deepcopy(module)
+    params = list(net.parameters())
+    for batches in zip(*per_rank):
+        grads = [_autograd(net, X, y, rows)[1] for rows in batches]
+        g = torch.from_numpy(np.mean(grads, axis=0, dtype=np.float64).astype(np.float32))
+        with torch.no_grad():
+            for p, (lo, hi) in zip(params, TorchModel(copy.deepcopy(net)).spans):
+                p.add_(g[lo:hi].view(p.shape), alpha=-lr)
+    return torch.cat([p.detach().reshape(-1) for p in params]).numpy()
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
@@ -310,3 +330,96 @@ def test_eager_trains_the_cnn_to_095(augmented, no_shm_leak):
                     eval_set=(Xte, yte), progress=False)
     assert r.replicas_equal
     assert r.val_score >= 0.95, r.history[-1]
+
+
+def test_eager_two_ranks_sync_equal_averaged_gradient_sgd(digits, no_shm_leak):
+    X, _, y, _ = digits
+    X, y = X[:320], y[:320]
+    net = DigitsCNN(seed=6)
+    start = copy.deepcopy(net)
+    r = eager.train(X, y, model=TorchModel(net), n_workers=2, epochs=1, lr=0.1,
+                    batch_size=16, seed=4, sample_every=10.0, progress=False)
+    assert r.replicas_equal and r.rounds == 10
+    per_rank = [_rank_batches(320, 16, 4, 10, P=2, k=k) for k in range(2)]
+    np.testing.assert_allclose(r.coef_, _averaged_sgd(start, X, y, per_rank, 0.1), rtol=0,
+                               atol=2e-6)
+
+
+MPI_SCRIPT = """
+import sys, numpy as np
+from sgd_shm import eager
+from sgd_shm.data import load_digits_split
+from sgd_shm.torch import DigitsCNN, TorchModel
+X, _, y, _ = load_digits_split(0.2, random_state=0)
+r = eager.train(X[:320], y[:320], model=TorchModel(DigitsCNN(seed=6)), n_workers=None,
+                backend="mpi", lr=0.1, batch_size=16, epochs=1, seed=4, sample_every=10.0,
+                progress=False)
+from mpi4py import MPI
+if MPI.COMM_WORLD.rank == 0:
+    np.save(sys.argv[1], r.coef_)
+    print("OK", r.replicas_equal, r.rounds)
+"""
+
+
+def _mpiexec():
+    near = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return near if os.path.exists(near) else None
+
+
+@pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec (pip install mpich)")
+def test_eager_cnn_under_mpi_equals_averaged_gradient_sgd(digits, tmp_path):
+    """The same run as two MPI ranks under mpiexec: the module pickles nowhere (each
+    rank builds it), the ranks' replicas stay equal and match the oracle."""
+    pytest.importorskip("mpi4py")
+    X, _, y, _ = digits
+    out = str(tmp_path / "w.npy")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", MPI_SCRIPT, out],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    assert p.returncode == 0 and "OK True 10" in p.stdout, (p.stdout + p.stderr)[-3000:]
+    per_rank = [_rank_batches(320, 16, 4, 10, P=2, k=k) for k in range(2)]
+    want = _averaged_sgd(DigitsCNN(seed=6), X[:320], y[:320], per_rank, 0.1)
+    np.testing.assert_allclose(np.load(out), want, rtol=0, atol=2e-6)
+
+
+# ---- every policy, compressor and message loss trains the CNN ------------------------------
+@pytest.mark.parametrize("kw", [
+    dict(policy="bsp"), dict(policy="ssp"), dict(policy="saps", compress="topk:0.01"),
+    dict(policy="rps"), dict(policy="asp", drop=0.1, n_shards=4),
+    dict(policy="asp", compress="qsgd:16"), dict(policy="asp", partition="blocks",
+                                                 lr=0.2),
+    dict(policy="asp", backend="threads")], ids=lambda kw: ",".join(
+        f"{k}={v}" for k, v in kw.items()))
+def test_ps_policies_compressors_and_loss_train_the_cnn(digits, kw, no_shm_leak):
+    X, Xte, y, yte = digits
+    kw = {"lr": 0.1, **kw}
+    r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, epochs=5,
+                 batch_size=32, seed=0, eval_set=(Xte, yte), progress=False, **kw)
+    assert r.final_loss < 0.5 * r.history[0]["loss"], r.history
+    assert r.val_score > 0.6
+
+
+@pytest.mark.parametrize("kw", [dict(collective="solo"), dict(collective="majority"),
+                                dict(compress="topk:0.01"),
+                                dict(collective="majority", compress="qsgd:16")],
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_eager_collectives_and_compressors_train_the_cnn(digits, kw, no_shm_leak):
+    X, Xte, y, yte = digits
+    # (solo applies one rank's gradient a round: half the samples of a sync epoch)
+    r = eager.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, epochs=8,
+                    lr=0.05, momentum=0.9, batch_size=32, seed=0, sample_every=1.0,
+                    eval_set=(Xte, yte), progress=False, **kw)
+    assert r.final_loss < 0.5 * r.history[0]["loss"], r.history
+    assert r.val_score > 0.6
+
+
+def test_ps_cnn_on_ray(digits, local_ray):
+    """The model travels to Ray actors (pickled with its weights) and trains there."""
+    X, Xte, y, yte = digits
+    r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, policy="asp",
+                 backend="ray", lr=0.1, batch_size=32, epochs=3, seed=0,
+                 eval_set=(Xte, yte), progress=False)
+    assert r.backend == "ray" and r.updates == 3 * 46     # 2 x 23 minibatches an epoch
+    assert r.final_loss < 0.5 * r.history[0]["loss"] and r.val_score > 0.6
