@@ -133,8 +133,8 @@ class _Iterations:
 
 # ---- compression ---------------------------------------------------------------------
 class CompressionState(_Iterations):
-    """CompressionState(compress, *, error_feedback=None, process_group=None,
-    start_iter=2, record=False)
+    """CompressionState(compress, *, error_feedback=None, momentum=0.0,
+    process_group=None, start_iter=2, record=False)
 
     The state of :func:`compression_hook`: the compressor and each bucket's memory.
 
