@@ -405,10 +405,18 @@ def findings(d):
             ok = [e for e in errs if e is not None]
             med = _med([abs(e) for e in ok])
             within = sum(abs(e) <= CAL_BAR for e in ok)
+            rs = [r for r in rows if r["workers"] == P and r["name"] == name]
+            upd = _med([abs(r["updates_sim"] / r["updates_real"] - 1.0) for r in rs
+                        if r["time_real"] and r["time_sim"]])
+            rate = [r["updates_real"] / r["time_real"] for r in rs if r["time_real"]]
             out.append(f"calibrate, {P} workers, {name}: simulated time to the target loss "
                        f"within {100 * CAL_BAR:g}% of the measured in {within} of "
-                       f"{len(errs)} seeds" + (f" (median |error| {100 * med:.0f}%)."
-                                               if med is not None else "."))
+                       f"{len(errs)} seeds" + (f" (median |error| {100 * med:.0f}%)"
+                                               if med is not None else "")
+                       + (f"; updates to the target within {100 * upd:.0f}% (median)"
+                          if upd is not None else "")
+                       + (f"; the real runs' updates per second ranged {min(rate):.0f}-"
+                          f"{max(rate):.0f} over the seeds." if rate else "."))
     return out
 
 
@@ -466,14 +474,14 @@ def summary_markdown(d):
         lines += ["", "Calibrated on this box: measured against simulated time to the "
                   f"training-loss target ({CAL_LOSS['ps']:g} ps, {CAL_LOSS['collective']:g} "
                   "collectives; seconds, wall vs virtual):", "",
-                  "| workers | run | seed | step (ms) | measured | simulated | error |",
-                  "|---:|---|---:|---:|---:|---:|---:|"]
+                  "| workers | run | seed | step (ms) | measured | simulated | error | "
+                  "updates (real / sim) |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
             f = (lambda t: f"{t:.3g}" if t is not None else "-")
             e = f"{100 * r['error']:+.0f}%" if r["error"] is not None else "-"
             lines.append(f"| {r['workers']} | {r['name']} | {r['seed']} | "
                          f"{1e3 * r['step_s']:.3f} | {f(r['time_real'])} | {f(r['time_sim'])} "
-                         f"| {e} |")
+                         f"| {e} | {r['updates_real']} / {r['updates_sim']} |")
     lines += ["", "Findings:", "", *[f"- {f}" for f in d.get("findings", findings(d))]]
     return "\n".join(lines)
 

@@ -380,8 +380,11 @@ def test_calibrate_fits_the_real_runs_counts(data):
     cal = calibrate(X, y, n_workers=2, seconds=0.3, backend="threads",
                     slowdown={0: 2.0})
     per = np.array(cal.measured["step_s_per_worker"])
-    assert cal.kind == "ps" and cal.step_s == pytest.approx(np.median(per / [2.0, 1.0]))
-    assert cal.slow_extra_s == pytest.approx(max(per[0] - 2.0 * cal.step_s, 0.0))
+    s = cal.measured["stretch"]
+    assert cal.kind == "ps" and s == pytest.approx(per[1] / cal.step_s)
+    assert cal.cores == (pytest.approx((1 / 2 + 1) / s) if s > 1 else None)
+    m = max(s, 1.0)
+    assert cal.slow_extra_s == pytest.approx(max(per[0] - 2.0 * cal.step_s * m, 0.0) / m)
     assert cal.wake_s >= 0.0001                    # half the shm transport's poll at least
     sim = cal.simulate(X, y, policy="bsp", slowdown={0: 2.0}, epochs=1)
     assert sim.n_workers == 2 and sim.seconds > 0
@@ -429,3 +432,18 @@ def test_bench_sim_quick_parts(tmp_path):
     assert {row["part"] for row in d["results"]} == {"eager", "rps"} and "eager_curves" in d
     bad = run("nope")
     assert bad.returncode != 0 and "--sim-parts" in bad.stderr
+
+
+def test_shared_cores_stretch_concurrent_steps(data):
+    """Four equal workers on 2 cores, ASP: every step begins while all four compute, so
+    each takes twice its time; one worker alone is not stretched."""
+    X, y = data
+    step = 1e-3
+    r = simulate(X, y, n_workers=4, epochs=1, cluster=Cluster(step, cores=2))
+    free = simulate(X, y, n_workers=4, epochs=1, cluster=Cluster(step))
+    assert r.updates == free.updates
+    assert r.seconds == pytest.approx(2 * free.seconds, rel=1e-9)
+    one = simulate(X, y, n_workers=1, epochs=1, cluster=Cluster(step, cores=2))
+    assert one.seconds == pytest.approx(one.updates * step, rel=1e-9)
+    with pytest.raises(ValueError, match="cores"):
+        Cluster(cores=0)

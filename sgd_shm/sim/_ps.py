@@ -172,6 +172,7 @@ class PSSim:
         self.memo = {}
         self.known_gate = type(self.policy).may_step in _KNOWN_GATES
         self.in_free = self.out_free = 0.0
+        self.cores, self.busy = cfg.cluster.cores, []      # shared cores: computing until
         self.log = []
         self.t_target = None
         self.stop_t = None
@@ -290,7 +291,21 @@ class PSSim:
         self.out_free = depart
         t_recv = max(depart, t + nbytes / net.bandwidth) + net.latency
         extra = 0.0 if self.channels is None else self.cfg.cluster.compress_s
-        self.at(t_recv + self.times.of(k, t_recv) + extra, SEND, k)
+        dur = self.times.of(k, t_recv) + extra
+        if self.cores is not None:
+            dur *= self.stretch(k, t_recv, dur)
+        self.at(t_recv + dur, SEND, k)
+
+    def stretch(self, k, t, dur):
+        """The stretch of a step beginning at t on shared cores: the workers computing
+        then, this one included, over the cores (at least 1); the step computes
+        ``dur / factor_k`` of it (the rest is a slowed worker's sleep)."""
+        busy = self.busy
+        while busy and busy[0] <= t:
+            heapq.heappop(busy)
+        s = max(1.0, (len(busy) + 1) / self.cores)
+        heapq.heappush(busy, t + dur * s / self.times.factors[k])
+        return s
 
     def send(self, t, k):
         st = self.state

@@ -3,13 +3,16 @@
 :func:`calibrate` runs the real trainer briefly and fits the :class:`Cluster` that
 makes the simulator reproduce it:
 
-* parameter server: an asynchronous run (``ps.train(policy="asp")`` with the
-  ``slowdown`` of the runs to predict; the gate never closes, so every worker steps
-  back to back). Worker k's step took ``seconds / pushes_k``. ``step_s`` is the
-  median over the workers of that over their factor; a slowed worker's step is longer
-  than ``factor * step_s`` by what its emulation's sleep overran (a process that
-  sleeps waits for a core to wake on, more so on a loaded box): ``slow_extra_s``, the
-  mean overrun, is added to every slowed step of the predictions. ``wake_s``: how long
+* parameter server: two asynchronous runs (``ps.train(policy="asp")``: the gate
+  never closes, so every worker steps back to back), one of a single worker, whose
+  step (``seconds / pushes``) is ``step_s``, a step with a core of its own; and one of
+  ``n_workers`` with the ``slowdown`` of the runs to predict. There the full-speed
+  workers' steps are longer by a stretch s: the workers computing at once (on
+  average the sum of 1 / factor_k) share the box's ``cores`` = that sum / s (fewer
+  than the box's own when other jobs run; None when s <= 1). A slowed worker's step
+  is longer than ``factor * s * step_s`` by what its emulation's sleep overran (a
+  process that sleeps waits for a core to wake on): ``slow_extra_s``, the mean
+  overrun, is added to every slowed step of the predictions. ``wake_s``: how long
   a worker waiting at a closed gate (BSP, SSP) takes to notice it opened: half the
   transport's polling period plus the mean time a sleep of that period overran,
   measured here. ``step_s`` holds everything a step costs on this box (pull,
@@ -62,6 +65,7 @@ class Calibration:
     slow_extra_s: float = 0.0
     wake_s: float = 0.0
     sleep_extra_s: float = 0.0
+    cores: float | None = None
     measured: dict = field(default_factory=dict)
 
     def cluster(self, slowdown=None, imbalance=None) -> Cluster:
@@ -72,7 +76,8 @@ class Calibration:
         f = np.where(f > 1, f + self.slow_extra_s / self.step_s, 1.0)
         if imbalance is not None:
             imbalance = (imbalance[0], imbalance[1] + self.sleep_extra_s)
-        return Cluster(self.step_s, factors=f, imbalance=imbalance, wake_s=self.wake_s)
+        return Cluster(self.step_s, factors=f, imbalance=imbalance, wake_s=self.wake_s,
+                       cores=self.cores)
 
     def simulate(self, X, y, *, slowdown=None, imbalance=None, **kw):
         """:func:`sgd_shm.sim.simulate` with this cluster, a free network, this many
@@ -111,22 +116,37 @@ def calibrate(X, y, *, n_workers, collective=False, seconds=1.0, seed=0, slowdow
     if imbalance is not None:
         raise ValueError("imbalance: a collectives' setting; the parameter server's runs "
                          "take slowdown= instead")
+    return _calibrate_ps(X, y, n_workers, seconds, seed, slowdown, train_kw)
+
+
+def _calibrate_ps(X, y, n_workers, seconds, seed, slowdown, train_kw):
     from sgd_shm.ps import train as ps_train
     from sgd_shm.ps.config import factors_of
     from sgd_shm.ps.shm_backend import ShmLink
-    r = ps_train(X, y, n_workers=n_workers, policy="asp", max_seconds=seconds, seed=seed,
-                 slowdown=slowdown, progress=False, **train_kw)
+
+    def asp(n, slow):
+        r = ps_train(X, y, n_workers=n, policy="asp", max_seconds=seconds, seed=seed,
+                     slowdown=slow, progress=False, **train_kw)
+        pushes = np.array([max(w["pushes"], 1) for w in r.workers], np.float64)
+        return r.seconds / pushes, r
+    alone, _ = asp(1, None)                      # one worker: a step with a core of its own
+    base = float(alone[0])
+    per, r = asp(n_workers, slowdown)
     factors = factors_of(slowdown, n_workers)
-    pushes = np.array([max(w["pushes"], 1) for w in r.workers], np.float64)
-    per = r.seconds / pushes
-    step = float(np.median(per / factors))
-    slow = factors > 1
-    extra = float(np.mean(per[slow] - factors[slow] * step)) if slow.any() else 0.0
+    full = factors == 1
+    stretch = float(np.median(per[full] if full.any() else per / factors)) / base
+    cores = None
+    if stretch > 1.0:                            # the workers shared fewer cores than them
+        cores = float(np.sum(1.0 / factors)) / stretch
+    slow = ~full
+    extra = float(np.mean(per[slow] - factors[slow] * base * max(stretch, 1.0))) \
+        if slow.any() else 0.0
     poll = ShmLink.poll_s
     wake = poll / 2 + max(sleep_overrun(poll), 0.0)
-    return Calibration("ps", n_workers, step, max(extra, 0.0), wake,
-                       measured={"seconds": r.seconds, "updates": r.updates,
-                                 "step_s_per_worker": per.tolist()})
+    return Calibration("ps", n_workers, base, max(extra, 0.0) / max(stretch, 1.0), wake,
+                       cores=cores,
+                       measured={"seconds": r.seconds, "updates": r.updates, "step_s_alone": base,
+                                 "stretch": stretch, "step_s_per_worker": per.tolist()})
 
 
 def _calibrate_eager(X, y, n_workers, seconds, seed, imbalance, train_kw):

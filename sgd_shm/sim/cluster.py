@@ -26,7 +26,11 @@ trainers' straggler emulation, in virtual time:
   on the cluster's machines is a setting, e.g. measured on one of them);
 * ``wake_s``: seconds a parameter-server worker waiting at a closed gate (BSP, SSP)
   takes to notice that it opened (the real workers look at their gate every
-  ``poll_s`` and sleep in between).
+  ``poll_s`` and sleep in between);
+* ``cores``: the cores the parameter server's workers share (None: each its own, as
+  on a cluster). A step that begins while m workers (itself included) compute is
+  stretched by max(1, m / cores), its sleeping part (a slowed worker's emulation)
+  alike: the one box the simulator is calibrated on runs more workers than cores.
 
 :class:`Network`: every message between two machines takes ``latency + bytes /
 bandwidth`` seconds. The parameter server is a star: workers talk to the
@@ -81,8 +85,8 @@ def _check_pair(name, v, what):
 @dataclass(frozen=True)
 class Cluster:
     """Cluster(step_s=1e-3, *, factors=None, classes=None, transient=None, delay=None,
-    imbalance=None, trace=None, compress_s=0.0, wake_s=0.0): the compute-time model
-    (see the module notes).
+    imbalance=None, trace=None, compress_s=0.0, wake_s=0.0, cores=None): the
+    compute-time model (see the module notes).
 
     ``step_s``: seconds of one step (one minibatch's pull, gradient and push on the
     parameter server; one rank's gradient in eager-SGD) of a worker at factor 1."""
@@ -96,8 +100,11 @@ class Cluster:
     trace: object = None
     compress_s: float = 0.0
     wake_s: float = 0.0
+    cores: float | None = None
 
     def __post_init__(self):
+        if self.cores is not None:
+            check_positive("cores", self.cores)
         check_positive("step_s", self.step_s)
         check_number("compress_s", self.compress_s, lo=0)
         check_number("wake_s", self.wake_s, lo=0)
