@@ -457,8 +457,9 @@ def cmd_clock(args):
 def cmd_sim(args):
     from bench.sim import PARTS
     parts = [p for p in args.sim_parts.split(",") if p] if args.sim_parts else list(PARTS)
-    if set(parts) - set(PARTS):
-        sys.exit(f"--sim-parts: unknown {sorted(set(parts) - set(PARTS))}; use {', '.join(PARTS)}")
+    bad = sorted(set(parts) - set(PARTS))
+    if bad:
+        sys.exit(f"--sim-parts: unknown {bad}; use {', '.join(PARTS)}")
     reps = 1 if args.quick else args.reps
     _with_reps(args, reps, "sim", lambda sim: sim.run(reps, args.seed, parts, quick=args.quick))
 
@@ -600,7 +601,8 @@ FLAGS = {
     "clock_seconds": ("--clock-seconds", dict(type=float, default=1.0,
                                               help="seconds per clock run (default 1)")),
     "sim_parts": ("--sim-parts", dict(default="", help="comma-separated parts of the sim "
-                                      "scenario: saps, eager, rps, topk, speed (default all)")),
+                                      "scenario: saps, eager, rps, topk, speed, calibrate "
+                                      "(default all)")),
     "quick": ("--quick", dict(action="store_true", help="a short run (see the scenario)")),
     "out": ("--out", dict(default=None, help="results folder (default bench/results)")),
     "label": ("--label", dict(default=None, metavar="NAME",
