@@ -409,6 +409,18 @@ def cmd_torch_ddp(args):
 
 
 def _with_reps(args, reps, name, measure):
+def cmd_torch_nets(args):
+    # --quick: 1 repetition without the warm-up run, 4,000 images
+    if importlib.util.find_spec("torch") is None:
+        if args.scenario == "all":
+            print("(torch_nets left out: torch is not installed)", file=sys.stderr)
+            return
+        sys.exit("torch_nets needs torch: pip install 'relaxed-sgd-kit[torch]'")
+    reps = 1 if args.quick else args.reps
+    _with_reps(args, reps, "torch_nets", lambda torch_nets: torch_nets.run(
+        reps, args.seed, quick=args.quick, warmup=not args.quick))
+
+
     """_scenario with ``reps`` repetitions (what the header reports), leaving
     ``args.reps`` as it was for the scenarios after this one."""
     saved, args.reps = getattr(args, "reps", None), reps
@@ -618,6 +630,7 @@ QUICK = {"conflict": "fewer samples",
          "eager": "1 repetition, a 1 MB buffer, trainer runs of 1 s",
          "torch_ddp": "1 repetition, no warm-up run, 1 epoch per run",
          "compress": "1 repetition on the small problem, 2 epochs, 100k-entry vectors",
+         "torch_nets": "1 repetition, no warm-up run, 4,000 images",
          "unreliable": "p in {0, 0.1, 0.3}, S in {1, 4}, one seed, 1 epoch",
          "nonconvex": "3 epochs of digits, 2 of a small non-linear problem, 1 repetition",
          "clock": "1 repetition of runs of 0.2 s",
@@ -662,6 +675,8 @@ SCENARIOS = {
                    "torch_ddp_compress_epochs", "torch_ddp_sleep", "torch_ddp_target",
                    "torch_ddp_momentum", "quick"]),
     "compress": ("sparsified gradients: top-k selection, what it leaves out, training",
+    "torch_nets": ("Hogwild on a torch CNN: 1 vs 2 workers, threads and processes, blocks, "
+                   "beside mnist_hogwild", ["reps", "seed", "quick"]),
                  ["seed", "compress_reps", "no_mpi", "quick"]),
     "unreliable": ("training over lossy links: RPS against the drop rate and servers",
                    ["reps", "seed"] + _PS + ["unreliable_epochs", "quick"]),
@@ -706,6 +721,10 @@ DETAILS = {
                  "bucket with and without error feedback against dense DDP after the same "
                  "epochs",
     "compress": "sparsified gradients: top-k selection against np.argpartition, what top-k "
+    "torch_nets": "HogwildNetClassifier on DigitsCNN and 50,000 augmented digits: 1 and 2 "
+                  "workers (threads, processes), block partitioning on and off, beside a "
+                  "loop written as PyTorch's mnist_hogwild example writes it (1 and 2 "
+                  "processes): samples/s and held-out accuracy, the same epochs in all",
                 "leaves out, 10 epochs of the parameter server and the eager trainer, dense "
                 "against TopK (k/n 0.01%..10%, with and without error feedback), QSGD and "
                 "DGC's threshold: loss, bytes, time",
@@ -818,6 +837,7 @@ STEPS = {"pq-threads": lambda a: cmd_pq(a, "threads"),
          "conflict": cmd_conflict, "stm": cmd_stm, "delay": cmd_delay, "mf": cmd_mf,
          "ps": cmd_ps, "eager": cmd_eager, "torch_ddp": cmd_torch_ddp,
          "compress": cmd_compress,
+         "torch_nets": cmd_torch_nets,
          "unreliable": cmd_unreliable, "nonconvex": cmd_nonconvex, "clock": cmd_clock,
          "sim": cmd_sim,
          "plot": cmd_plot}
