@@ -108,6 +108,7 @@ def _example_train(rank, args, model, dataset, dataloader_kwargs, times):
 def _mnist_hogwild(data, processes, cfg, seed):
     import torch
     import torch.multiprocessing as mp
+
     from sgd_shm.torch import DigitsCNN
     X, Xte, y, yte = data
     if cfg["epochs"] % processes:
@@ -137,7 +138,7 @@ def _mnist_hogwild(data, processes, cfg, seed):
 
 
 def _one(data, comp, cfg, seed):
-    name, kind, workers, backend, partition = comp
+    _, kind, workers, backend, partition = comp
     if kind == "kit":
         return _kit(data, workers, backend, partition, cfg, seed)
     return _mnist_hogwild(data, workers, cfg, seed)
@@ -149,6 +150,7 @@ def run(reps, seed, *, n_samples=None, epochs=None, quick=False, warmup=True, pr
     (not kept). Returns (rows: one per competitor with the runs and medians, extra:
     the settings, the paired ratios and the findings)."""
     import torch
+
     from sgd_shm.data import make_digits_augmented
     cfg = dict(SETTINGS, **(QUICK if quick else {}))
     if n_samples is not None:
@@ -262,6 +264,7 @@ def summary_markdown(d):
 def plot(d, path):
     """Samples/s and held-out accuracy of each competitor (medians, min-max bars)."""
     from matplotlib.figure import Figure
+
     from bench.common import save_plot
     rows = d["results"]
     fig = Figure(figsize=(11, 4))
