@@ -381,12 +381,13 @@ def findings(d):
         by = {r["gradients"]: r for r in rows if r["gbps"] == g}
         td, tk = by["dense"]["time_to_target"], by["topk"]["time_to_target"]
         if td and tk:
-            verdict = f"TopK is {td / tk:.2f}x sooner" if tk < td else f"dense is {tk / td:.2f}x sooner"
+            verdict = (f"TopK is {td / tk:.2f}x sooner" if tk < td
+                       else f"dense is {tk / td:.2f}x sooner")
         else:
             verdict = f"dense {'reached' if td else 'missed'}, TopK {'reached' if tk else 'missed'}"
-        out.append(f"topk, {g} Gb/s: {verdict} to {TOPK_TARGET:g} held-out "
-                   f"(bytes sent {by['dense']['bytes_sent'] / max(by['topk']['bytes_sent'], 1):.0f}x "
-                   f"fewer with TopK).")
+        ratio = by["dense"]["bytes_sent"] / max(by["topk"]["bytes_sent"], 1)
+        out.append(f"topk, {g} Gb/s: {verdict} to {TOPK_TARGET:g} held-out (bytes sent "
+                   f"{ratio:.0f}x fewer with TopK).")
     rows = _part(d, "speed")
     if rows:
         worst = max(rows, key=lambda r: r["wall_s_median"])

@@ -447,3 +447,56 @@ def test_shared_cores_stretch_concurrent_steps(data):
     assert one.seconds == pytest.approx(one.updates * step, rel=1e-9)
     with pytest.raises(ValueError, match="cores"):
         Cluster(cores=0)
+
+
+# ---- traces of real runs ---------------------------------------------------------------------
+
+def test_replay_follows_a_trace(data):
+    """A hand-made trace of two workers: every step begins, pulls, decides, ends its
+    push and begins again at the trace's times, and each push reads the version those
+    times give (worker 0: steps of 3 ms, worker 1: of 2 ms, pushes 1 ms after pulls)."""
+    from sgd_shm.sim.trace import Trace
+    X, y = data
+    n = 6
+    tr = Trace(lead=[np.zeros(n), np.zeros(n)], pre=[np.full(n, 1e-3), np.full(n, 1e-3)],
+               lag=[np.zeros(n), np.zeros(n)], post=[np.full(n, 2e-3), np.full(n, 1e-3)],
+               first=[0.0, 0.5e-3], samples=[5e-3, 10e-3], pushes=[])
+    r = simulate(X, y, n_workers=2, policy="asp", replay=tr, max_seconds=1.0, epochs=None)
+    want = sorted([(1e-3 + 3e-3 * i, 0) for i in range(n)] +
+                  [(1.5e-3 + 2e-3 * i, 1) for i in range(n)])
+    got = list(zip(r.log["seconds"], r.log["worker"]))
+    assert [k for _, k in got] == [k for _, k in want]
+    np.testing.assert_allclose([t for t, _ in got], [t for t, _ in want], rtol=0, atol=1e-12)
+    for q, (t, k) in enumerate(got):            # pulled at its step's start: pushes before it
+        start = t - 1e-3
+        assert r.log["pulled"][q] == sum(1 for u, _ in want if u <= start + 1e-12)
+    assert [h["seconds"] for h in r.history[1:3]] == [5e-3, 10e-3]
+
+
+def test_recorder_traces_a_real_threads_run(data):
+    """A real run of the in-process transport under a Recorder: every step's start,
+    pull and push decision are recorded (a decision not dropped is an applied push,
+    the last ones possibly in flight at the stop), and the trace replays, sampling at
+    the real run's times."""
+    from sgd_shm.models import Linear
+    from sgd_shm.ps import train
+    from sgd_shm.sim.trace import Recorder
+    X, y = data
+    rec = Recorder("saps", window=0.05)
+    real = train(X, y, n_workers=3, policy=rec, model=rec.model(Linear(X.shape[1])),
+                 backend="threads", max_seconds=0.3, seed=0, progress=False, window=0.05)
+    tr = rec.trace(real)
+    assert tr.n_workers == 3 and real.policy == "saps"
+    applied = sum(1 for _, _, d in tr.pushes if not d)
+    assert abs(applied - real.updates) <= 3              # a last push may be in flight
+    for w in range(3):
+        assert len(tr.lead[w]) == len(tr.pre[w]) == len(tr.lag[w]) > 0
+        assert (tr.pre[w] >= 0).all() and (tr.lag[w] >= 0).all()
+    sim = simulate(X, y, n_workers=3, policy="saps", replay=tr, max_seconds=real.seconds,
+                   window=0.05, seed=0)
+    assert sim.updates > 0 and set(t for t, _ in sim.detections) <= set(tr.samples)
+    with pytest.raises(TypeError, match="threads"):
+        import pickle
+        pickle.dumps(rec)
+    with pytest.raises(ValueError, match="replay"):
+        simulate(X, y, n_workers=2, policy="asp", replay=tr)

@@ -16,6 +16,8 @@ al., ISPASS 2020, and SimGrid, Casanova et al. 2014).
   emulation, traces of real runs); :class:`Network`: latency, bandwidth, topology.
 * :func:`calibrate`: the compute model fitted to a short real run on this box (a
   :class:`Calibration`, whose ``simulate`` predicts other runs).
+* :class:`Recorder`: records a real parameter-server run's timeline (a
+  :class:`Trace`) for ``simulate(..., replay=trace)``.
 
 Example::
 
@@ -31,6 +33,7 @@ See docs/sim.md for the model, its assumptions and its limits.
 from sgd_shm.sim.calibrate import Calibration, calibrate
 from sgd_shm.sim.cluster import TOPOLOGIES, Cluster, Network
 from sgd_shm.sim.simulate import SimResult, simulate
+from sgd_shm.sim.trace import Recorder, Trace
 
 __all__ = ["simulate", "SimResult", "Cluster", "Network", "calibrate", "Calibration",
-           "TOPOLOGIES"]
+           "Recorder", "Trace", "TOPOLOGIES"]

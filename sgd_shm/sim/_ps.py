@@ -171,8 +171,10 @@ class PSSim:
         self.stamp = 0                             # state changes so far (gate memo)
         self.memo = {}
         self.known_gate = type(self.policy).may_step in _KNOWN_GATES
-        self.in_free = self.out_free = 0.0
+        self.in_free = self.out_free = -math.inf      # the servers' links free since
         self.cores, self.busy = cfg.cluster.cores, []      # shared cores: computing until
+        self.replay = cfg.replay                           # a real run's timeline, or None
+        self.steps = [0] * n                               # steps done, per worker
         self.log = []
         self.t_target = None
         self.stop_t = None
@@ -196,13 +198,20 @@ class PSSim:
         heapq.heappush(self.heap, (t, self.seq, kind, k))
 
     def run(self):
-        cfg = self.cfg
+        cfg, tr = self.cfg, self.replay
         for k in range(self.n):
-            self.at(0.0, READY, k)
+            if tr is None:
+                self.at(0.0, READY, k)
+            elif np.isfinite(tr.first[k]):
+                self.at(float(tr.first[k]), READY, k)
         for k, t in cfg.faults.items():
             self.at(float(t), KILL, k)
         self.record(0.0)
-        self.at(cfg.sample_every, SAMPLE, -1)
+        if tr is None:
+            self.at(cfg.sample_every, SAMPLE, -1)
+        else:                                          # the real run's samples
+            for t in tr.samples:
+                self.at(float(t), SAMPLE, -1)
         handlers = (self.ready, self.pull, self.send, self.apply, self.sample, self.kill)
         heap = self.heap
         while heap and self.stop_t is None:
@@ -261,6 +270,9 @@ class PSSim:
         sources.append((k, None))
         p, key, j = self.queues.take(sources, self.rngs[k])
         self.task[k] = [p, key, j, 0]
+        if self.replay is not None:                   # the real step's time to its pull
+            self.at(t + float(self.replay.lead[k][self.steps[k]]), PULL, k)
+            return
         self.at(t + self.net.latency, PULL, k)
 
     def pull(self, t, k):
@@ -290,6 +302,10 @@ class PSSim:
         depart = max(t, self.out_free) + nbytes / (self.S * net.bandwidth)
         self.out_free = depart
         t_recv = max(depart, t + nbytes / net.bandwidth) + net.latency
+        if self.replay is not None:                   # the real step's time to its push
+            i = self.steps[k]
+            self.at(t + float(self.replay.pre[k][i]), SEND, k)
+            return
         extra = 0.0 if self.channels is None else self.cfg.cluster.compress_s
         dur = self.times.of(k, t_recv) + extra
         if self.cores is not None:
@@ -318,7 +334,7 @@ class PSSim:
                 self.stale_sum[k] += tau
                 self.dropped[k] += 1
                 self.queues.requeue(p, key, j)
-                self.at(t, READY, k)
+                self.next_step(t, k)
                 return
         self.task[k].append(scale)
         g = self.grads[k]
@@ -332,6 +348,9 @@ class PSSim:
             self.after_push(t, k, p, j, counted=False)   # lost to every shard
             return
         self.bytes_sent[k] += nbytes
+        if self.replay is not None:                   # the real push's end
+            self.at(t + float(self.replay.lag[k][self.steps[k]]), APPLY, k)
+            return
         net = self.net
         done = max(t + net.latency, self.in_free) + nbytes / (self.S * net.bandwidth)
         done = max(done, t + net.latency + nbytes / net.bandwidth)
@@ -381,7 +400,19 @@ class PSSim:
             return
         if counted:
             self.changed(t)
-        self.at(t, READY, k)
+        self.next_step(t, k)
+
+    def next_step(self, t, k):
+        """Worker k starts its next step: at once, or, replaying a trace, after the
+        real step's time from its push to the next start (none recorded: it stops)."""
+        if self.replay is None:
+            self.at(t, READY, k)
+            return
+        i = self.steps[k]
+        self.steps[k] += 1
+        post = self.replay.post[k]
+        if i < len(post) and self.steps[k] < len(self.replay.pre[k]):
+            self.at(t + float(post[i]), READY, k)
 
     # ---- the coordinator ---------------------------------------------------------------
     def record(self, t):
@@ -411,7 +442,8 @@ class PSSim:
         if not self.heap:
             self.stop_t = t                            # nothing left to happen
             return
-        self.at(t + cfg.sample_every, SAMPLE, -1)
+        if self.replay is None:
+            self.at(t + cfg.sample_every, SAMPLE, -1)
 
     def unflagged_live(self):
         return [q for q in range(self.n) if q not in self.flagged and q not in self.killed]

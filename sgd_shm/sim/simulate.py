@@ -158,6 +158,7 @@ class _Config:
     step_times: StepTimes | None = None
     loss_seed: int = 0
     callbacks: tuple = ()
+    replay: object = None
 
 
 def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, cluster=None,
@@ -165,7 +166,7 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
              lr=None, batch_size=64, n_shards=8, staleness=None, window=None,
              detect_factor=2.0, late="carry", average="size", depth=8, sample_every=None,
              max_seconds=None, target_loss=None, faults=None, loss=None,
-             alpha=None, callbacks=None) -> SimResult:
+             alpha=None, callbacks=None, replay=None) -> SimResult:
     """Simulate training ``model`` (by default the linear model of ``loss`` and
     ``alpha``) on (X, y) with ``n_workers`` workers, in virtual time.
 
@@ -194,6 +195,10 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
     faults [None] : {worker: virtual seconds}: the worker dies then (parameter server).
     callbacks [None] : a callable, or a sequence of them, called with each history
         record; one that returns True stops the run (as the trainers' callbacks).
+    replay [None] : a :class:`sgd_shm.sim.trace.Trace` of a real parameter-server run
+        (recorded by :class:`~sgd_shm.sim.trace.Recorder`): the steps and samples
+        happen at the real run's times instead of the cluster's and network's
+        (policies whose gate does not close: ASP, SaPS or one's own).
     """
     t_wall = time.perf_counter()
     model = model_or_linear(model, loss, alpha, n_columns(X))
@@ -201,6 +206,7 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
                   seed, lr, batch_size, n_shards, staleness, window, detect_factor, late,
                   average, depth, sample_every, max_seconds, target_loss, faults)
     cfg.callbacks = check_callbacks(callbacks)
+    cfg.replay = _replay(replay, cfg)
     prob = _problem(X, y, model, cfg, eval_set)
     with blas_limited(model):
         if cfg.collective is None:
@@ -255,6 +261,22 @@ def _config(n_workers, policy, collective, epochs, cluster, network, compress, d
         raise ValueError("drop: message loss is simulated for the parameter server ('asp' or "
                          "'rps'); a collective's rounds do not lose messages; leave drop=None")
     return cfg
+
+
+def _replay(replay, cfg):
+    if replay is None:
+        return None
+    from sgd_shm.sim.trace import Trace
+    if not isinstance(replay, Trace):
+        raise TypeError(f"replay: expected a sgd_shm.sim.trace.Trace (Recorder.trace(result)), "
+                        f"got {type(replay).__name__}")
+    if cfg.collective is not None or cfg.policy.replicated:
+        raise ValueError("replay: a trace replays a gradient-pushing parameter-server run; "
+                         "leave collective= and policy='rps' out")
+    if replay.n_workers != cfg.n_workers:
+        raise ValueError(f"replay: the trace holds {replay.n_workers} workers, the run has "
+                         f"n_workers={cfg.n_workers}")
+    return replay
 
 
 def _seed(seed):
