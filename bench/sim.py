@@ -338,8 +338,15 @@ def _part(d, name):
 
 
 def findings(d):
+    """The findings of every part that has results, one line each."""
     out = []
-    rows = _part(d, "saps")
+    for name, f in _FINDINGS.items():
+        out += f(_part(d, name))
+    return out
+
+
+def _findings_saps(rows):
+    out = []
     for P in sorted({r["workers"] for r in rows}):
         by = {r["policy"]: r for r in rows if r["workers"] == P}
         s = by["saps"]
@@ -357,7 +364,11 @@ def findings(d):
                                  for k in others)
                      + (f"; the fastest other policy is {fastest}." if fastest else "."))
         out.append(line)
-    rows = _part(d, "eager")
+    return out
+
+
+def _findings_eager(rows):
+    out = []
     for r in rows:
         if r["collective"] == "sync":
             continue
@@ -368,7 +379,11 @@ def findings(d):
                    f"({r['mean_contributors']:.1f} contributors a round): the paper's claim "
                    f"({CLAIM_SPEEDUP}x, within {100 * CLAIM_LOSS:g}%) "
                    f"{'holds' if holds else 'does not hold'} here.")
-    rows = _part(d, "rps")
+    return out
+
+
+def _findings_rps(rows):
+    out = []
     for p in sorted({r["drop"] for r in rows} - {0.0}):
         gaps = [(r["shards"], r["gap_median"]) for r in sorted(rows, key=lambda r: r["shards"])
                 if r["drop"] == p]
@@ -376,7 +391,11 @@ def findings(d):
         out.append(f"rps, p = {p:g}: gap " + ", ".join(f"S={s}: {100 * g:+.2f}%" for s, g in gaps)
                    + f"; it {'shrinks' if shrinks else 'does not shrink'} monotonically as S "
                    f"grows (first {100 * gaps[0][1]:+.2f}%, last {100 * gaps[-1][1]:+.2f}%).")
-    rows = _part(d, "topk")
+    return out
+
+
+def _findings_topk(rows):
+    out = []
     for g in sorted({r["gbps"] for r in rows}):
         by = {r["gradients"]: r for r in rows if r["gbps"] == g}
         td, tk = by["dense"]["time_to_target"], by["topk"]["time_to_target"]
@@ -388,7 +407,11 @@ def findings(d):
         ratio = by["dense"]["bytes_sent"] / max(by["topk"]["bytes_sent"], 1)
         out.append(f"topk, {g} Gb/s: {verdict} to {TOPK_TARGET:g} held-out (bytes sent "
                    f"{ratio:.0f}x fewer with TopK).")
-    rows = _part(d, "speed")
+    return out
+
+
+def _findings_speed(rows):
+    out = []
     if rows:
         worst = max(rows, key=lambda r: r["wall_s_median"])
         ok = all(r["wall_s_max"] <= SPEED_LIMIT_S for r in rows)
@@ -397,7 +420,11 @@ def findings(d):
                    f"{SPEED_LIMIT_S:g} s of wall time: {'yes' if ok else 'no'} (slowest: "
                    f"{worst['kind']}, median {worst['wall_s_median']:.1f} s; other processes "
                    "shared the CPUs).")
-    rows = _part(d, "calibrate")
+    return out
+
+
+def _findings_calibrate(rows):
+    out = []
     for P in sorted({r["workers"] for r in rows}):
         for name in dict.fromkeys(r["name"] for r in rows):
             errs = [r["error"] for r in rows if r["workers"] == P and r["name"] == name]
@@ -420,6 +447,10 @@ def findings(d):
                           f"{max(rate):.0f} over the seeds." if rate else "."))
     return out
 
+
+_FINDINGS = {"saps": _findings_saps, "eager": _findings_eager, "rps": _findings_rps,
+             "topk": _findings_topk, "speed": _findings_speed,
+             "calibrate": _findings_calibrate}
 
 def summary_markdown(d):
     lines = ["Virtual seconds (the simulator's cluster), real losses and held-out accuracy; "
