@@ -405,7 +405,8 @@ def cmd_torch_ddp(args):
         reps, args.seed, ranks=args.torch_ddp_ranks, data=args.torch_ddp_data,
         epochs=epochs, compress_epochs=1 if args.quick else args.torch_ddp_compress_epochs,
         imbalance=(1, args.torch_ddp_sleep), target=args.torch_ddp_target,
-        momentum=args.torch_ddp_momentum, warmup=not args.quick))
+        momentum=args.torch_ddp_momentum, late=args.torch_ddp_late,
+        average=args.torch_ddp_average, warmup=not args.quick))
 
 
 def _with_reps(args, reps, name, measure):
@@ -603,6 +604,15 @@ FLAGS = {
     "torch_ddp_target": ("--torch-ddp-target", dict(type=float, default=0.95,
                                                     help="target held-out accuracy "
                                                          "(default 0.95)")),
+    "torch_ddp_late": ("--torch-ddp-late", dict(choices=("drop", "carry"), default="drop",
+                                                help="a late gradient in the partial hooks "
+                                                     "(default drop)")),
+    "torch_ddp_average": ("--torch-ddp-average", dict(choices=("size", "contributors"),
+                                                      default="contributors",
+                                                      help="the partial hooks' mean: over "
+                                                           "the ranks or the round's "
+                                                           "contributors (default "
+                                                           "contributors)")),
     "torch_ddp_momentum": ("--torch-ddp-momentum", dict(type=float, default=0.0,
                                                         help="SGD momentum; the compression "
                                                              "hook applies it as DGC's "
@@ -673,7 +683,7 @@ SCENARIOS = {
                   "imbalance; TopK 0.1%% with and without error feedback vs dense",
                   ["reps", "seed", "torch_ddp_ranks", "torch_ddp_data", "torch_ddp_epochs",
                    "torch_ddp_compress_epochs", "torch_ddp_sleep", "torch_ddp_target",
-                   "torch_ddp_momentum", "quick"]),
+                   "torch_ddp_momentum", "torch_ddp_late", "torch_ddp_average", "quick"]),
     "compress": ("sparsified gradients: top-k selection, what it leaves out, training",
     "torch_nets": ("Hogwild on a torch CNN: 1 vs 2 workers, threads and processes, blocks, "
                    "beside mnist_hogwild", ["reps", "seed", "quick"]),

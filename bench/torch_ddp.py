@@ -12,16 +12,21 @@ default; with ``momentum`` > 0, DDP's allreduce and the partial hooks run
 ``torch.optim.SGD(momentum=...)``, and the compression hook applies the momentum
 itself, Deep Gradient Compression's momentum correction, before an optimizer without
 momentum: a momentum optimizer after a sparse hook amplifies every entry that a
-residual releases late); rank 0 measures the held-out accuracy every ``eval_every`` steps (a forward pass over the 360
-held-out images, inside its timed loop) and at the end.
+residual releases late). Every ``eval_every`` steps every rank measures the held-out
+accuracy (a forward pass over the 360 held-out images, inside the timed loop: on every
+rank, so that the ranks' loads differ only by the injected delays), and rank 0's
+record is kept, with its accuracy at the end.
 
 (a) eager-SGD under load imbalance: the eager-SGD paper's model (Li et al., PPoPP 2020,
     arXiv:1908.04207; ``sgd_shm.eager``'s ``imbalance=(k, seconds)``): before each step,
     ``k`` ranks drawn from a seed that all ranks share (:func:`sgd_shm.eager.sleepers`)
     sleep ``seconds``. DDP's own allreduce (no hook) against
     :func:`sgd_shm.torch.hooks.partial_allreduce_hook` with solo and majority rounds on
-    the kit's shared-memory communicator (late gradients carried, mean over the world
-    size), the same epochs: seconds to the target held-out accuracy (rank 0's clock,
+    the kit's shared-memory communicator (late gradients dropped, as fflib2; the mean
+    over the round's contributors, so that a round of one gradient is a full step; with
+    ``late="carry"`` a rank that stays behind, which an unchanged DDP loop cannot skip
+    ahead, sends many steps of gradient at once when it is next on time), the same
+    epochs: seconds to the target held-out accuracy (rank 0's clock,
     from a barrier before the first step), final held-out accuracy, steps/s, the mean
     contributors per round.
 (b) compression: :func:`sgd_shm.torch.hooks.compression_hook` with TopK at 0.1 % of each
@@ -77,8 +82,8 @@ def _hook(job):
     from sgd_shm.torch import hooks
     mode = job["mode"]
     if mode in ("solo", "majority"):
-        return (hooks.PartialAllreduceState(mode, late=job["late"], seed=job["seed"],
-                                            timeout=job["timeout"]),
+        return (hooks.PartialAllreduceState(mode, late=job["late"], average=job["average"],
+                                            seed=job["seed"], timeout=job["timeout"]),
                 hooks.partial_allreduce_hook)
     if mode in ("topk", "topk-no-ef"):
         comp = TopK(ratio=job["ratio"], error_feedback=mode == "topk")
@@ -150,8 +155,9 @@ def _train(rank, size, job, data):
                 F.cross_entropy(model(Xtr[idx]), ytr[idx]).backward()
                 opt.step()
                 step += 1
-                if rank == 0 and step % job["eval_every"] == 0:
-                    hist.append((time.perf_counter() - t0, step, _accuracy(net, Xte, yte)))
+                if step % job["eval_every"] == 0:    # every rank: the same load on each
+                    acc = _accuracy(net, Xte, yte)
+                    hist.append((time.perf_counter() - t0, step, acc))
         seconds = time.perf_counter() - t0
         out = {"seconds": seconds, "steps": step}
         if rank == 0:
@@ -297,8 +303,8 @@ def summarize(rows, part, modes, baseline):
 
 def run(reps, seed, *, ranks=2, data="digits", n_samples=50_000, epochs=15,
         compress_epochs=30, batch=32, lr=0.2, momentum=0.0, imbalance=(1, 0.05),
-        target=0.95, late="carry", eval_every=None, parts=("imbalance", "compress"),
-        warmup=True):
+        target=0.95, late="drop", average="contributors", eval_every=None,
+        parts=("imbalance", "compress"), warmup=True):
     """Both parts (see the module notes); (rows, extra) for bench/results/torch_ddp.json."""
     from sgd_shm.core.validation import check_momentum
     momentum = check_momentum(momentum)
@@ -307,7 +313,8 @@ def run(reps, seed, *, ranks=2, data="digits", n_samples=50_000, epochs=15,
     if eval_every is None:              # about 20 points per epoch, at most one per 5 steps
         eval_every = max(5, per_epoch // 20)
     base = {"seed": seed, "lr": lr, "momentum": momentum, "batch": batch, "epochs": epochs,
-            "eval_every": eval_every, "late": late, "ratio": TOPK_RATIO, "timeout": 600.0,
+            "eval_every": eval_every, "late": late, "average": average, "ratio": TOPK_RATIO,
+            "timeout": 600.0,
             "imbalance": tuple(imbalance)}
     todo = [p for p in ("imbalance", "compress") if p in parts]
     bar = tqdm(total=(reps + warmup) * 3 * len(todo), desc="torch_ddp", unit="run",
@@ -330,6 +337,7 @@ def run(reps, seed, *, ranks=2, data="digits", n_samples=50_000, epochs=15,
                   "epochs": epochs, "compress_epochs": compress_epochs or epochs,
                   "batch": batch, "lr": lr, "momentum": momentum,
                   "imbalance": list(imbalance), "target": target, "late": late,
+                  "average": average,
                   "topk_ratio": TOPK_RATIO, "eval_every": eval_every, "reps": reps,
                   "steps_per_epoch": per_epoch}
 
@@ -345,7 +353,8 @@ def summary_markdown(d):
                   f"training images, {d['held_out']} held out), {d['ranks']} ranks, "
                   f"{d['epochs']} epochs, batch {d['batch']} per rank, SGD lr {d['lr']:g} "
                   f"momentum {d['momentum']:g}, imbalance: {k} rank(s) "
-                  f"per step sleep {s * 1e3:g} ms, late gradients {d['late']}, target "
+                  f"per step sleep {s * 1e3:g} ms, late gradients {d['late']}, mean over "
+                  f"{d.get('average', 'size')}, target "
                   f"held-out accuracy {d['target']} (medians):", "",
                   "| DDP reduction | time to target | speed-up over allreduce | held-out "
                   "accuracy (min–max) | vs allreduce (points) | steps/s | contributors "
