@@ -111,6 +111,10 @@ def plot_all():
         if d:
             mod = importlib.import_module(f"bench.{name}")
             out.append(mod.plot(d, common.results_dir() / f"{name}.png"))
+    d = _load("sim")
+    if d:                                   # one PNG per simulated part
+        from bench import sim
+        out += sim.plot(d, common.results_dir())
     d = _load("quality")
     if d:
         fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -439,6 +439,22 @@ SCENARIOS = (
         "clock's add goes through a Numba dispatcher from Python, the MultiCounter's through "
         "Cython methods), which is why they can differ where the pushes do not. See "
         "docs/parameter-server.md, \"Clocks\".")),
+    Scenario("sim", "At cluster scale, simulated: policies, collectives and compression at "
+             "32-1,024 workers", (
+        "The virtual-time simulator (`sgd_shm.sim`, see docs/sim.md) runs the kit's own "
+        "policy objects, collective rules, compressors and linear model on "
+        "`make_rcv1_like` problems with held-out rows; the seconds are virtual (a cluster's, "
+        "by the simulator's compute and network models), the losses and held-out accuracies "
+        "real. Parts: SaPS against BSP, ASP and SSP at 32 and 128 workers of a heterogeneous "
+        "cluster (a quarter of the workers 4× slower); solo and majority against sync at 64 "
+        "ranks under the eager-SGD imbalance model; RPS's final-loss gap to the reliable run "
+        "against servers and drop rate at 64 workers; TopK 0.1% against dense at 1, 10 and "
+        "100 Gb/s; the simulator's own wall time at 1,024 workers; and calibration against "
+        "real runs at 2 and 4 workers on this box. Repetitions are seeds; medians."),
+        ("sim_saps.png", "sim_eager.png", "sim_rps.png", "sim_topk.png"), (
+        "The simulator's time is its models', not a measurement: the at-scale parts show what "
+        "the policies and collectives do under the stated cluster and network, and the "
+        "calibration part shows how far those models are from this box's real runs.")),
     Scenario("conflict", "Conflict policies: empirical competitive ratios (simulator)", (
         "Each policy against exponential, heavy-tailed (Lomax) and adversarial holder times "
         "under requestor-aborts and requestor-wins (k = 1, 4), 200k conflicts per cell, 5 "
