@@ -16,7 +16,11 @@ Engine:
 Subpackages: ``sgd_shm.ps`` (parameter server on shared memory or Ray),
 ``sgd_shm.collectives`` (allreduce, solo and majority allreduce on shared memory or MPI),
 ``sgd_shm.eager`` (data-parallel SGD over those collectives), ``sgd_shm.compress``
-(gradient compressors with error feedback), ``sgd_shm.data``.
+(gradient compressors with error feedback), ``sgd_shm.sim`` (the same policies,
+collectives and compressors in virtual time at 16-1,024 workers: ``simulate``,
+``Cluster``, ``Network``), ``sgd_shm.torch`` (optional, the ``torch`` extra: PyTorch
+models on every trainer, Hogwild on an ``nn.Module``, DDP communication hooks),
+``sgd_shm.data``.
 
 Example::
 

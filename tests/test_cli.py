@@ -27,6 +27,9 @@ KIT_FLAGS = {
               "--features",
               "--seed", "--compress", "--epochs", "--out"],
     "selftest": ["--only"],
+    "sim": ["--workers", "--policies", "--collectives", "--classes", "--step", "--gbps",
+            "--latency", "--topology", "--imbalance", "--compress", "--epochs", "--target",
+            "--samples", "--holdout", "--features", "--seed", "--out"],
 }
 
 
