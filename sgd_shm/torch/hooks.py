@@ -22,7 +22,9 @@ bucket the same way: torch ``distributed/algorithms/ddp_comm_hooks/powerSGD_hook
   over ranks, as DDP's allreduce gives, and the same bits on every rank.
   Compressors whose messages always hold the same number of entries (TopK, RandomK,
   Dense) need one allgather per bucket; the others (the threshold, QSGD, a user's)
-  first gather the counts.
+  first gather the counts. ``momentum=`` compresses a per-bucket velocity instead of
+  the gradient (Deep Gradient Compression's momentum correction, Lin et al., ICLR
+  2018), for an optimizer without momentum.
 * :func:`partial_allreduce_hook` with :class:`PartialAllreduceState`: the bucket is
   reduced by one of the kit's communicators (:mod:`sgd_shm.collectives`:
   ``ShmGroup`` for processes on one box, ``MPICommunicator`` across boxes) as a
