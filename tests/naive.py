@@ -599,3 +599,53 @@ def momentum_correction_naive(inputs, sents, momentum):
         u = np.where(s != 0, u.dtype.type(0), u)
         vel.append(u)
     return acc, vel
+
+
+# ---- traces of real runs and their replays (sgd_shm.sim.replay) --------------------------
+def trace_counters_naive(steps):
+    """Per worker, from a parameter-server trace's rows alone (``PSTrace.steps``):
+    (pushes applied, pushes dropped, staleness sum), the staleness of an applied push
+    being the version the store read when it began minus the version pulled, of a
+    dropped one the version its check read minus the version pulled: what the
+    store's slot counters must hold at the end."""
+    out = []
+    for st in steps:
+        applied = st["applied"] >= 0
+        dropped = st["dropped"] == 1
+        stale = int((st["read"][applied] - st["pulled"][applied]).sum()) + int(
+            (st["decided"][dropped] - st["pulled"][dropped]).sum())
+        out.append((int(applied.sum()), int(dropped.sum()), stale))
+    return out
+
+
+def saps_flags_naive(samples, reads, n, window, factor):
+    """SaPS's detection written out from its rule, on the counters each sample read
+    (``samples``: the sample times; ``reads``: per sample (staleness sums, pushes
+    tried)): per worker the mean staleness over the pushes of the last ``window``
+    seconds (no push: infinite); after a first full window, a worker is flagged
+    while its mean exceeds ``factor`` times the median of the others' (and 1) and
+    exceeds n. Returns the flag changes [(time, worker, flagged)]."""
+    hist = [[] for _ in range(n)]
+    flagged, events = set(), []
+    for t, (sums, tried) in zip(samples, reads):
+        for k in range(n):
+            hist[k].append((t, int(sums[k]), int(tried[k])))
+            hist[k] = [h for h in hist[k][:-1] if h[0] >= t - window] + [hist[k][-1]]
+        if t < window:
+            continue
+        level = []
+        for h in hist:
+            (_, s0, p0), (_, s1, p1) = h[0], h[-1]
+            level.append((s1 - s0) / (p1 - p0) if p1 > p0 else float("inf"))
+        for k in range(n):
+            others = sorted(level[j] for j in range(n) if j != k)
+            m = len(others)
+            med = others[m // 2] if m % 2 else (others[m // 2 - 1] + others[m // 2]) / 2
+            slow = level[k] > factor * max(med, 1.0) and level[k] > n
+            if slow and k not in flagged:
+                flagged.add(k)
+                events.append((t, k, True))
+            elif not slow and k in flagged:
+                flagged.discard(k)
+                events.append((t, k, False))
+    return events

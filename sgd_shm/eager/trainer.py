@@ -41,7 +41,7 @@ from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, 
                                      check_positive, model_data, n_columns, resolve_workers,
                                      stopping_rule)
 
-__all__ = ["train", "EagerResult", "sleepers", "BACKENDS"]
+__all__ = ["train", "EagerResult", "EagerTrace", "sleepers", "BACKENDS"]
 
 BACKENDS = ("shm", "mpi")
 DELAYS = ("exponential", "pareto")
@@ -68,6 +68,8 @@ class EagerResult(Result):
     their round), ``bytes_dense`` (8 bytes per weight per gradient computed: what
     dense gradients would be), ``bytes_moved`` (the buffers the collectives combined,
     per rank and round; with compression, the payloads each rank put into the gathers).
+    ``trace`` (``train(trace=True)``): an :class:`EagerTrace` of every rank's rounds
+    (for ``sgd_shm.sim.simulate(..., replay=result.trace)``), else None.
     """
     collective: str
     history: list
@@ -94,6 +96,7 @@ class EagerResult(Result):
     momentum: float = 0.0
     val_loss: float | None = None
     val_score: float | None = None
+    trace: object = None
 
     _repr_fields = ("collective", "final_loss", "val_score", "rounds", "seconds")
 
@@ -121,6 +124,7 @@ class _Config:
     momentum: float = 0.0
     model: Model = None         # the model trained (sgd_shm.models.Linear by default)
     callbacks: tuple = ()       # called with each of rank 0's history records; True stops
+    trace: bool = False         # record every rank's rounds (EagerTrace)
 
 
 def sleepers(seed, round_id, size, k):
@@ -137,7 +141,7 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
           loss=None, lr=2.0, alpha=None, batch_size=64, sample_every=0.05,
           depth=8, timeout=None, seed=0, backend="shm", comm=None,
           compress=None, progress=None, model=None, momentum=0.0, eval_set=None,
-          callbacks=None) -> EagerResult:
+          callbacks=None, trace=False) -> EagerResult:
     """Train a model (by default the linear model of ``loss`` and ``alpha``) by
     data-parallel SGD whose gradients are combined by ``collective``.
 
@@ -193,6 +197,12 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
     callbacks [None] : a callable, or a sequence of them, called on rank 0 with each
         history record (seconds, step, loss); one that returns True stops the run
         (every rank stops after the round that carries rank 0's vote).
+    trace [False] : record every rank's rounds (whether it skipped, the brackets of its
+        look at the lag and of its round, the round's contributors) in preallocated
+        arrays: the result's ``trace``, an :class:`EagerTrace` that
+        ``sgd_shm.sim.simulate(..., replay=result.trace)`` replays exactly. Shared
+        memory only (MPI ranks may run on hosts whose clocks differ: a ValueError),
+        at most 62 ranks.
     """
     model = model_or_linear(model, loss, alpha, n_columns(X))
     cfg, max_epochs = _config(n_workers, collective, late, average, imbalance, delay,
@@ -200,7 +210,8 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
                               sample_every, depth, timeout, seed, backend, comm, progress,
                               compress)
     cfg = replace(cfg, momentum=check_momentum(momentum), model=_model(model),
-                  callbacks=check_callbacks(callbacks))
+                  callbacks=check_callbacks(callbacks),
+                  trace=_trace(trace, cfg.backend, cfg.n_workers))
     X, ys, classes = model_data(X, y, cfg.model, cfg.n_workers)
     evals = check_eval_set(eval_set, cfg.model, classes)
     if max_epochs is not None:
@@ -249,6 +260,71 @@ def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
                       "progress", progress),
                   compress=_compressor(compress))
     return cfg, epochs
+
+
+def _trace(trace, backend, n_workers):
+    if not isinstance(trace, (bool, np.bool_)):
+        raise TypeError(f"trace: expected True or False, got {trace!r}")
+    if trace and backend != "shm":
+        raise ValueError("trace: the brackets of the ranks' calls are comparable on one box; "
+                         "MPI ranks may run on hosts whose clocks differ; use backend='shm'")
+    if trace and n_workers > 62:
+        raise ValueError(f"trace: records each round's contributors as a bit mask of at most "
+                         f"62 ranks, got n_workers={n_workers}")
+    return bool(trace)
+
+
+#: the columns of a traced round of one rank (:class:`EagerTrace`): the round id;
+#: ``skipped`` (1: its round had closed, it contributed nothing new); ``contributed``
+#: (1: its contribution is in the round's result); ``mask`` (the round's contributors,
+#: bit k for rank k); ``lag0``, ``lag1``: ``time.perf_counter()`` before and after its
+#: look at the lag (``comm.lag()``, whether the round had closed); ``post0``, ``post1``:
+#: before and after its round (start, arrival and wait), seconds since rank 0's start
+ROUND_INTS = ("round", "skipped", "contributed", "mask")
+ROUND_FLOATS = ("lag0", "lag1", "post0", "post1")
+
+
+@dataclass
+class EagerTrace:
+    """``EagerResult.trace``: per rank (``ranks[k]``), {column: array} of its rounds in
+    order (columns :data:`ROUND_INTS`, :data:`ROUND_FLOATS`), and the run's
+    ``collective``, ``late``, ``average``, ``seed`` and ``n_workers``."""
+    n_workers: int
+    collective: str
+    late: str
+    average: str
+    seed: int
+    ranks: list
+
+    def contributors(self):
+        """{round: the contributors (sorted tuple)}, as the ranks saw them."""
+        out = {}
+        for st in self.ranks:
+            for r, m in zip(st["round"], st["mask"]):
+                out[int(r)] = tuple(j for j in range(self.n_workers) if int(m) >> j & 1)
+        return out
+
+
+class _RoundRecord:
+    """One rank's traced rounds: preallocated arrays, doubled when full."""
+
+    def __init__(self, capacity=4096):
+        self.ints = np.zeros((capacity, len(ROUND_INTS)), np.int64)
+        self.floats = np.zeros((capacity, len(ROUND_FLOATS)))
+        self.n = 0
+
+    def put(self, ints, floats):
+        if self.n == self.ints.shape[0]:
+            self.ints = np.concatenate([self.ints, np.zeros_like(self.ints)])
+            self.floats = np.concatenate([self.floats, np.zeros_like(self.floats)])
+        self.ints[self.n] = ints
+        self.floats[self.n] = floats
+        self.n += 1
+
+    def columns(self, t0):
+        out = {c: self.ints[:self.n, i].copy() for i, c in enumerate(ROUND_INTS)}
+        out.update({c: self.floats[:self.n, i] - t0 for i, c in enumerate(ROUND_FLOATS)})
+        return out
 
 
 def _model(model):
@@ -376,6 +452,7 @@ class _Rank:
         self.order, self.pos = self.rng.permutation(self.rows), 0
         self.history, self.skipped = [], 0
         self.contributors = 0
+        self.trace = _RoundRecord(min(cfg.max_rounds or 4096, 1 << 16)) if cfg.trace else None
 
     def minibatch(self):
         b = self.cfg.batch_size
@@ -407,15 +484,23 @@ class _Rank:
 
     def step(self, r, vote):
         """Round r: a gradient (or nothing when behind), the collective, the update."""
-        cfg, ex = self.cfg, self.exchange
+        cfg, ex, tr = self.cfg, self.exchange, self.trace
         g = None
-        if self.comm.lag() > 0:
+        t_lag = time.perf_counter() if tr is not None else 0.0
+        behind = self.comm.lag() > 0
+        t_lagged = time.perf_counter() if tr is not None else 0.0
+        if behind:
             self.skipped += 1                    # its round has closed: catch up only
         else:
             self.pause(r)
             g = ex.gradient_buffer()
             self.job.gradient(self.minibatch(), self.w, g)
+        t_post = time.perf_counter() if tr is not None else 0.0
         update, stop, res = ex.round(g, vote, cfg.collective)
+        if tr is not None:
+            mask = sum(1 << int(c) for c in res.contributors)
+            tr.put((r, int(behind), int(res.contributed), mask),
+                   (t_lag, t_lagged, t_post, time.perf_counter()))
         self.contributors += res.n_contributors
         if self.v is None:
             self.w -= cfg.lr * update
@@ -569,7 +654,8 @@ def _rank_run(comm, job):
     return {"rank": me.k, "w": me.w, "history": me.history, "rounds": r, "seconds": seconds,
             "contributed": st["contributed"] - 1, "late": st["late"], "skipped": me.skipped,
             "contributors": me.contributors, "bytes_sent": me.exchange.bytes_sent,
-            "bytes_dense": me.exchange.bytes_dense, "bytes_moved": me.exchange.bytes_moved}
+            "bytes_dense": me.exchange.bytes_dense, "bytes_moved": me.exchange.bytes_moved,
+            "t0": t0, "trace": me.trace}
 
 
 def _bar(cfg, k):
@@ -625,5 +711,14 @@ def _result(cfg, outs, job, classes):
         bytes_dense=sum(o["bytes_dense"] for o in outs),
         bytes_moved=sum(o["bytes_moved"] for o in outs), model=cfg.model,
         momentum=cfg.momentum, val_loss=hist[-1].get("val_loss"),
-        val_score=hist[-1].get("val_score"))
+        val_score=hist[-1].get("val_score"), trace=_trace_of(cfg, outs))
+
+
+def _trace_of(cfg, outs):
+    """The run's :class:`EagerTrace` (times since rank 0's start), or None."""
+    if not cfg.trace:
+        return None
+    t0 = outs[0]["t0"]
+    return EagerTrace(cfg.n_workers, cfg.collective, cfg.late, cfg.average, cfg.seed,
+                      [o["trace"].columns(t0) for o in outs])
 

@@ -56,6 +56,7 @@ class TrainConfig:
     partition: str | None = None        # "blocks": each worker pushes only its own blocks
     callbacks: tuple = ()               # called with each history record; True stops
     clock: str = "exact"                # the global version: "exact" or "multicounter"
+    trace: int = 0                      # steps recorded per worker (0: no trace)
 
     @property
     def lossy(self) -> bool:
@@ -170,7 +171,7 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
                 staleness, n_shards, sample_every, window, detect_factor, transient, faults,
                 checkpoint, checkpoint_every, resume, wait, seed, progress, backend, address,
                 compress, epochs, drop, start_method, model, partition,
-                callbacks, session=None, clock="exact") -> TrainConfig:
+                callbacks, session=None, clock="exact", trace=False) -> TrainConfig:
     """A :class:`TrainConfig` from :func:`sgd_shm.ps.train`'s arguments (``model``
     already made: the trainer builds the default linear model from ``loss`` and
     ``alpha``)."""
@@ -204,7 +205,39 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
         address=address, session=session, compress=_compress(compress),
         epochs=epochs,
         drop=_drop(drop, pol, compress), start_method=start_method, model=model,
-        partition=partition, callbacks=check_callbacks(callbacks), clock=_clock(clock))
+        partition=partition, callbacks=check_callbacks(callbacks), clock=_clock(clock),
+        trace=_trace(trace, backend, pol, clock))
+
+
+#: steps recorded per worker by ``train(trace=True)`` (``trace=n`` sets another number)
+TRACE_STEPS = 1 << 15
+
+
+def _trace(trace, backend, pol, clock):
+    """Steps to record per worker (0: none): True records :data:`TRACE_STEPS`, an int
+    that many. A trace needs the pushes' order, so the exact clock on a transport whose
+    store counts the pushes in this box's memory (shm, threads), and pushes (not RPS's
+    rounds)."""
+    if trace is None or trace is False:
+        return 0
+    if trace is True:
+        n = TRACE_STEPS
+    elif isinstance(trace, (int, np.integer)) and not isinstance(trace, bool) and trace > 0:
+        n = int(trace)
+    else:
+        raise ValueError(f"trace: expected True, False or the number of steps to record per "
+                         f"worker (an int > 0), got {trace!r}")
+    if backend == "ray":
+        raise ValueError("trace: a trace is recorded on backend 'shm' or 'threads'; on Ray "
+                         "the store and the workers' clocks live on other processes and nodes, "
+                         "whose pushes have no common order to record; use backend='shm'")
+    if pol.replicated:
+        raise ValueError(f"trace: policy {pol.name!r} averages replicas in rounds; a trace "
+                         "records the pushes of a gradient-pushing policy (bsp, asp, ssp, saps)")
+    if clock != "exact":
+        raise ValueError('trace: records the version each push was applied at, which only '
+                         'the exact clock orders; use clock="exact"')
+    return n
 
 
 def _clock(clock):

@@ -48,7 +48,8 @@ from sgd_shm.ps.partitions import Partitions
 from sgd_shm.ps.policies import server_average
 from sgd_shm.ps.server import ServerState
 from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy
-from sgd_shm.ps.worker import EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, run_worker, warm
+from sgd_shm.ps.worker import (EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, PSTrace, TraceBuffer,
+                               run_worker, warm)
 
 
 def warm_up(compressor=None, n_features=4):
@@ -137,6 +138,7 @@ class ShmLink:
     verb is a call of the :class:`ServerState` mapped into this process."""
 
     poll_s = 0.0002                  # a look at the gate is a few loads
+    trace = None                     # train(trace=True): the workers' TraceBuffer
 
     def __init__(self, server, lr, wait, parent, mail=None):
         self.server, self.lr, self.wait, self.parent = server, lr, wait, parent
@@ -161,6 +163,10 @@ class ShmLink:
         return self._state
 
     def exchange(self, k, push=None, pull=True):
+        """The verb (see :class:`sgd_shm.ps.transport.Link`); with ``pull=False`` it
+        returns the push's :class:`~sgd_shm.ps.store.PushResult` (its ``version``: the
+        global version once it was counted), None without a push."""
+        res = None
         if push is not None:
             st, wait = self.store, self.wait
             if push.sparse:
@@ -171,7 +177,7 @@ class ShmLink:
                               wait=wait, nbytes=push.nbytes, shards=push.shards)
             while res.deferred:                      # finish it even when stopping
                 st.push_deferred(res, wait=wait)
-        return self.store.pull(worker=k) if pull else None
+        return self.store.pull(worker=k) if pull else res
 
     def take(self, k, sources, rng, claim):
         return self.server.take(k, sources, claim, rng)
@@ -245,11 +251,15 @@ class LocalState:
     shared = True
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False, init=None, clock="exact"):
+                 replicas=False, lossy=False, init=None, clock="exact", trace=0):
         self.n_workers = n_workers
-        self.server = self.mail = None
+        self.server = self.mail = self.tracebuf = None
+        self.reads, self.writes = None, None     # traced: the coordinator's counters, status
         store = parts = None
         try:
+            if trace:
+                self.tracebuf = TraceBuffer(n_workers, trace, shared=self.shared)
+                self.reads, self.writes = [], []
             store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers,
                                    init=init, shared=self.shared, clock=clock)
             parts = Partitions(batches, rng, budget, shared=self.shared)
@@ -261,10 +271,10 @@ class LocalState:
             if ckpt is not None:
                 self.server.resume(ckpt)
         except BaseException:
-            for part in (store, parts, self.mail):
+            for part in (store, parts, self.mail, self.tracebuf):
                 if part is not None:
                     part.close()
-            self.server = self.mail = None
+            self.server = self.mail = self.tracebuf = None
             raise
 
     @property
@@ -285,11 +295,35 @@ class LocalState:
         return self.store.exact_version
 
     def counters(self):
-        """(staleness sums, pushes tried: applied + dropped) of every worker."""
-        return self.server.counters()
+        """(staleness sums, pushes tried: applied + dropped) of every worker (traced:
+        recorded with the read's bracket)."""
+        if self.reads is None:
+            return self.server.counters()
+        t = time.perf_counter()
+        got = self.server.counters()
+        self.reads.append((t, time.perf_counter(), got[0].copy(), got[1].copy()))
+        return got
 
     def set_status(self, k, status):
+        if self.writes is None:
+            self.server.set_status(k, status)
+            return
+        t = time.perf_counter()
         self.server.set_status(k, status)
+        self.writes.append((t, time.perf_counter(), int(k), int(status)))
+
+    def trace(self, t0, policy, samples):
+        """The run's :class:`~sgd_shm.ps.worker.PSTrace` (times minus ``t0``, the
+        workers' release), or None when not traced. Call before :meth:`close`."""
+        buf = self.tracebuf
+        if buf is None:
+            return None
+        steps, decided = zip(*(buf.rows(k, t0) for k in range(self.n_workers)))
+        return PSTrace(self.n_workers, policy, list(steps),
+                       [(a - t0, b - t0, s, n) for a, b, s, n in self.reads],
+                       [(a - t0, b - t0, k, st) for a, b, k, st in self.writes],
+                       list(samples), list(decided),
+                       any(n > buf.capacity for n in decided))
 
     def budget_done(self, n_killed=0):
         """True once the work budget is spent (see :meth:`ServerState.budget_done`)."""
@@ -323,6 +357,9 @@ class LocalState:
         if self.mail is not None:
             self.mail.close()
             self.mail = None
+        if self.tracebuf is not None:
+            self.tracebuf.close()
+            self.tracebuf = None
 
 
 class ShmBackend(LocalState):
@@ -331,7 +368,8 @@ class ShmBackend(LocalState):
     name = "shm"
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False, start_method="fork", init=None, clock="exact"):
+                 replicas=False, lossy=False, start_method="fork", init=None, clock="exact",
+                 trace=0):
         self.start_method = check_start_method(start_method)
         self._shipment = self._ready_seg = self._lifeline = None   # lifeline: forkserver's
         self.procs = []
@@ -341,9 +379,9 @@ class ShmBackend(LocalState):
                                                           np.int64)})
             self.ready = v["ready"]
             super().__init__(n_params, n_shards, n_workers, batches, rng, ckpt, budget,
-                             replicas, lossy, init, clock)
+                             replicas, lossy, init, clock, trace)
         except BaseException:
-            self.server = self.mail = None
+            self.server = self.mail = self.tracebuf = None
             self.close()
             raise
         self._seen = set()
@@ -355,6 +393,7 @@ class ShmBackend(LocalState):
         (or has ended; at most ``ready_timeout`` seconds), after giving them the go."""
         warm_up(job.compressor, job.n_params)     # spawned workers load it from the cache
         link = ShmLink(self.server, lr, wait, os.getpid(), self.mail)
+        link.trace = self.tracebuf
         ctx = mp.get_context(self.start_method)
         payload = (link, job, self.ready)
         if self.start_method != "fork":

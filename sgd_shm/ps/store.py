@@ -198,6 +198,10 @@ class PushResult:
     indices: np.ndarray = field(repr=False, default=None)
     values: np.ndarray = field(repr=False, default=None)
     cuts: np.ndarray = field(repr=False, default=None)
+    #: the global version once this push was counted (its own tick included): the
+    #: push's place in the order of applied pushes (exact clock; -1 while shards are
+    #: deferred, and under the relaxed clock, which counts without an order)
+    version: int = -1
 
 
 @njit(cache=True, nogil=True)
@@ -469,13 +473,15 @@ class ParameterStore:
         return max(0, self._now() - int(version))
 
     def _tick(self, n=1):
-        """Count ``n`` pushes applied in full on the global version's clock."""
+        """Count ``n`` pushes applied in full on the global version's clock; returns
+        the version after them (the exact clock), or -1 (the relaxed one)."""
         if self._mc is None:
-            fetch_add_py(self._global, 0, int(n))
-        elif n == 1:
+            return fetch_add_py(self._global, 0, int(n)) + int(n)
+        if n == 1:
             self._mc.increment()
         else:
             self._mc.increment_many(int(n))
+        return -1
 
     def shard_versions(self) -> np.ndarray:
         self._check_open()
@@ -616,7 +622,7 @@ class ParameterStore:
             self._account(wid, stale, res, scale, 8 * self.n_params if nbytes is None
                           else nbytes)
         if not res.deferred:
-            self._tick()
+            res.version = self._tick()
         return res
 
     def push_sparse(self, indices, values, version, *, lr, worker=None, scale=1.0,
@@ -656,7 +662,7 @@ class ParameterStore:
             self._account(wid, stale, res, scale, idx.nbytes + vals.nbytes if nbytes is None
                           else nbytes)
         if not res.deferred:
-            self._tick()
+            res.version = self._tick()
         return res
 
     def _push_args(self, lr, scale, wait, version, worker):
@@ -691,7 +697,7 @@ class ParameterStore:
         else:
             self._apply(res, todo, wait)
         if not res.deferred:
-            self._tick()
+            res.version = self._tick()
         return res
 
     def _shard_list(self, shards):

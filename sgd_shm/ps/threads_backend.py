@@ -71,9 +71,9 @@ class ThreadsBackend(LocalState):
     shared = False
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False, init=None, clock="exact"):
+                 replicas=False, lossy=False, init=None, clock="exact", trace=0):
         super().__init__(n_params, n_shards, n_workers, batches, rng, ckpt, budget,
-                         replicas, lossy, init, clock)
+                         replicas, lossy, init, clock, trace)
         self.threads, self.outcome, self.dead = [], {}, [False] * n_workers
         self._seen = set()
         self.nodes = [f"thread-{k}" for k in range(n_workers)]
@@ -93,6 +93,7 @@ class ThreadsBackend(LocalState):
     def start(self, job, seeds, lr, wait):
         warm_up(job.compressor, job.n_params)
         link = ThreadLink(self.server, lr, wait, self.dead, self.mail)
+        link.trace = self.tracebuf
         self.threads = [threading.Thread(target=self._main, name=f"ps-worker-{k}",
                                          args=(link, job, k, int(seeds[k])), daemon=True)
                         for k in range(self.n_workers)]

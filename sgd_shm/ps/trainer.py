@@ -62,6 +62,11 @@ class TrainResult(Result):
 
     ``partition`` is "blocks" or None.
 
+    ``trace`` (``train(trace=True)``): a :class:`sgd_shm.ps.worker.PSTrace`, every
+    push's minibatch, the versions it read and was applied at, its scale and the
+    brackets of its calls, and the coordinator's counter reads and status writes;
+    ``sgd_shm.sim.simulate(..., replay=result.trace)`` replays it. None otherwise.
+
     Message loss (``drop=``, and every RPS run): drop: the probability p, or None
     for reliable links; messages: {"drop", "seed" (the loss coins' seed, see
     :class:`sgd_shm.ps.worker.Losses`), "per_worker" and "per_shard": dicts of
@@ -95,6 +100,7 @@ class TrainResult(Result):
     val_loss: float | None = None
     val_score: float | None = None
     traffic: list | None = None
+    trace: object = None
 
     _repr_fields = ("policy", "final_loss", "val_score", "updates", "seconds")
     _derived = ("updates", "mean_staleness", "bytes_sent", "bytes_dense", "observed_drop")
@@ -157,6 +163,8 @@ def _backend(cfg, d, batches, rng, ckpt, budget, init=None):
     kw = {"budget": None if cfg.policy.replicated else budget,
           "replicas": cfg.policy.replicated, "lossy": cfg.lossy, "init": init,
           "clock": cfg.clock}
+    if cfg.trace:
+        kw["trace"] = cfg.trace
     if cfg.backend == "ray":
         return _ray_backend(cfg, d, shards, batches, rng, ckpt, budget, kw)
     if cfg.backend == "threads":
@@ -230,7 +238,7 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
           sample_every=0.02, faults=None, checkpoint=None, checkpoint_every=5.0, resume=None,
           wait=None, backend="shm", address=None, start_method="fork", seed=0, progress=None,
           compress=None, drop=None, model=None, partition=None, eval_set=None,
-          callbacks=None, session=None, clock="exact") -> TrainResult:
+          callbacks=None, session=None, clock="exact", trace=False) -> TrainResult:
     """Train a model (by default the linear model of ``loss`` and ``alpha``) with
     ``n_workers`` workers on a parameter server under ``policy``; every rule is in the
     modules named above.
@@ -344,6 +352,10 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         4 counters per worker: pushes spread over them, pulls and staleness read an
         estimate within its ``error_bound()``; checkpoints, the final version and
         RPS's rounds are exact). See docs/parameter-server.md, "Clocks".
+    trace [False] : record every push (True; an int: at most that many per worker, the
+        default 32,768) in preallocated rows of shared memory, for an exact replay in
+        the simulator; the result's ``trace``. Backends "shm" and "threads" (Ray: a
+        ValueError), the exact clock, not RPS.
     """
     args = {k: v for k, v in locals().items() if k not in ("X", "y", "loss", "alpha",
                                                           "eval_set")}
@@ -430,6 +442,10 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
         coord.checkpoint(cfg.checkpoint, now, meta)
     w, v = backend.pull()
     workers, hist, batches = backend.report()
+    trace = None
+    if cfg.trace:
+        trace = backend.trace(t0, cfg.policy.name,
+                              [h["seconds"] - coord.t_off for h in coord.history])
     messages = _messages(cfg, job, backend.messages())
     for k, sl in enumerate(workers):
         sl["slowdown"] = float(cfg.factors[k])
@@ -447,4 +463,5 @@ def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
                        None if cfg.compress is None else repr(cfg.compress), cfg.epochs,
                        cfg.drop, messages, cfg.model, cfg.partition,
                        traffic=backend.traffic() if hasattr(backend, "traffic") else None,
-                       val_loss=last.get("val_loss"), val_score=last.get("val_score"))
+                       val_loss=last.get("val_loss"), val_score=last.get("val_score"),
+                       trace=trace)

@@ -60,6 +60,15 @@ It talks to the server only through a *link*: the five verbs of
 over the same server state (:class:`sgd_shm.ps.server.ServerState`). A step costs one
 ``state`` (and one more for the staleness of a push), one ``take``, one pulling
 ``exchange``, one pushing ``exchange`` and one ``report``.
+
+With ``train(..., trace=True)`` the link carries a :class:`TraceBuffer` and every
+worker writes one row per push it decided (applied or dropped) into its own
+preallocated rows: :data:`TRACE_INTS` (the minibatch, the versions it read and the
+version its push was applied at) and :data:`TRACE_FLOATS` (``time.perf_counter()``
+before and after each call that read or changed the run's shared state, and the
+scale). Each bracket holds the instant of its atomic operation, which is what a replay
+needs to put the run's events back in their order (:mod:`sgd_shm.sim.replay`). Without
+a trace the loop pays one test of ``None`` per step.
 """
 from __future__ import annotations
 
@@ -70,6 +79,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sgd_shm.compress import Channel
+from sgd_shm.core.launcher import shared_arrays
 from sgd_shm.ps.store import FLAGGED
 from sgd_shm.ps.transport import Push
 
@@ -99,6 +109,98 @@ class Job:
     drop: float | None = None     # message loss probability; None: reliable links
     loss_seed: int = 0            # the run's seed of the loss coins (see Losses)
     blocks: tuple | None = None   # partition="blocks": (bounds, owners) of model.blocks
+
+
+#: the integer columns of a traced push (``train(trace=True)``, :class:`TraceBuffer`):
+#: its minibatch (partition, batch); the version its pull read (``pulled``); the
+#: version its staleness check read (``decided``, -1 for a policy that reads none) and
+#: the worker's status flag then (``flagged``: 1 flagged, 0 not, -1 not read);
+#: ``dropped`` (1: the policy dropped it); the global version the store read when the
+#: push began (``read``: staleness = read - pulled) and the version once it was counted
+#: (``applied``: its place in the order of pushes); both -1 when not pushed
+TRACE_INTS = ("partition", "batch", "pulled", "decided", "flagged", "dropped", "read",
+              "applied")
+#: the float columns: ``time.perf_counter()`` before and after the pull (pull0, pull1),
+#: the staleness check (decide0, decide1; nan without one) and the push (push0,
+#: push1; for a dropped push, the report that counted it), and the push's ``scale``
+TRACE_FLOATS = ("pull0", "pull1", "decide0", "decide1", "push0", "push1", "scale")
+
+
+class TraceBuffer:
+    """Preallocated rows of every worker's traced pushes, in one shared segment (a
+    private one for threads): worker k writes ``ints[k, i]`` and ``floats[k, i]`` of
+    its i-th push (columns :data:`TRACE_INTS`, :data:`TRACE_FLOATS`) and counts it
+    in ``count[k * 8]`` (its own cache line). A worker past ``capacity`` rows keeps
+    counting without writing (the trace says it was truncated there)."""
+
+    def __init__(self, n_workers, capacity, shared=True):
+        self.capacity = int(capacity)
+        self._seg, v = shared_arrays({
+            "ints": ((n_workers, self.capacity, len(TRACE_INTS)), np.int64),
+            "floats": ((n_workers, self.capacity, len(TRACE_FLOATS)), np.float64),
+            "count": ((8 * n_workers,), np.int64)}, shared=shared)
+        self.ints, self.floats, self.count = v["ints"], v["floats"], v["count"]
+
+    def put(self, k, ints, floats):
+        """Worker k's next row."""
+        i = int(self.count[8 * k])
+        if i < self.capacity:
+            self.ints[k, i] = ints
+            self.floats[k, i] = floats
+        self.count[8 * k] = i + 1
+
+    def rows(self, k, t0=0.0):
+        """Worker k's rows as {column: array} (copies; times minus ``t0``), and the
+        number of pushes it decided (more than the rows when truncated)."""
+        n = int(self.count[8 * k])
+        m = min(n, self.capacity)
+        out = {c: self.ints[k, :m, i].copy() for i, c in enumerate(TRACE_INTS)}
+        out.update({c: self.floats[k, :m, i] - (t0 if c != "scale" else 0.0)
+                    for i, c in enumerate(TRACE_FLOATS)})
+        return out, n
+
+    def close(self):
+        for a in ("ints", "floats", "count"):
+            self.__dict__.pop(a, None)
+        if self._seg is not None:
+            self._seg.close()
+            self._seg = None
+
+
+@dataclass
+class PSTrace:
+    """``TrainResult.trace`` of ``ps.train(..., trace=True)``: what a replay needs to
+    make the real run's decisions again (``sgd_shm.sim.simulate(replay=trace)``).
+    Times are seconds since the workers were released (the history's clock).
+
+    * ``steps``: per worker, {column: array} of its pushes in order, applied or
+      dropped (columns :data:`TRACE_INTS` and :data:`TRACE_FLOATS`).
+    * ``reads``: the coordinator's reads of the counters (SaPS's samples), each
+      (t0, t1, staleness sums, pushes tried) with the per-worker arrays it read.
+    * ``status``: the coordinator's status writes, each (t0, t1, worker, status).
+    * ``samples``: the times of the coordinator's samples (the history's, without
+      the final record).
+    * ``decided``: per worker, the pushes it decided (more than its rows when the
+      trace was truncated: ``truncated`` is then True).
+    """
+    n_workers: int
+    policy: str
+    steps: list
+    reads: list
+    status: list
+    samples: list
+    decided: list
+    truncated: bool = False
+
+    def pushes(self):
+        """The applied pushes in the order of their versions: (applied version,
+        worker, partition, batch, pulled version, scale)."""
+        out = []
+        for k, st in enumerate(self.steps):
+            for i in np.flatnonzero(st["applied"] >= 0):
+                out.append((int(st["applied"][i]), k, int(st["partition"][i]),
+                            int(st["batch"][i]), int(st["pulled"][i]), float(st["scale"][i])))
+        return sorted(out)
 
 
 def warm(job):
@@ -274,7 +376,8 @@ def _receive(link, w, view, down):
 def _send(link, k, grad, v, scale, channel, shards, block=None):
     """One push of ``grad`` (through the compressor's channel when there is one) to
     ``shards`` (``None``: all); with a ``block`` (lo, hi), of that range only, sent as
-    its values (the shards it does not reach see nothing)."""
+    its values (the shards it does not reach see nothing). Returns what the link's
+    push returned (on this box the store's :class:`~sgd_shm.ps.store.PushResult`)."""
     msg = None
     if block is not None:
         lo, hi = block
@@ -285,9 +388,10 @@ def _send(link, k, grad, v, scale, channel, shards, block=None):
     else:
         msg = channel.message(grad)
         push = push_message(link.bounds, msg, v, scale, shards)
-    link.exchange(k, push, pull=False)
+    res = link.exchange(k, push, pull=False)
     if msg is not None:
         channel.delivered(msg)        # a push is applied (the server answers no loss)
+    return res
 
 
 def _start(link, job, k):
@@ -315,6 +419,7 @@ def run_worker(link, job, k, seed):
     policy = job.policy
     channel, losses, view = _start(link, job, k)
     budget = job.budget is not None
+    tr = getattr(link, "trace", None)                # train(trace=True): a TraceBuffer
     ticket = False                                   # holding a ticket of the budget
     my_pushes = link.state(k).pushes(k)
     step = 0
@@ -334,8 +439,10 @@ def run_worker(link, job, k, seed):
             return
         p, key, j = got
         ticket = True
-        t_step = time.perf_counter() - push_s   # a slower machine pulls (and pushed) slower
+        t_pull = time.perf_counter()
+        t_step = t_pull - push_s                # a slower machine pulls (and pushed) slower
         w, v = link.exchange(k)
+        pulled = (t_pull, time.perf_counter()) if tr is not None else None
         if losses is not None:
             up, down = losses.draw()
             w = _receive(link, w, view, down)
@@ -345,14 +452,16 @@ def run_worker(link, job, k, seed):
         t0 = time.perf_counter()
         grad = _gradient(job, p, j, w, g, block)
         counts = _stretch(job, k, spells, t_step, t0)
-        scale = 1.0
+        scale, decided = 1.0, None
         if policy.uses_staleness:
-            now = link.state(k)
-            tau = now.version - v
-            scale = policy.push_scale(tau, now.status(k) == FLAGGED)
+            scale, tau, decided = _decide(link, policy, k, v, tr is not None)
             if scale is None:                        # dropped: re-queue, pull again
                 counts.update(staleness_sum=tau, dropped=1)   # detection sees it too
+                t_rep = time.perf_counter() if tr is not None else 0.0
                 link.report(k, counts, requeue=(p, key, j))
+                if tr is not None:
+                    _trace_push(tr, k, p, j, v, pulled, decided, None, math.nan,
+                                (t_rep, time.perf_counter()))
                 continue
         if not np.isfinite(grad if block is None else grad[block[0]:block[1]]).all():
             raise Diverged(f"worker {k}'s gradient is NaN or inf")
@@ -361,14 +470,43 @@ def run_worker(link, job, k, seed):
             msgs = losses.counts(up, down)
             shards = None if up.all() else np.flatnonzero(up).tolist()
         t_push = time.perf_counter()
+        res = None
         if shards != []:                             # [] : lost on the way to every shard
-            _send(link, k, grad, v, scale, channel, shards, block)
+            res = _send(link, k, grad, v, scale, channel, shards, block)
             my_pushes += 1
+        if tr is not None:
+            _trace_push(tr, k, p, j, v, pulled, decided, res, scale,
+                        (t_push, time.perf_counter()))
         if p != k:
             counts["stolen"] = 1
         link.report(k, counts, applied=(p, j), messages=msgs)
         push_s = time.perf_counter() - t_push
         ticket = False
+
+
+def _decide(link, policy, k, v, traced):
+    """The staleness check of a push pulled at version ``v``: (the policy's scale or
+    None to drop it, tau, and when ``traced`` (version read, flagged, its bracket))."""
+    t = time.perf_counter() if traced else 0.0
+    now = link.state(k)
+    tau = now.version - v
+    flagged = now.status(k) == FLAGGED
+    decided = (v + tau, int(flagged), t, time.perf_counter()) if traced else None
+    return policy.push_scale(tau, flagged), tau, decided
+
+
+def _trace_push(tr, k, p, j, v, pulled, decided, res, scale, pushed):
+    """Worker k's row of one decided push (see :data:`TRACE_INTS`): ``pulled``, the
+    pull's bracket; ``decided``: (version read, flagged, bracket) of the staleness
+    check, or None; ``res``: the store's push result (None: dropped or not sent);
+    ``pushed``: the push's bracket (a dropped push, whose ``scale`` is nan: its
+    report's)."""
+    vd, fl, d0, d1 = (-1, -1, math.nan, math.nan) if decided is None else decided
+    read = applied = -1
+    if res is not None:
+        read, applied = v + int(res.staleness), int(res.version)
+    tr.put(k, (p, j, v, vd, fl, int(math.isnan(scale)), read, applied),
+           (pulled[0], pulled[1], d0, d1, pushed[0], pushed[1], scale))
 
 
 def _wait_round(link, job, k, sent):

@@ -104,6 +104,7 @@ class SimResult(Result):
     val_loss: float | None = None
     val_score: float | None = None
     batches: object = field(default=None, repr=False)
+    replay: dict | None = field(default=None, repr=False)
 
     _repr_fields = ("name", "n_workers", "final_loss", "val_score", "seconds")
     _derived = ("updates", "mean_staleness")
@@ -195,10 +196,15 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
     faults [None] : {worker: virtual seconds}: the worker dies then (parameter server).
     callbacks [None] : a callable, or a sequence of them, called with each history
         record; one that returns True stops the run (as the trainers' callbacks).
-    replay [None] : a :class:`sgd_shm.sim.trace.Trace` of a real parameter-server run
-        (recorded by :class:`~sgd_shm.sim.trace.Recorder`): the steps and samples
-        happen at the real run's times instead of the cluster's and network's
-        (policies whose gate does not close: ASP, SaPS or one's own).
+    replay [None] : the ``trace`` of a traced real run, replayed exactly
+        (:mod:`sgd_shm.sim.replay`): ``ps.train(..., trace=True).trace`` (pass the
+        run's policy, its settings and ``n_workers``; the pushes' events happen in an
+        order the real run could have had, and the simulator decides them; the
+        result's ``replay`` holds its decisions) or ``eager.train(..., trace=True).trace``
+        (pass its collective, late, average, seed); or a
+        :class:`sgd_shm.sim.trace.Trace` of :class:`~sgd_shm.sim.trace.Recorder`: the
+        steps and samples happen at the real run's times instead of the cluster's and
+        network's (policies whose gate does not close: ASP, SaPS or one's own).
     """
     t_wall = time.perf_counter()
     model = model_or_linear(model, loss, alpha, n_columns(X))
@@ -266,10 +272,17 @@ def _config(n_workers, policy, collective, epochs, cluster, network, compress, d
 def _replay(replay, cfg):
     if replay is None:
         return None
+    from sgd_shm.eager.trainer import EagerTrace
+    from sgd_shm.ps.worker import PSTrace
     from sgd_shm.sim.trace import Trace
+    if isinstance(replay, PSTrace):
+        return _exact_replay(replay, cfg)
+    if isinstance(replay, EagerTrace):
+        return _eager_replay(replay, cfg)
     if not isinstance(replay, Trace):
-        raise TypeError(f"replay: expected a sgd_shm.sim.trace.Trace (Recorder.trace(result)), "
-                        f"got {type(replay).__name__}")
+        raise TypeError(f"replay: expected the trace of a traced run (ps.train(..., "
+                        f"trace=True).trace) or a sgd_shm.sim.trace.Trace "
+                        f"(Recorder.trace(result)), got {type(replay).__name__}")
     if cfg.collective is not None or cfg.policy.replicated:
         raise ValueError("replay: a trace replays a gradient-pushing parameter-server run; "
                          "leave collective= and policy='rps' out")
@@ -277,6 +290,39 @@ def _replay(replay, cfg):
         raise ValueError(f"replay: the trace holds {replay.n_workers} workers, the run has "
                          f"n_workers={cfg.n_workers}")
     return replay
+
+
+def _exact_replay(trace, cfg):
+    """A traced parameter-server run (:class:`sgd_shm.ps.worker.PSTrace`) to replay
+    exactly (:mod:`sgd_shm.sim.replay`)."""
+    if cfg.collective is not None or cfg.policy.replicated:
+        raise ValueError("replay: the trace of a parameter-server run replays a "
+                         "gradient-pushing policy; leave collective= and policy='rps' out")
+    if trace.n_workers != cfg.n_workers:
+        raise ValueError(f"replay: the trace holds {trace.n_workers} workers, the run has "
+                         f"n_workers={cfg.n_workers}")
+    if cfg.compress is not None or cfg.drop is not None or cfg.faults:
+        raise ValueError("replay: an exact replay runs the traced pushes dense, on reliable "
+                         "links, without faults; leave compress=, drop= and faults= out")
+    if trace.truncated:
+        raise ValueError("replay: the trace was truncated (a worker decided more pushes than "
+                         "its rows); record again with a larger trace=")
+    return trace
+
+
+def _eager_replay(trace, cfg):
+    """A traced eager-SGD run (:class:`sgd_shm.eager.trainer.EagerTrace`) to replay
+    exactly: the same collective, rules, seed and ranks."""
+    want = {"collective": trace.collective, "late": trace.late, "average": trace.average,
+            "seed": trace.seed, "n_workers": trace.n_workers}
+    for name, v in want.items():
+        if getattr(cfg, name) != v:
+            raise ValueError(f"replay: the trace was recorded with {name}={v!r}, the run has "
+                             f"{name}={getattr(cfg, name)!r}; pass {name}={v!r}")
+    if cfg.compress is not None:
+        raise ValueError("replay: an exact replay runs the traced rounds dense; leave "
+                         "compress= out")
+    return trace
 
 
 def _seed(seed):
@@ -384,8 +430,14 @@ def _estimate(cfg, prob):
 
 # ---- running and the result ------------------------------------------------------------------
 def _run_ps(prob, cfg):
+    from sgd_shm.ps.worker import PSTrace
     from sgd_shm.sim._ps import LOG_FIELDS, PSSim, RPSSim
-    sim = (RPSSim if cfg.policy.replicated else PSSim)(prob, cfg).run()
+    if isinstance(cfg.replay, PSTrace):
+        from sgd_shm.sim.replay import PSReplay
+        kind = PSReplay
+    else:
+        kind = RPSSim if cfg.policy.replicated else PSSim
+    sim = kind(prob, cfg).run()
     last = prob.evaluate(sim.w, final=True)
     sim.history.append({"seconds": sim.stop_t, "step": sim.state.version, **last})
     log = {f: [e[i] for e in sim.log] for i, f in enumerate(LOG_FIELDS)}
@@ -400,12 +452,17 @@ def _run_ps(prob, cfg):
         compress=None if cfg.compress is None else repr(cfg.compress), drop=cfg.drop,
         cluster=repr(cfg.cluster), network=repr(cfg.network), coef_=sim.w.copy(),
         classes_=prob.classes, model=prob.model, val_loss=last.get("val_loss"),
-        val_score=last.get("val_score"), batches=prob.batches)
+        val_score=last.get("val_score"), batches=prob.batches,
+        replay=sim.record_replay() if hasattr(sim, "record_replay") else None)
 
 
 def _run_collective(prob, cfg):
     from sgd_shm.sim._eager import ROUND_FIELDS, EagerSim
-    sim = EagerSim(prob, cfg).run()
+    kind = EagerSim
+    if cfg.replay is not None:
+        from sgd_shm.sim.replay import eager_replay_class
+        kind = eager_replay_class()
+    sim = kind(prob, cfg).run()
     rounds = sim.last_round()
     last = prob.evaluate(sim.w, final=True)
     sim.history.append({"seconds": sim.seconds, "step": rounds, **last})
@@ -421,4 +478,5 @@ def _run_collective(prob, cfg):
         compress=None if cfg.compress is None else repr(cfg.compress),
         cluster=repr(cfg.cluster), network=repr(cfg.network), coef_=sim.w.copy(),
         classes_=prob.classes, model=prob.model, val_loss=last.get("val_loss"),
-        val_score=last.get("val_score"))
+        val_score=last.get("val_score"),
+        replay=sim.record_replay() if hasattr(sim, "record_replay") else None)

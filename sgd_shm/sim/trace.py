@@ -15,9 +15,12 @@ its push to the next step's start (``post``), its first start, and the coordinat
 sample times. ``simulate(..., replay=trace)`` then runs the simulator on that
 timeline instead of its compute and network models: worker k's i-th step reads the
 weights at its start and pushes ``pre[i]`` later, and the coordinator samples at the
-real run's times, so the simulated run makes the decisions of the real one: the
+real run's times, so the simulated run makes decisions close to the real one's: the
 versions pulled and applied, in order, and SaPS's flags (``Trace.pushes`` holds the
-real run's (worker, pulled version) sequence to compare with the simulated log).
+real run's (worker, pulled version) sequence to compare with the simulated log). The
+hooks see each push's count only between its decision and the worker's next look at
+its gate; for an exact replay trace the run itself (``ps.train(..., trace=True)``,
+replayed by :mod:`sgd_shm.sim.replay`).
 
 Example::
 
