@@ -243,10 +243,13 @@ def findings(d):
 
 def summary_markdown(d):
     s = d["settings"]
+    load = d["header"].get("loadavg_at_start")
     lines = [f"Hogwild on DigitsCNN, {s['n_samples']:,} augmented digits, {s['epochs']} "
              f"epochs in all, batch {s['batch']}, lr {s['lr']}, momentum {s['momentum']}, "
              f"torch {s['torch']}; held-out accuracy on {s['held_out']} untouched digits; "
-             f"medians of {d['header'].get('reps')} interleaved repetitions.", "",
+             f"medians of {d['header'].get('reps')} interleaved repetitions"
+             + (f"; load average {load[0]:.1f} at the start (other processes on the same "
+                f"cores slow 2-worker runs most)" if load else "") + ".", "",
              "| competitor | workers | samples/s (median) | [min, max] | held-out accuracy |",
              "|---|---|---|---|---|"]
     for r in d["results"]:
@@ -282,5 +285,7 @@ def plot(d, path):
     ax2.set_xlabel("held-out accuracy (median)")
     ax2.invert_yaxis()
     h = d["header"]
-    fig.suptitle(f"Hogwild on DigitsCNN: {h['cpu']} ({h['cpu_count']} CPUs)", fontsize=9)
+    load = h.get("loadavg_at_start")
+    fig.suptitle(f"Hogwild on DigitsCNN: {h['cpu']} ({h['cpu_count']} CPUs), {h['date'][:10]}"
+                 + (f", load average {load[0]:.1f} at start" if load else ""), fontsize=9)
     return save_plot(fig, path)
