@@ -510,6 +510,17 @@ tables this page shows under the scenario's own.
 """
 
 
+def _busy(h) -> list[str]:
+    """A warning line when the run started on a machine busier than its CPUs (the
+    header's load average): its timings are disturbed, its accuracies are not."""
+    load = h.get("loadavg_at_start")
+    if not load or load[0] <= h["cpu_count"]:
+        return []
+    return [f"*Run while the machine was busy (load average {load[0]:.1f} on "
+            f"{h['cpu_count']} CPUs, from other jobs): its timings and speed ratios are "
+            "disturbed; its accuracies, losses and counts are not.*", ""]
+
+
 def page(md_dir: Path) -> str:
     """The markdown of the benchmarks page; image links are relative to ``md_dir``."""
     loaded = [(sc, d) for sc in SCENARIOS if (d := _load(sc.name))]
@@ -521,7 +532,7 @@ def page(md_dir: Path) -> str:
         parts.append("No results yet: run `python -m bench all`.\n")
     for sc, d in loaded:
         parts += [f"## {sc.title}", "", f"`python -m bench {sc.name}`: {sc.definition}", "",
-                  _tables(sc, d), ""]
+                  *_busy(d["header"]), _tables(sc, d), ""]
         for label, other in kept[sc.name]:
             parts += [f"### The same, kept as `{label}` ({other['header']['cpu']}, "
                       f"{other['header']['cpu_count']} CPUs)", "",
