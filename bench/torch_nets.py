@@ -35,13 +35,20 @@ training set in all):
 Measured per run: samples per second of training (all the samples the run visited over
 the wall time from the first worker's first step to the last worker's last step:
 process start-up is excluded for every competitor; the kit's held-out scoring between
-epochs is not timed), and the final held-out accuracy. ``reps`` repetitions with the
+epochs is not timed), the final held-out accuracy, and the CPU seconds per 1,000
+samples (the kit: ``getrusage`` of the driver and its reaped worker processes around
+the whole fit, start-up included; the example: each process's CPU clock over its
+training loop): on a machine that other jobs share, the wall clock of a
+2-worker run depends on getting two cores at once, while its CPU time per sample shows
+whether a worker does more work per sample than alone (on two free cores the
+speed-up is at most 2 / that ratio). ``reps`` repetitions with the
 competitors interleaved in each (a noisy neighbour hurts them alike), after one
 warm-up repetition that is not kept; medians, and ratios paired within a repetition
 (2 workers / 1 worker of the same backend; the kit's / the example's at 2).
 """
 from __future__ import annotations
 
+import resource
 import statistics
 import time
 
@@ -85,15 +92,15 @@ def _kit(data, workers, backend, partition, cfg, seed):
 # ---- PyTorch's mnist_hogwild example, as it writes it --------------------------------------
 def _example_train(rank, args, model, dataset, dataloader_kwargs, times):
     """The example's ``train``: this process's own loader and optimizer on the shared
-    model, ``args["epochs"]`` passes over the whole set; records the wall clock of its
-    first and last step in ``times[rank]``."""
+    model, ``args["epochs"]`` passes over the whole set; records the wall clock and
+    its CPU clock at its first and last step in ``times[rank]``."""
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(1)
     torch.manual_seed(args["seed"] + rank)
     train_loader = torch.utils.data.DataLoader(dataset, **dataloader_kwargs)
     optimizer = torch.optim.SGD(model.parameters(), lr=args["lr"], momentum=args["momentum"])
-    times[rank, 0] = time.time()
+    times[rank, 0], times[rank, 2] = time.time(), time.process_time()
     for _ in range(args["epochs"]):
         model.train()
         for data, target in train_loader:
@@ -102,7 +109,7 @@ def _example_train(rank, args, model, dataset, dataloader_kwargs, times):
             loss = F.cross_entropy(output, target)
             loss.backward()
             optimizer.step()
-    times[rank, 1] = time.time()
+    times[rank, 1], times[rank, 3] = time.time(), time.process_time()
 
 
 def _mnist_hogwild(data, processes, cfg, seed):
@@ -120,7 +127,7 @@ def _mnist_hogwild(data, processes, cfg, seed):
     kwargs = {"batch_size": cfg["batch"], "shuffle": True}
     args = {"seed": seed, "lr": cfg["lr"], "momentum": cfg["momentum"],
             "epochs": cfg["epochs"] // processes}
-    times = torch.zeros((processes, 2), dtype=torch.float64).share_memory_()
+    times = torch.zeros((processes, 4), dtype=torch.float64).share_memory_()
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_example_train, args=(rank, args, model, dataset, kwargs,
                                                       times)) for rank in range(processes)]
@@ -134,14 +141,34 @@ def _mnist_hogwild(data, processes, cfg, seed):
     with torch.no_grad():
         pred = model.eval()(torch.from_numpy(Xte)).argmax(1).numpy()
     return {"seconds": seconds, "samples_per_s": cfg["epochs"] * X.shape[0] / seconds,
-            "val_score": float(np.mean(pred == yte))}
+            "val_score": float(np.mean(pred == yte)),
+            "cpu_s": float((times[:, 3] - times[:, 2]).sum())}
+
+
+def _cpu_seconds():
+    """CPU seconds of this process and of its exited, reaped children."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _one(data, comp, cfg, seed):
+    """One run, with the CPU seconds it used per 1,000 samples: the kit's fit, whole
+    (the driver's and its reaped workers', pool start included); the example's
+    training loops (each process's first ``torch.optim.SGD`` imports torch._dynamo:
+    seconds of CPU per process before its loop, left out)."""
+    from sgd_shm.core.launcher import _join_reapers
     _, kind, workers, backend, partition = comp
+    c0 = _cpu_seconds()
     if kind == "kit":
-        return _kit(data, workers, backend, partition, cfg, seed)
-    return _mnist_hogwild(data, workers, cfg, seed)
+        out = _kit(data, workers, backend, partition, cfg, seed)
+        _join_reapers()            # the pool's workers are reaped: their CPU is counted
+        cpu = _cpu_seconds() - c0
+    else:
+        out = _mnist_hogwild(data, workers, cfg, seed)
+        cpu = out.pop("cpu_s")
+    out["cpu_s_per_1k_samples"] = 1000 * cpu / (cfg["epochs"] * data[0].shape[0])
+    return out
 
 
 # ---- the scenario --------------------------------------------------------------------------
@@ -185,14 +212,14 @@ def run(reps, seed, *, n_samples=None, epochs=None, quick=False, warmup=True, pr
 
 def _row(comp, runs):
     name, kind, workers, backend, partition = comp
-    med = {k: statistics.median(r[k] for r in runs) for k in ("samples_per_s", "val_score",
-                                                             "seconds")}
+    med = {k: statistics.median(r[k] for r in runs)
+           for k in ("samples_per_s", "val_score", "seconds", "cpu_s_per_1k_samples")}
     return {"competitor": name, "kind": kind, "workers": workers, "backend": backend,
             "partition": partition, "samples_per_s_median": med["samples_per_s"],
             "samples_per_s_min": min(r["samples_per_s"] for r in runs),
             "samples_per_s_max": max(r["samples_per_s"] for r in runs),
             "val_score_median": med["val_score"], "seconds_median": med["seconds"],
-            "runs": runs}
+            "cpu_s_per_1k_samples_median": med["cpu_s_per_1k_samples"], "runs": runs}
 
 
 #: paired ratios: (name, numerator, denominator)
@@ -210,9 +237,12 @@ def _ratios(runs, reps):
     for name, a, b in PAIRS:
         sp = [runs[a][i]["samples_per_s"] / runs[b][i]["samples_per_s"] for i in range(reps)]
         acc = [runs[a][i]["val_score"] - runs[b][i]["val_score"] for i in range(reps)]
+        cpu = [runs[a][i]["cpu_s_per_1k_samples"] / runs[b][i]["cpu_s_per_1k_samples"]
+               for i in range(reps)]
         out[name] = {"samples_per_s_ratio_median": statistics.median(sp),
                      "samples_per_s_ratio_runs": sp,
-                     "val_score_difference_median": statistics.median(acc)}
+                     "val_score_difference_median": statistics.median(acc),
+                     "cpu_per_sample_ratio_median": statistics.median(cpu)}
     return out
 
 
@@ -223,8 +253,11 @@ def findings(d):
     out = []
     for name in ("threads 2 / 1", "processes 2 / 1"):
         r = rat[name]["samples_per_s_ratio_median"]
+        c = rat[name]["cpu_per_sample_ratio_median"]
         out.append(f"{name}: {r:.2f}x the samples/s (claim >= {CLAIM_SPEEDUP}x: "
-                   f"{'met' if r >= CLAIM_SPEEDUP else 'not met'})")
+                   f"{'met' if r >= CLAIM_SPEEDUP else 'not met'}); {c:.2f}x the CPU seconds "
+                   f"per sample (two workers on two free cores could reach at most "
+                   f"{2 / c:.2f}x)")
     ex = rows["mnist_hogwild-2"]
     for kit in ("kit-processes-2", "kit-threads-2"):
         k = rows[kit]
@@ -250,16 +283,20 @@ def summary_markdown(d):
              f"medians of {d['header'].get('reps')} interleaved repetitions"
              + (f"; load average {load[0]:.1f} at the start (other processes on the same "
                 f"cores slow 2-worker runs most)" if load else "") + ".", "",
-             "| competitor | workers | samples/s (median) | [min, max] | held-out accuracy |",
-             "|---|---|---|---|---|"]
+             "| competitor | workers | samples/s (median) | [min, max] | held-out accuracy "
+             "| CPU s per 1,000 samples |", "|---|---|---|---|---|---|"]
     for r in d["results"]:
+        cpu = r.get("cpu_s_per_1k_samples_median")
         lines.append(f"| {r['competitor']} | {r['workers']} | {r['samples_per_s_median']:,.0f} "
                      f"| [{r['samples_per_s_min']:,.0f}, {r['samples_per_s_max']:,.0f}] | "
-                     f"{r['val_score_median']:.3f} |")
-    lines += ["", "| paired ratio | samples/s | held-out accuracy difference |", "|---|---|---|"]
+                     f"{r['val_score_median']:.3f} | {'-' if cpu is None else f'{cpu:.3f}'} |")
+    lines += ["", "| paired ratio | samples/s | held-out accuracy difference | CPU per sample |",
+              "|---|---|---|---|"]
     for name, r in d["ratios"].items():
+        cpu = r.get("cpu_per_sample_ratio_median")
         lines.append(f"| {name} | {r['samples_per_s_ratio_median']:.2f}x | "
-                     f"{r['val_score_difference_median']:+.3f} |")
+                     f"{r['val_score_difference_median']:+.3f} | "
+                     f"{'-' if cpu is None else f'{cpu:.2f}x'} |")
     lines += [""] + [f"* {f}" for f in d["findings"]]
     return "\n".join(lines)
 
