@@ -405,7 +405,7 @@ def cmd_torch_ddp(args):
         reps, args.seed, ranks=args.torch_ddp_ranks, data=args.torch_ddp_data,
         epochs=epochs, compress_epochs=1 if args.quick else args.torch_ddp_compress_epochs,
         imbalance=(1, args.torch_ddp_sleep), target=args.torch_ddp_target,
-        momentum=args.torch_ddp_momentum, late=args.torch_ddp_late,
+        lr=args.torch_ddp_lr, momentum=args.torch_ddp_momentum, late=args.torch_ddp_late,
         average=args.torch_ddp_average, warmup=not args.quick))
 
 
@@ -613,6 +613,8 @@ FLAGS = {
                                                            "the ranks or the round's "
                                                            "contributors (default "
                                                            "contributors)")),
+    "torch_ddp_lr": ("--torch-ddp-lr", dict(type=float, default=0.2,
+                                            help="SGD step (default 0.2)")),
     "torch_ddp_momentum": ("--torch-ddp-momentum", dict(type=float, default=0.0,
                                                         help="SGD momentum; the compression "
                                                              "hook applies it as DGC's "
@@ -683,7 +685,8 @@ SCENARIOS = {
                   "imbalance; TopK 0.1%% with and without error feedback vs dense",
                   ["reps", "seed", "torch_ddp_ranks", "torch_ddp_data", "torch_ddp_epochs",
                    "torch_ddp_compress_epochs", "torch_ddp_sleep", "torch_ddp_target",
-                   "torch_ddp_momentum", "torch_ddp_late", "torch_ddp_average", "quick"]),
+                   "torch_ddp_lr", "torch_ddp_momentum", "torch_ddp_late",
+                   "torch_ddp_average", "quick"]),
     "compress": ("sparsified gradients: top-k selection, what it leaves out, training",
     "torch_nets": ("Hogwild on a torch CNN: 1 vs 2 workers, threads and processes, blocks, "
                    "beside mnist_hogwild", ["reps", "seed", "quick"]),
@@ -801,7 +804,7 @@ _POSITIVE_INTS = ("reps", "prefill", "iters", "py_iters", "manager_iters", "qual
                   "delay_samples", "compress_reps", "unreliable_epochs", "stickiness",
                   "torch_ddp_ranks", "torch_ddp_epochs", "torch_ddp_compress_epochs")
 _POSITIVE = ("clock_seconds", "ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",
-             "eager_target", "eager_sleep", "torch_ddp_target")
+             "eager_target", "eager_sleep", "torch_ddp_target", "torch_ddp_lr")
 
 
 def check(ap, args):
