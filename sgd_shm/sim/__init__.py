@@ -16,8 +16,11 @@ al., ISPASS 2020, and SimGrid, Casanova et al. 2014).
   emulation, traces of real runs); :class:`Network`: latency, bandwidth, topology.
 * :func:`calibrate`: the compute model fitted to a short real run on this box (a
   :class:`Calibration`, whose ``simulate`` predicts other runs).
+* ``simulate(..., replay=result.trace)``: the exact replay of a run traced by
+  ``ps.train(..., trace=True)`` or ``eager.train(..., trace=True)``
+  (:mod:`sgd_shm.sim.replay`): the simulator makes the run's decisions again.
 * :class:`Recorder`: records a real parameter-server run's timeline (a
-  :class:`Trace`) for ``simulate(..., replay=trace)``.
+  :class:`Trace`) through the policy's hooks, for an approximate replay.
 
 Example::
 
