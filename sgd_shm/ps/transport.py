@@ -20,7 +20,10 @@ The verbs (``k`` is the calling worker):
                                    and lag. The policies' gates and sources read it.
 ``exchange(k, push=None,           apply ``push`` (a :class:`Push`, dense or sparse,
 pull=True)``                       with its scale, bytes and shard subset) and/or pull:
-                                   returns (weights, version) when ``pull``, else None
+                                   returns (weights, version) when ``pull``; else
+                                   the push's ``PushResult`` (the version it was
+                                   applied at: traces) where the link knows it (shm,
+                                   threads), None where it does not (Ray)
 ``take(k, sources, rng, claim)``   a minibatch (partition, key, batch) from the first of
                                    ``sources`` [(partition, refill limit)] that has
                                    one, after claiming a ticket of the work budget when
