@@ -483,6 +483,27 @@ SCENARIOS = (
         "The simulator's time is its models', not a measurement: the at-scale parts show what "
         "the policies and collectives do under the stated cluster and network, and the "
         "calibration part shows how far those models are from this box's real runs.")),
+    Scenario("torch_ddp", "PyTorch DDP communication hooks on a CNN: partial allreduce "
+             "and TopK", (
+        "`DigitsCNN` (the kit's LeNet-like reference network) on scikit-learn's digits "
+        "(`load_digits_split`: held-out images untouched), P = 2 processes of an unchanged "
+        "PyTorch DDP loop (gloo on the CPU, one intra-op thread per rank, `torch.optim.SGD`). "
+        "*Imbalance*: before each step one rank, drawn from a seed all ranks share, sleeps "
+        "(the eager-SGD paper's model); DDP's own allreduce against "
+        "`sgd_shm.torch.hooks.partial_allreduce_hook` with solo and majority rounds on the "
+        "kit's shared-memory communicator (late gradients dropped, the mean over a round's "
+        "contributors), the same epochs: seconds to the target held-out accuracy, final "
+        "held-out accuracy, steps/s, contributors per round. *Compression*: "
+        "`compression_hook` with TopK at 0.1% of each bucket, with and without error "
+        "feedback, against dense allreduce, the same epochs: final held-out accuracy and "
+        "bytes. Repetitions interleaved after a warm-up; medians. Runs kept with `--label` "
+        "(the 50,000-image augmented set; momentum 0.9 with DGC's momentum correction) are "
+        "shown under the main one."), ("torch_ddp.png",), (
+        "With 2 ranks a solo round holds one gradient and a majority round one or two, so "
+        "the faster rounds are paid for with fewer gradients per round: the partial "
+        "collectives' gain needs many ranks of which few are slow, which a 2-core box "
+        "cannot run (see `python -m bench sim` for 64 ranks). A TopK message without error "
+        "feedback loses every entry below the top k for good; with it they are sent late.")),
     Scenario("conflict", "Conflict policies: empirical competitive ratios (simulator)", (
         "Each policy against exponential, heavy-tailed (Lomax) and adversarial holder times "
         "under requestor-aborts and requestor-wins (k = 1, 4), 200k conflicts per cell, 5 "
