@@ -21,7 +21,7 @@ Parts (``--sim-parts``, all by default):
 * ``topk``: TopK (k/n = 0.001, error feedback) against dense gradients, sync
   allreduce at 64 ranks on 1, 10 and 100 Gb/s links (5 us latency), a 50,000-feature
   problem: time to the held-out target; the compressor's own time per message is
-  measured here on this box (``compress_s``) and charged to every step.
+  measured on the benchmarking machine (``compress_s``) and charged to every step.
 * ``speed``: the simulator's own wall time for 10 epochs of a 20,000 x 2,000 problem at
   1,024 workers, every policy and collective (the issue's target: at most 60 s).
 * ``calibrate``: the simulator against this box. At 2 and 4 workers, the compute model
@@ -166,7 +166,7 @@ def part_rps(reps, seed, quick, bar):
 
 def _compress_seconds(d, ratio, seed, reps=30):
     """The median wall seconds of one TopK message (with its error feedback) on a
-    d-vector, measured here."""
+    d-vector, measured on the machine that runs the bench."""
     from sgd_shm.compress import TopK
     mem = TopK(ratio=ratio).memory(d)
     g = np.random.default_rng(seed).normal(size=d)

@@ -15,7 +15,7 @@ makes the simulator reproduce it:
   overrun, is added to every slowed step of the predictions. ``wake_s``: how long
   a worker waiting at a closed gate (BSP, SSP) takes to notice it opened: half the
   transport's polling period plus the mean time a sleep of that period overran,
-  measured here. ``step_s`` holds everything a step costs on this box (pull,
+  measured on the calibrating machine. ``step_s`` holds everything a step costs there (pull,
   gradient, push, shard locks, the other processes on the same cores), so the
   network model is left free.
 * collectives: a synchronous run (``eager.train(collective="sync")``) without
