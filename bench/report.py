@@ -483,6 +483,19 @@ SCENARIOS = (
         "The simulator's time is its models', not a measurement: the at-scale parts show what "
         "the policies and collectives do under the stated cluster and network, and the "
         "calibration part shows how far those models are from this box's real runs.")),
+    Scenario("torch_nets", "Hogwild on a PyTorch CNN: 1 and 2 workers beside mnist_hogwild", (
+        "`HogwildNetClassifier` on `DigitsCNN` (the kit's LeNet-like reference network) and "
+        "50,000 augmented digits (`make_digits_augmented`; held-out accuracy on the 360 "
+        "untouched held-out digits): 1 and 2 workers on threads and on processes, block "
+        "partitioning on and off, beside a loop written the way PyTorch's `mnist_hogwild` "
+        "example writes it (`model.share_memory()`, P processes each with its own "
+        "`DataLoader` and `torch.optim.SGD`), from the same initial weights, the same total "
+        "work, one torch thread per worker. Per run: training samples per second (start-up "
+        "excluded for every competitor), CPU seconds per 1,000 samples, final held-out "
+        "accuracy; repetitions interleaved after a warm-up; medians."), ("torch_nets.png",), (
+        "On a machine that other jobs share, a 2-worker run's wall clock depends on getting "
+        "two cores at once; its CPU time per sample shows whether a worker does more work "
+        "per sample than alone (on two free cores the speed-up is at most 2 / that ratio).")),
     Scenario("torch_ddp", "PyTorch DDP communication hooks on a CNN: partial allreduce "
              "and TopK", (
         "`DigitsCNN` (the kit's LeNet-like reference network) on scikit-learn's digits "
