@@ -245,7 +245,8 @@ def cmd_counter(args):
     _table(rows, f"counter increments, ops/s, median [min–max] of {args.reps}")
     print("\nread() error under 2 incrementing threads (|read − exact| / n_counters):")
     for e in errs:
-        print(f"  m={e['n_counters']:5d}: mean {e['mean']:.2f}  p99 {e['p99']:.2f}  "
+        print(f"  m={e['n_counters']:5d} stickiness {e['stickiness']:3d}: mean {e['mean']:.2f}  "
+              f"p99 {e['p99']:.2f}  "
               f"max {e['max']:.2f}  bound/m {e['bound_per_counter']:.1f}")
     path = common.write_json("counter", hdr, rows, {"read_error": errs})
     print(f"\nwrote {path}")
@@ -409,7 +410,6 @@ def cmd_torch_ddp(args):
         average=args.torch_ddp_average, warmup=not args.quick))
 
 
-def _with_reps(args, reps, name, measure):
 def cmd_torch_nets(args):
     # --quick: 1 repetition without the warm-up run, 4,000 images
     if importlib.util.find_spec("torch") is None:
@@ -422,6 +422,7 @@ def cmd_torch_nets(args):
         reps, args.seed, quick=args.quick, warmup=not args.quick))
 
 
+def _with_reps(args, reps, name, measure):
     """_scenario with ``reps`` repetitions (what the header reports), leaving
     ``args.reps`` as it was for the scenarios after this one."""
     saved, args.reps = getattr(args, "reps", None), reps
@@ -641,8 +642,8 @@ QUICK = {"conflict": "fewer samples",
          "ps": "1 repetition of runs of at most 1 s, short transport loops",
          "eager": "1 repetition, a 1 MB buffer, trainer runs of 1 s",
          "torch_ddp": "1 repetition, no warm-up run, 1 epoch per run",
-         "compress": "1 repetition on the small problem, 2 epochs, 100k-entry vectors",
          "torch_nets": "1 repetition, no warm-up run, 4,000 images",
+         "compress": "1 repetition on the small problem, 2 epochs, 100k-entry vectors",
          "unreliable": "p in {0, 0.1, 0.3}, S in {1, 4}, one seed, 1 epoch",
          "nonconvex": "3 epochs of digits, 2 of a small non-linear problem, 1 repetition",
          "clock": "1 repetition of runs of 0.2 s",
@@ -687,9 +688,9 @@ SCENARIOS = {
                    "torch_ddp_compress_epochs", "torch_ddp_sleep", "torch_ddp_target",
                    "torch_ddp_lr", "torch_ddp_momentum", "torch_ddp_late",
                    "torch_ddp_average", "quick"]),
-    "compress": ("sparsified gradients: top-k selection, what it leaves out, training",
     "torch_nets": ("Hogwild on a torch CNN: 1 vs 2 workers, threads and processes, blocks, "
                    "beside mnist_hogwild", ["reps", "seed", "quick"]),
+    "compress": ("sparsified gradients: top-k selection, what it leaves out, training",
                  ["seed", "compress_reps", "no_mpi", "quick"]),
     "unreliable": ("training over lossy links: RPS against the drop rate and servers",
                    ["reps", "seed"] + _PS + ["unreliable_epochs", "quick"]),
@@ -733,11 +734,11 @@ DETAILS = {
                  "time to a held-out accuracy and final held-out accuracy; TopK 0.1% of each "
                  "bucket with and without error feedback against dense DDP after the same "
                  "epochs",
-    "compress": "sparsified gradients: top-k selection against np.argpartition, what top-k "
     "torch_nets": "HogwildNetClassifier on DigitsCNN and 50,000 augmented digits: 1 and 2 "
                   "workers (threads, processes), block partitioning on and off, beside a "
                   "loop written as PyTorch's mnist_hogwild example writes it (1 and 2 "
                   "processes): samples/s and held-out accuracy, the same epochs in all",
+    "compress": "sparsified gradients: top-k selection against np.argpartition, what top-k "
                 "leaves out, 10 epochs of the parameter server and the eager trainer, dense "
                 "against TopK (k/n 0.01%..10%, with and without error feedback), QSGD and "
                 "DGC's threshold: loss, bytes, time",
@@ -849,8 +850,8 @@ STEPS = {"pq-threads": lambda a: cmd_pq(a, "threads"),
          "quality": cmd_quality, "counter": cmd_counter, "hogwild": cmd_hogwild, "mis": cmd_mis,
          "conflict": cmd_conflict, "stm": cmd_stm, "delay": cmd_delay, "mf": cmd_mf,
          "ps": cmd_ps, "eager": cmd_eager, "torch_ddp": cmd_torch_ddp,
-         "compress": cmd_compress,
          "torch_nets": cmd_torch_nets,
+         "compress": cmd_compress,
          "unreliable": cmd_unreliable, "nonconvex": cmd_nonconvex, "clock": cmd_clock,
          "sim": cmd_sim,
          "plot": cmd_plot}
