@@ -157,10 +157,6 @@ class Evaluator:
             self.val = (model.prepare(Xv[r], yv[r]), Xv[r], yv[r])
             self.full = eval_data
 
-    @property
-    def has_eval(self) -> bool:
-        return self.val is not None
-
     def loss(self, w) -> float:
         """The training loss on the fixed sample."""
         return float(self.model.loss(w, self.sample))
