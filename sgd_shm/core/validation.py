@@ -23,7 +23,8 @@ import scipy.sparse as sp
 from sgd_shm.core.errors import ParameterError
 
 __all__ = ["check_int", "check_number", "check_positive", "check_bool", "check_choice", "check_seed",
-           "resolve_workers", "n_columns", "model_data", "model_X", "check_eval_set", "check_callbacks"]
+           "resolve_workers", "n_columns", "model_data", "model_X", "check_eval_set", "eval_pair",
+           "check_callbacks"]
 
 
 def _is_int(v):
@@ -214,16 +215,26 @@ def model_X(X, model, name="X"):
     return X
 
 
-def check_eval_set(eval_set, model, classes):
-    """(X, y as class indices) of held-out data, or None: X with the model's features,
-    y labels among the training ``classes``."""
+def eval_pair(eval_set):
+    """(X_val, y_val) from ``eval_set`` (None passes through), or a ParameterError (a
+    TypeError) that says what to pass."""
     if eval_set is None:
         return None
     try:
         Xv, yv = eval_set
     except (TypeError, ValueError):
         raise ParameterError("eval_set: expected a pair (X_val, y_val) of held-out data, got "
-                             f"{type(eval_set).__name__}") from None
+                             f"{type(eval_set).__name__}; pass eval_set=(X_test, y_test)"
+                             ) from None
+    return Xv, yv
+
+
+def check_eval_set(eval_set, model, classes):
+    """(X, y as class indices) of held-out data, or None: X with the model's features,
+    y labels among the training ``classes``."""
+    if eval_set is None:
+        return None
+    Xv, yv = eval_pair(eval_set)
     Xv = model_X(Xv, model, "eval_set")
     yv = np.asarray(yv)
     if yv.shape != (Xv.shape[0],):

@@ -37,19 +37,6 @@ class EpochHistory:
         return rec
 
 
-def check_eval_pair(eval_set):
-    """(X_val, y_val) from ``eval_set`` (None passes through), or a TypeError that says
-    what to pass."""
-    if eval_set is None:
-        return None
-    try:
-        Xv, yv = eval_set
-    except (TypeError, ValueError):
-        raise TypeError("eval_set: expected a pair (X_val, y_val) of held-out data, got "
-                        f"{type(eval_set).__name__}; pass eval_set=(X_test, y_test)") from None
-    return Xv, yv
-
-
 def score_note(rec) -> str:
     """The held-out part of an epoch's log line ('' without held-out data)."""
     if "val_score" in rec:

@@ -34,9 +34,9 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from sgd_shm.hogwild import _kernels as K
 from sgd_shm.core.launcher import check_start_method
 from sgd_shm.core.validation import (check_choice, check_int, check_momentum, check_number,
-                                     resolve_workers)
+                                     eval_pair, resolve_workers)
 from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem, auto_hot_features
-from sgd_shm.hogwild._history import EpochHistory, check_eval_pair, score_note
+from sgd_shm.hogwild._history import EpochHistory, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 
 _log = logging.getLogger(__name__)
@@ -341,7 +341,7 @@ class _BaseHogwild(BaseEstimator):
     def _held_out(self, eval_set):
         """The scorer of ``eval_set`` = (X_val, y_val) (None: None): the estimator's
         score measure (accuracy, R^2) of the current weights on it, checked first."""
-        pair = check_eval_pair(eval_set)
+        pair = eval_pair(eval_set)
         if pair is None:
             return None
         Xv = self._prepare_X(pair[0], reset=False)

@@ -26,8 +26,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from sgd_shm.hogwild import _mf
 from sgd_shm.core.atomics import LINE_WORDS
 from sgd_shm.core.launcher import check_start_method
-from sgd_shm.core.validation import check_choice, check_int, check_number, resolve_workers
-from sgd_shm.hogwild._history import EpochHistory, check_eval_pair, score_note
+from sgd_shm.core.validation import eval_pair, check_choice, check_int, check_number, resolve_workers
+from sgd_shm.hogwild._history import EpochHistory, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
 
@@ -130,7 +130,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         recorded in ``history_`` (``val_rmse``)."""
         self._validate_params()
         X, y = self._data(X, y)
-        pair = check_eval_pair(eval_set)
+        pair = eval_pair(eval_set)
         if pair is not None:
             pair = self._data(*pair, reset=False)
         rng = check_random_state(self.random_state)

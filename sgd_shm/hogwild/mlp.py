@@ -47,8 +47,8 @@ from sgd_shm.models import _mlp
 from sgd_shm.core.atomics import LINE_WORDS, read_only_fields
 from sgd_shm.core.launcher import check_start_method
 from sgd_shm.core.validation import (check_choice, check_int, check_momentum, check_number,
-                                     resolve_workers)
-from sgd_shm.hogwild._history import EpochHistory, check_eval_pair, score_note
+                                     eval_pair, resolve_workers)
+from sgd_shm.hogwild._history import EpochHistory, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
 from sgd_shm.models import MLP, one_blas_thread, scratch
@@ -342,7 +342,7 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
 
     def _held_out(self, eval_set, model, trainer):
         """The scorer of ``eval_set`` (None: None): accuracy of the current weights."""
-        pair = check_eval_pair(eval_set)
+        pair = eval_pair(eval_set)
         if pair is None:
             return None
         Xv = validate_data(self, pair[0], accept_sparse="csr",
