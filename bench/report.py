@@ -573,10 +573,12 @@ tables this page shows under the scenario's own.
 
 
 def _busy(h) -> list[str]:
-    """A warning line when the run started on a machine busier than its CPUs (the
-    header's load average): its timings are disturbed, its accuracies are not."""
+    """A warning line when the run started on a machine far busier than its CPUs (the
+    header's 1-minute load average above three times the CPU count: a run just before it,
+    which the average still remembers, stays below): its timings are disturbed, its
+    accuracies are not."""
     load = h.get("loadavg_at_start")
-    if not load or load[0] <= h["cpu_count"]:
+    if not load or load[0] <= 3 * h["cpu_count"]:
         return []
     return [f"*Run while the machine was busy (load average {load[0]:.1f} on "
             f"{h['cpu_count']} CPUs, from other jobs): its timings and speed ratios are "
