@@ -166,6 +166,12 @@ class EagerSim:
             self.keep_late(k, c)
             self.at(max(t, self.ready[r]), DONE, k)
             return
+        self.arrive(t, k, r, c)
+
+    def arrive(self, t, k, r, c):
+        """Rank k's contribution c reaches open round r; the round closes at the
+        arrival its kind waits for (sync: the last; solo: the first; majority: the
+        initiator's, drawn as the collectives draw it)."""
         arr = self.arrived.setdefault(r, {})
         arr[k] = c
         kind = self.cfg.collective

@@ -563,12 +563,7 @@ def eager_replay_class():
                 self.late[k] += 1
                 self.keep_late(k, c)
                 return
-            arr = self.arrived.setdefault(r, {})
-            arr[k] = c
-            kind = self.cfg.collective
-            if (kind == "solo" or (kind == "sync" and len(arr) == self.P)
-                    or (kind == "majority" and k == initiator(self.cfg.seed, r, self.P))):
-                self.close(t, r)
+            self.arrive(t, k, r, c)
 
         def done(self, t, k):               # a result is taken: the timeline starts the rounds
             pass
@@ -576,5 +571,4 @@ def eager_replay_class():
         def record_replay(self):
             return {"beyond_s": self.beyond}
 
-    from sgd_shm.collectives.base import initiator
     return EagerReplay
