@@ -61,6 +61,17 @@ def new_segments(before, settle=20.0):
         time.sleep(0.1)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """A module's own torch work (oracles, predictions) on one thread, as the trainers'
+    workers run (a spinning pool on a shared 2-core machine crawls)."""
+    torch = pytest.importorskip("torch")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def no_shm_leak():
     """Fails the test if it leaves a new relaxed segment in /dev/shm."""

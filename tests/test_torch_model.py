@@ -27,14 +27,7 @@ from sgd_shm.torch import DigitsCNN, TorchModel  # noqa: E402
 from sgd_shm.torch.model import one_torch_thread  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The tests' own torch work (oracles, predictions) on one thread, as the
-    trainers' workers run (a spinning pool on a shared 2-core machine crawls)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
