@@ -91,8 +91,10 @@ def _local_ray():
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
+    # address="local": a new instance even where another test process (pytest-xdist) has
+    # a cluster running, which a bare ray.init() would find and join
+    ray.init(address="local", num_cpus=4, include_dashboard=False,
+             configure_logging=False, log_to_driver=False)
     try:
         yield ray
     finally:

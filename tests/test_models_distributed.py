@@ -205,10 +205,11 @@ def test_ps_mlp_on_ray(digits, local_ray):
     assert r.backend == "ray" and r.updates == 4 * 40
     assert r.score(Xte, yte) > 0.85
     # blocks: the workers take minibatches from each other's partitions through Ray too
+    # (which worker steals depends on which one is ahead: on a busy box one may do it all)
     b = ps.train(Xtr, ytr, model=MLP(64, (32,), 10), n_workers=2, policy="asp",
                  partition="blocks", backend="ray", lr=0.1, batch_size=32, epochs=4,
                  max_seconds=120, seed=0, progress=False)
-    assert b.updates == 4 * 40 and min(b.batches["stolen_by_worker"]) > 0
+    assert b.updates == 4 * 40 and sum(b.batches["stolen_by_worker"]) > 0
 
 
 # ---- the eager trainer against the serial oracle --------------------------------------

@@ -129,14 +129,15 @@ def test_two_workers_reach_095_held_out(augmented, backend, no_shm_leak):
 def test_block_partitioned_workers_learn(augmented, no_shm_leak):
     """Block partitioning moves each layer less often per epoch (here worker 0 owns
     fc1 alone, worker 1 the three other layers, a third of its steps each): it learns,
-    more slowly per epoch (held-out accuracy well above chance, 0.1)."""
+    more slowly per epoch (held-out accuracy and training loss well past chance: 0.1 and
+    log 10)."""
     X, Xte, y, yte = augmented
     clf = HogwildNetClassifier(DigitsCNN(seed=0), n_workers=2, backend="processes",
                                partition="blocks", max_epochs=3, lr=0.05, momentum=0.9,
                                random_state=0).fit(X, y)
     assert [o.tolist() for o in clf.block_owners_] == [[2], [0, 1, 3]]
     assert clf.score(Xte, yte) > 0.3
-    assert clf.loss_curve_[-1] < 0.8 * clf.loss_curve_[0]
+    assert clf.loss_curve_[-1] < 0.8 * np.log(10)
 
 
 # ---- the estimator's surface --------------------------------------------------------------

@@ -381,8 +381,7 @@ def test_eager_cnn_under_mpi_equals_averaged_gradient_sgd(digits, tmp_path):
 @pytest.mark.parametrize("kw", [
     dict(policy="bsp"), dict(policy="ssp"), dict(policy="saps", compress="topk:0.01"),
     dict(policy="rps"), dict(policy="asp", drop=0.1, n_shards=4),
-    dict(policy="asp", compress="qsgd:16"), dict(policy="asp", partition="blocks",
-                                                 lr=0.2),
+    dict(policy="asp", compress="qsgd:16"), dict(policy="asp", partition="blocks"),
     dict(policy="asp", backend="threads")], ids=lambda kw: ",".join(
         f"{k}={v}" for k, v in kw.items()))
 def test_ps_policies_compressors_and_loss_train_the_cnn(digits, kw, no_shm_leak):
