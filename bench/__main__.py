@@ -63,14 +63,15 @@ def _table(rows, title):
     print(f"\n{title}")
     comps = list(dict.fromkeys(r["competitor"] for r in rows))
     ws = sorted({r["workers"] for r in rows})
-    print(f"{'competitor':24s}" + "".join(f"{f'{w} worker(s)':>28s}" for w in ws))
+    name_w = max([24] + [len(c) + 1 for c in comps])
+    print(f"{'competitor':{name_w}s}" + "".join(f"{f'{w} worker(s)':>30s}" for w in ws))
     for c in comps:
-        line = f"{c:24s}"
+        line = f"{c:{name_w}s}"
         for w in ws:
             r = next((r for r in rows if r["competitor"] == c and r["workers"] == w), None)
             cell = (f"{fmt_rate(r['median'])} [{fmt_rate(r['min'])}–{fmt_rate(r['max'])}]"
                     if r else "-")
-            line += f"{cell:>28s}"
+            line += f"{cell:>30s}"
         print(line)
 
 

@@ -23,8 +23,9 @@ from bench.common import Series
 from relaxed import MultiCounter
 
 #: the sticky MultiCounter's stickiness: the choice (two loads of lines the other
-#: cores write) is paid once per this many increments
-STICKINESS = 64
+#: cores write, then the chosen line's transfer) is paid once per this many increments;
+#: at a few hundred it still costs about as much as the increments it serves
+STICKINESS = 1024
 
 
 def _threads(fn, T):

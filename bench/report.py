@@ -234,15 +234,17 @@ SCENARIOS = (
         ("quality-rank-cdf.png",)),
     Scenario("counter", "MultiCounter increments (increments/s) and read error", (
         "`increment_many` on a MultiCounter with 4 counters per worker (`multicounter`: a "
-        "fresh two-choice every increment; `multicounter-sticky`: `stickiness=64`, the choice "
-        "kept for 64 increments, each still one atomic add of 1), on threads and on processes "
+        "fresh two-choice every increment; `multicounter-sticky`: `stickiness=1024`, the "
+        "choice kept for up to 1,024 increments, each still one atomic add of 1, and given up "
+        "at once when another handle adds to the same counter), on threads and on processes "
         "sharing one segment, beside a single atomic counter (`MultiCounter(1)`) and an int "
         "behind a `threading.Lock`; the `read()` error is measured while two threads "
         "increment, each read bracketed by two exact sums."), ("counter.png",), (
         "A textbook MultiCounter increment reads two random counters that the other cores "
         "keep writing, so on a few cores a single contended atomic, whose line stays with one "
-        "core for bursts, can be faster. The sticky variant pays those reads once per 64 "
-        "increments, so each thread mostly adds to a line it already holds; its price is a "
+        "core for bursts, can be faster. The sticky variant pays those reads once per 1,024 "
+        "increments, and two handles that meet on one counter part at once, so each thread "
+        "mostly adds to a line it alone holds; its price is a "
         "wider read error (`error_bound()` is s times the textbook one: run by run it is "
         "two-choice with balls of weight s). `read()` must stay "
         "within `error_bound()`.")),

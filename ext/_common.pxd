@@ -34,7 +34,8 @@ cdef extern from "relaxed_atomic.h" nogil:
     void rlx_mc_increment(char *base, int64_t stride, int64_t m, uint64_t *rng)
     int64_t rlx_mc_choose(char *base, int64_t stride, int64_t m, uint64_t *rng)
     void rlx_mc_add_sticky(char *base, int64_t stride, int64_t m, uint64_t *rng,
-                           int64_t stick, int64_t *cur, int64_t *left, int64_t n)
+                           int64_t stick, int64_t *cur, int64_t *left, int64_t *last,
+                           int64_t n)
     int64_t rlx_now_ns()
     uint64_t rlx_ticks()
     uint64_t rlx_key_from_i64(int64_t k)

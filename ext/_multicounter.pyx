@@ -16,10 +16,13 @@ but the choice, two loads of lines that other cores keep writing, is paid once
 per s increments, so on a few cores each thread mostly adds to a line it already
 holds. The price is a wider gap: run by run it is the two-choice process with
 balls of weight s, so the read error scales with s (see
-:meth:`MultiCounter.error_bound`).
+:meth:`MultiCounter.error_bound`). A handle that finds another adding to its
+counter (its fetch_add does not return its own last value plus one) ends its run
+and chooses again, so two handles do not share one line for a whole run.
 
 Intended races: the two loads that pick the smaller counter are relaxed and may
-be stale; the increment itself is an atomic fetch_add, so no increment is ever
+be stale; so may the sticky handle's notice of a partner (it sees the other's add
+only at its own next add); the increment itself is an atomic fetch_add, so no increment is ever
 lost (exact() is exact at quiescence). A stale choice only widens the gap.
 """
 from libc.stdint cimport uint64_t, int64_t, uint32_t, int32_t, uint8_t
@@ -82,7 +85,8 @@ cdef class MultiCounter(ShmStructure):
     cdef readonly int64_t n_counters
     cdef readonly int64_t stickiness
     cdef uint64_t rng
-    cdef int64_t cur, left          # increment()'s sticky choice: counter, increments due
+    cdef int64_t cur, left, last    # increment()'s sticky choice: counter, increments due,
+                                    # and the value its last add returned (-1: none yet)
 
     def __cinit__(self):
         self.hdr = NULL
@@ -149,13 +153,14 @@ cdef class MultiCounter(ShmStructure):
         self.stride = self.hdr.stride
         self.n_counters = self.hdr.n_counters
         self.stickiness = self.hdr.stickiness
-        self.left = 0
         self._reseed()
 
     cdef _reseed(self):
         if self.hdr == NULL:       # closed (the after-fork hook may still see it)
             return
         self.rng = handle_stream(&self.hdr.head, self.hdr.seed)
+        self.left = 0               # a forked child chooses its own counter
+        self.last = -1
 
     def increment(self):
         """Add one to the smaller of two random counters (with stickiness s, to the
@@ -165,7 +170,7 @@ cdef class MultiCounter(ShmStructure):
             mc_increment(self.base, self.stride, self.n_counters, &self.rng)
         else:
             rlx_mc_add_sticky(self.base, self.stride, self.n_counters, &self.rng,
-                              self.stickiness, &self.cur, &self.left, 1)
+                              self.stickiness, &self.cur, &self.left, &self.last, 1)
 
     def increment_many(self, k):
         """``k`` increments without the GIL (a private RNG stream and, with
@@ -177,7 +182,7 @@ cdef class MultiCounter(ShmStructure):
         self._check_open()           # (the argument's __index__ could have closed it)
         cdef char *base = self.base
         cdef int64_t stride = self.stride, m = self.n_counters, stick = self.stickiness
-        cdef int64_t cur = 0, left = 0
+        cdef int64_t cur = 0, left = 0, last = -1
         self._active += 1            # no Python code runs from here to the decrement
         try:
             with nogil:
@@ -185,7 +190,7 @@ cdef class MultiCounter(ShmStructure):
                     for i in range(n):
                         mc_increment(base, stride, m, &rng)
                 else:
-                    rlx_mc_add_sticky(base, stride, m, &rng, stick, &cur, &left, n)
+                    rlx_mc_add_sticky(base, stride, m, &rng, stick, &cur, &left, &last, n)
         finally:
             self._active -= 1
 

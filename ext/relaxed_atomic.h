@@ -150,19 +150,36 @@ static inline int64_t rlx_mc_choose(char *base, int64_t stride, int64_t m, uint6
  * MultiQueue's StickRandom policy keeps its queues. Each increment is still one
  * atomic add of 1; only the choice (two loads of lines the other cores write)
  * is paid once per `stick` increments, so on a few cores each thread mostly adds
- * to a line it already holds. */
+ * to a line it already holds.
+ * Two handles may choose the same counter (the smaller of two is often the one
+ * another handle has just chosen); they would then fight over one line for the
+ * rest of their runs, at the contended-atomic rate. A handle sees this for free:
+ * its fetch_add returns the value before its add, which is its own last value
+ * plus one (*last + 1) while it is the only one adding. Any other value means
+ * another handle added in between, and the handle ends its run at once and
+ * chooses again. Runs only get shorter, so the weight of a run stays <= stick.
+ * *last is -1 at the start of a run (nothing to compare with yet). */
 static inline void rlx_mc_add_sticky(char *base, int64_t stride, int64_t m, uint64_t *rng,
-                                     int64_t stick, int64_t *cur, int64_t *left, int64_t n) {
+                                     int64_t stick, int64_t *cur, int64_t *left,
+                                     int64_t *last, int64_t n) {
     while (n > 0) {
         if (*left <= 0) {
             *cur = m == 1 ? 0 : rlx_mc_choose(base, stride, m, rng);
             *left = stick;
+            *last = -1;
         }
-        int64_t run = *left < n ? *left : n;
+        int64_t run = *left < n ? *left : n, k = 0, prev = *last;
         int64_t *c = (int64_t *)(base + *cur * stride);
-        for (int64_t k = 0; k < run; k++) __atomic_fetch_add(c, 1, __ATOMIC_RELAXED);
-        *left -= run;
-        n -= run;
+        int shared = 0;
+        while (k < run) {
+            int64_t v = __atomic_fetch_add(c, 1, __ATOMIC_RELAXED);
+            k++;
+            if (m > 1 && prev >= 0 && v != prev + 1) { shared = 1; prev = v; break; }
+            prev = v;
+        }
+        *last = prev;
+        *left = shared ? 0 : *left - k;
+        n -= k;
     }
 }
 
