@@ -57,7 +57,35 @@ def test_sticky_increments_come_in_runs():
         assert abs(c.read() - c.exact()) <= c.error_bound()
 
 
-@pytest.mark.parametrize("stickiness", [1, 64])
+def test_sticky_handles_that_meet_on_a_counter_part_at_once(no_shm_leak):
+    """Two handles on one segment, taking turns one increment at a time. Alone, a
+    handle keeps its counter for s increments; when the other handle adds to the
+    same counter in between, the handle's next add sees a value other than its last
+    plus one and ends its run (it chooses again). So the handles never share a
+    counter for long: the longest stretch of turns in which both add to one counter
+    stays far below s. Without the check it would last until a run ran out (up to s)."""
+    s = 200
+    with MultiCounter(8, shared=True, seed=5, stickiness=s) as a:
+        b = pickle.loads(pickle.dumps(a))                 # a second handle, same counters
+        where, before = [], a.counters()
+        for _ in range(4000):
+            for h in (a, b):
+                h.increment()
+                now = a.counters()
+                where.append(int(np.flatnonzero(now - before)[0]))
+                before = now
+        assert a.exact() == 8000 and b.exact() == 8000
+        streak = longest = 0
+        for t in range(1, len(where)):                    # consecutive turns, one counter
+            streak = streak + 1 if where[t] == where[t - 1] else 0
+            longest = max(longest, streak)
+        assert longest <= 8, longest
+        # and each handle, while alone on its counter, still adds in runs of s
+        assert max(np.bincount(where[0::2], minlength=8)) >= s
+        b.close()
+
+
+@pytest.mark.parametrize("stickiness", [1, 64, 1024])
 def test_threads_conserve_and_reads_stay_within_bound(stickiness):
     n = scaled(500_000)
     c = MultiCounter(16, seed=1, stickiness=stickiness)
@@ -75,7 +103,8 @@ def test_threads_conserve_and_reads_stay_within_bound(stickiness):
     c.close()
 
 
-@pytest.mark.parametrize("method, stickiness", [("fork", 1), ("spawn", 1), ("fork", 64)])
+@pytest.mark.parametrize("method, stickiness", [("fork", 1), ("spawn", 1), ("fork", 64),
+                                                ("fork", 1024)])
 def test_two_processes_million_increments_each(method, stickiness, no_shm_leak):
     ctx = mp.get_context(method)
     with MultiCounter(16, shared=True, seed=2, stickiness=stickiness) as c:
