@@ -38,44 +38,21 @@ hurts them alike), after one warm-up run that is not kept; medians.
 """
 from __future__ import annotations
 
-import multiprocessing
-import queue
-import socket
 import statistics
 import time
 
 import numpy as np
 from tqdm import tqdm
 
-#: what the forkserver imports once for every rank (DDP's constructor imports
-#: torch._dynamo: seconds per rank otherwise)
-PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
-           "sgd_shm.torch.hooks", "sgd_shm.torch.nets", "sgd_shm.collectives.shm",
-           "sgd_shm.compress", "bench.torch_ddp"]
+#: what the ranks' forkserver imports once beside torch (see sgd_shm.torch.ranks)
+PRELOAD = ["sgd_shm.torch.hooks", "sgd_shm.torch.nets", "sgd_shm.collectives.shm",
+           "sgd_shm.compress"]
 IMBALANCE_MODES = ("allreduce", "solo", "majority")
 COMPRESS_MODES = ("dense", "topk", "topk-no-ef")
 TOPK_RATIO = 0.001
 
 
 # ---- one rank -----------------------------------------------------------------------------
-def _rank(rank, size, port, job, data, q):
-    """One rank's run; puts (rank, record) or (rank, "error", text) on q."""
-    import traceback
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=size, timeout=timedelta(seconds=job["timeout"]))
-    try:
-        q.put((rank, _train(rank, size, job, data)))
-    except BaseException:               # the parent reports the rank's traceback
-        q.put((rank, "error", traceback.format_exc()))
-    finally:
-        dist.destroy_process_group()
-
-
 def _hook(job):
     """(state, hook) for the run's mode; (None, None): DDP's own allreduce."""
     from sgd_shm.compress import TopK
@@ -178,47 +155,15 @@ def _train(rank, size, job, data):
 
 
 # ---- a run of P ranks ---------------------------------------------------------------------
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(size, job, data, timeout=900.0):
-    """``size`` ranks of :func:`_train` (forked from a forkserver that has imported
-    torch); the ranks' records, rank 0 first. Raises RuntimeError with a rank's
-    traceback if one failed, or if one sent nothing by the deadline."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, size, port, job, data, q), daemon=True)
-             for r in range(size)]
-    for p in procs:
-        p.start()
-    out, deadline = {}, time.monotonic() + timeout
-    try:
-        while len(out) < size and time.monotonic() < deadline:
-            try:
-                msg = q.get(timeout=0.5)
-            except queue.Empty:
-                if not any(p.is_alive() for p in procs) and q.empty():
-                    break
-                continue
-            if len(msg) == 3:
-                raise RuntimeError(f"rank {msg[0]} of a {job['mode']} run failed:\n{msg[2]}")
-            out[msg[0]] = msg[1]
-    finally:
-        for p in procs:
-            p.join(timeout=10.0)
-            if p.is_alive():
-                p.kill()
-                p.join(5.0)
-        q.close()
-    if len(out) < size:
-        raise RuntimeError(f"a {job['mode']} run: ranks {sorted(set(range(size)) - set(out))} "
-                           f"sent nothing within {timeout:.0f} s")
-    return [out[r] for r in range(size)]
+    """``size`` ranks of :func:`_train` (:func:`sgd_shm.torch.ranks.run_local`: forked
+    from a forkserver that has imported torch); the ranks' records, rank 0 first.
+    Raises RuntimeError with a rank's traceback if one failed, or if one sent nothing
+    by the deadline."""
+    from sgd_shm.torch.ranks import ok, run_local
+    res = run_local(_train, size, job, data, preload=PRELOAD, timeout=timeout,
+                    group_timeout=job["timeout"])
+    return ok(res, size, f"a {job['mode']} run")
 
 
 # ---- the scenario -------------------------------------------------------------------------

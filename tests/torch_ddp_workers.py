@@ -2,79 +2,25 @@
 gloo backend over a free TCP port, one small model trained by an unchanged DDP loop
 with or without one of sgd_shm.torch.hooks' hooks.
 
-The processes come from a forkserver that has imported torch once (spawning each rank
-would import it again, seconds per rank; forking a process that already ran torch's
-thread pools is unsafe). Every rank sends back ("ok", its result) or ("error", the
+The ranks come from :func:`sgd_shm.torch.ranks.run_local` (a forkserver that has
+imported torch once). Every rank sends back ("ok", its result) or ("error", the
 exception's type name, its message); :func:`launch` waits for all of them up to a
 deadline and kills the ranks it started that are still alive after it.
 """
-import multiprocessing
 import os
-import queue
-import socket
 import time
-import traceback
 from datetime import timedelta
 
 import numpy as np
 
-#: what the forkserver imports once for every rank (DDP's constructor imports
-#: torch._dynamo: seconds, paid per rank otherwise)
-PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
-           "sgd_shm.torch.hooks", "torch_ddp_workers"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from sgd_shm.torch.ranks import free_port, run_local
 
 def launch(size, cfg, timeout=90.0):
-    """Run :func:`train` on ``size`` ranks with ``cfg``; {rank: ("ok", result) or
-    ("error", type name, message)}. A rank that sent nothing by the deadline (or died)
-    is absent."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, size, port, cfg, q), daemon=True)
-             for r in range(size)]
-    for p in procs:
-        p.start()
-    out, deadline = {}, time.monotonic() + timeout
-    try:
-        while len(out) < size and time.monotonic() < deadline:
-            try:
-                msg = q.get(timeout=0.2)
-            except queue.Empty:
-                if not any(p.is_alive() for p in procs) and q.empty():
-                    break
-                continue
-            out[msg[0]] = msg[1:]
-    finally:
-        for p in procs:
-            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
-            if p.is_alive():
-                p.kill()
-                p.join(5.0)
-        q.close()
-    return out
-
-
-def _rank_main(rank, size, port, cfg, q):
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=size, timeout=timedelta(seconds=60))
-    try:
-        q.put((rank, "ok", train(rank, size, cfg)))
-    except BaseException as e:          # the test reads the error from the result
-        q.put((rank, "error", type(e).__name__, f"{e}\n{traceback.format_exc()}"))
-    finally:
-        if cfg.get("destroy", True):
-            dist.destroy_process_group()
+    """Run :func:`train` on ``size`` ranks with ``cfg``
+    (:func:`sgd_shm.torch.ranks.run_local`); {rank: ("ok", result) or ("error", type
+    name, message)}. A rank that sent nothing by the deadline (or died) is absent."""
+    return run_local(train, size, cfg, preload=["sgd_shm.torch.hooks"], timeout=timeout,
+                     destroy=cfg.get("destroy", True))
 
 
 def make_net(cfg):
@@ -198,3 +144,15 @@ def mpi_main(kind, late):
 if __name__ == "__main__":
     import sys
     mpi_main(sys.argv[1], sys.argv[2])
+
+
+def sum_of_ranks(rank, size, fail_rank=None):
+    """For tests/test_torch_ranks.py: an allreduce of each rank's number (rank + 1);
+    ``fail_rank`` raises a ValueError instead of joining."""
+    import torch
+    import torch.distributed as dist
+    if rank == fail_rank:
+        raise ValueError(f"rank {rank} fails on purpose")
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return (rank, dist.get_world_size(), float(t.item()))
