@@ -796,7 +796,35 @@ def build_parser():
                                     "JSON results (with --out: the page beside them).")
     _add(sp, ["out"])
     subs["plot"] = sp
+    subs["mq-harness"] = _mq_harness_parser(sub)
     return ap, subs
+
+
+def _mq_harness_parser(sub):
+    """``mq-harness``: not part of ``all`` (it needs two checkouts of C++ code)."""
+    from bench import mq_harness
+    sp = sub.add_parser("mq-harness", help="the kit's MultiQueue in the C++ MultiQueue's own "
+                        "benchmark harness (needs checkouts of both; not part of all)",
+                        description=mq_harness.__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("--harness", required=True, metavar="EXP",
+                    help="a checkout of multiqueue_experiments")
+    sp.add_argument("--mq-lib", required=True, metavar="MQ",
+                    help="a checkout of the multiqueue library (branch master)")
+    sp.add_argument("--build-dir", default="/tmp/mq-harness-build",
+                    help="where the two binaries are built (kept; default %(default)s)")
+    sp.add_argument("--prefill-total", type=int, default=1 << 20, metavar="N",
+                    help="keys prefilled in all (default 2^20)")
+    sp.add_argument("--iters-total", type=int, default=1 << 21, metavar="N",
+                    help="pop+push iterations in all (default 2^21)")
+    _add(sp, ["workers", "reps", "seed", "out", "label"])
+    return sp
+
+
+def cmd_mq_harness(args):
+    from bench import mq_harness
+    common.print_header(common.header(args))
+    mq_harness.main_cli(args, common)
 
 
 _POSITIVE_INTS = ("reps", "prefill", "iters", "py_iters", "manager_iters", "quality_iters",
@@ -804,7 +832,8 @@ _POSITIVE_INTS = ("reps", "prefill", "iters", "py_iters", "manager_iters", "qual
                   "waste_seeds", "nx_n", "stm_tx", "ps_workers", "ps_samples", "ps_features",
                   "mf_users", "mf_items", "mf_ratings", "mf_epochs", "torch_batch",
                   "delay_samples", "compress_reps", "unreliable_epochs", "stickiness",
-                  "torch_ddp_ranks", "torch_ddp_epochs", "torch_ddp_compress_epochs")
+                  "torch_ddp_ranks", "torch_ddp_epochs", "torch_ddp_compress_epochs",
+                  "prefill_total", "iters_total")
 _POSITIVE = ("clock_seconds", "ps_seconds", "ps_target", "ps_tight", "ps_loose", "eager_seconds",
              "eager_target", "eager_sleep", "torch_ddp_target", "torch_ddp_lr")
 
@@ -855,7 +884,7 @@ STEPS = {"pq-threads": lambda a: cmd_pq(a, "threads"),
          "compress": cmd_compress,
          "unreliable": cmd_unreliable, "nonconvex": cmd_nonconvex, "clock": cmd_clock,
          "sim": cmd_sim,
-         "plot": cmd_plot}
+         "plot": cmd_plot, "mq-harness": cmd_mq_harness}
 
 
 def main(argv=None):
@@ -864,6 +893,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     check(subs[args.scenario], args)
     t0 = time.time()
+    if args.scenario not in ORDER and args.scenario != "all":     # (mq-harness)
+        STEPS[args.scenario](args)
     for name in ORDER:
         if args.scenario in (name, "all"):
             t1 = time.time()

@@ -202,7 +202,8 @@ def _counter_table(d):
 
 #: tables written here; the other scenarios' modules write their own (summary_markdown)
 _TABLES = {"pq-threads": _rate_table, "pq-processes": _rate_table, "quality": _quality_table,
-           "hogwild": _hogwild_table, "counter": _counter_table}
+           "hogwild": _hogwild_table, "counter": _counter_table,
+           "mq-harness": lambda d: importlib.import_module("bench.mq_harness").summary_markdown(d)}
 
 
 SCENARIOS = (
@@ -220,6 +221,16 @@ SCENARIOS = (
         "StickRandom policy at the same stickiness as `mq-sticky`. After the timings, the "
         "kit's hold-loop configurations are run again with every operation logged, and the "
         "rank error of their pops is reported (see the quality section)."), ("pq-threads.png",)),
+    Scenario("mq-harness", "Hold model in the C++ MultiQueue's own harness (operations/s)", (
+        "The `monotonic` benchmark of the C++ MultiQueue's harness (multiqueue_experiments, "
+        "Williams, Sanders and Dementiev, ESA 2021): threads pinned by the harness, keys "
+        "prefilled uniform in [1, 2^20], batches of iterations from a shared counter, each "
+        "*pop, push the key + an update uniform in [0, 2^20]*, the updates drawn before the "
+        "clock starts. `cxx-harness`: built with its `mq_random` queue (two-choice pops, random "
+        "pushes, 8-ary heaps with 16-element buffers, 2 queues per thread, `-O3 -DNDEBUG "
+        "-march=native`); `kit-harness`: the same harness source with only its queue swapped "
+        "for the kit's compiled core (`bench/cxx/kit_mq.hpp`), called from the harness's "
+        "threads. Needs checkouts of both (`--harness`, `--mq-lib`); not part of `all`.")),
     Scenario("pq-processes", "Hold model, processes sharing one queue (operations/s)", (
         "The hold model with worker processes attached to one shared MultiQueue; "
         "`manager-pq`: a `queue.PriorityQueue` served by a `multiprocess` Manager (10k "

@@ -1033,6 +1033,41 @@ cdef class MultiQueue(ShmStructure):
                             "(pops that found it empty push fresh keys); use a larger capacity")
         return empties, hd.log_len
 
+    # -- the compiled core for C and C++ drivers --------------------------------
+    def _native_handles(self, n):
+        """The compiled core for a C or C++ benchmark driver that runs this queue's
+        operations on its own threads, without Python (``bench/cxx/kit_mq.hpp`` runs
+        it in the C++ MultiQueue's own benchmark harness). Returns a dict:
+
+        * ``core``: the address of this queue's ``Core``;
+        * ``push`` / ``pop``: addresses of ``int push(Core*, Handle*, Elem)`` and
+          ``int pop(Core*, Handle*, Elem*)`` (``Elem`` = {uint64 key, int64 value};
+          keys mapped order-preservingly: an int64 key k is ``k ^ 2**63``); they return
+          1 (done), 0 (every queue full / empty) or 2 (busy: call again);
+        * ``handles``: a uint8 array holding ``n`` private handles (each its own RNG
+          stream, as a bulk call's), the k-th at byte ``offset + k * stride`` of it
+          (``stride``: a multiple of the cache line, so that handles share no line).
+
+        The queue and the array must outlive every call made through them; the
+        driver must not touch them after ``close()``. int64 keys only."""
+        self._check_open()
+        if self.key_kind != KEY_INT64:
+            raise ValueError("_native_handles: int64-key queues only")
+        cdef int64_t count = _check_int("n", n, 1, "ask for at least one handle")
+        cdef int64_t line = 64
+        cdef int64_t stride = _round_up(sizeof(Handle), line)
+        buf = np.zeros(count * stride + line, dtype=np.uint8)
+        cdef uint8_t[::1] b = buf
+        cdef size_t addr = <size_t>&b[0]
+        cdef int64_t offset = (line - <int64_t>(addr % line)) % line
+        cdef Handle hd
+        cdef int64_t k
+        for k in range(count):
+            hd = self._fork_handle()
+            (<Handle*>(&b[offset + k * stride]))[0] = hd
+        return {"core": <size_t>&self.core, "push": <size_t>&mq_push, "pop": <size_t>&mq_pop,
+                "handles": buf, "offset": int(offset), "stride": int(stride)}
+
     # -- invariants, recovery, teardown ---------------------------------------
     def _check(self):
         """Assert every invariant (quiescent use only): per queue, the counts are in

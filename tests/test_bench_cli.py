@@ -473,3 +473,15 @@ def test_bench_nonconvex_quick_reports_held_out_accuracy(tmp_path):
                for r in nc["scaling"]["rows"])
     assert any("to held-out accuracy" in f and "MLPClassifier" in f for f in nc["findings"])
     assert "vs MLPClassifier, points" in out
+
+
+def test_mq_harness_refuses_missing_checkouts(tmp_path):
+    """python -m bench mq-harness needs checkouts of the C++ harness and library: a
+    wrong path is named, with what it should hold."""
+    from bench import mq_harness
+    with pytest.raises(ValueError, match="--harness .*no benchmarks/monotonic.cpp"):
+        mq_harness.build(tmp_path, tmp_path, tmp_path / "b")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "monotonic.cpp").write_text("")
+    with pytest.raises(ValueError, match="--mq-lib .*modes/random.hpp"):
+        mq_harness.build(tmp_path, tmp_path, tmp_path / "b")

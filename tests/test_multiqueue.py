@@ -722,3 +722,38 @@ def test_signal_interrupts_a_wait_on_a_live_stuck_holder(no_shm_leak):
             p.join()
         assert mq.pop() == (1, 1)
         mq._check()
+
+
+def test_native_handles_drive_the_compiled_core_from_c(no_shm_leak):
+    """_native_handles hands out the core for C/C++ drivers (bench/cxx/kit_mq.hpp): its
+    push and pop, called through their addresses on their handles (here with ctypes),
+    move every item exactly once and keep the queue's invariants."""
+    import ctypes
+
+    class Elem(ctypes.Structure):
+        _fields_ = [("key", ctypes.c_uint64), ("value", ctypes.c_int64)]
+    with MultiQueue(4096, n_queues=4, seed=3) as mq:
+        nat = mq._native_handles(3)
+        base = nat["handles"].ctypes.data + nat["offset"]
+        assert base % 64 == 0 and nat["stride"] % 64 == 0     # handles share no line
+        push = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, Elem)(nat["push"])
+        pop = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.POINTER(Elem))(nat["pop"])
+        hs = [base + k * nat["stride"] for k in range(3)]
+        rng = np.random.default_rng(0)
+        keys = rng.integers(0, 1 << 40, 1000)
+        for i, k in enumerate(keys):          # keys mapped as the docstring says
+            assert push(nat["core"], hs[i % 3], Elem(int(k) ^ (1 << 63), i)) == 1
+        assert len(mq) == 1000
+        mq._check()
+        got, e = [], Elem()
+        while pop(nat["core"], hs[len(got) % 3], ctypes.byref(e)) == 1:
+            got.append((e.key ^ (1 << 63), e.value))
+        assert sorted(v for _, v in got) == list(range(1000))
+        assert all(keys[v] == k for k, v in got)
+        assert len(mq) == 0
+        mq._check()
+        with pytest.raises(ValueError, match="n must be >= 1"):
+            mq._native_handles(0)
+    with MultiQueue(16, key_dtype="float64") as fq, pytest.raises(ValueError, match="int64"):
+        fq._native_handles(1)
