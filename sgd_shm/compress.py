@@ -30,8 +30,13 @@ for distributed machine learning", ICDCS 2021):
 * the **communicator** (:class:`Channel`): memory step, delivery by the trainer's
   transport (a push to the parameter server's shards; an allgather among eager-SGD's
   ranks), and a lost message's mass back into the memory. Messages travel in one wire
-  format (:func:`pack` / :func:`unpack`: int32 or int64 indices and float64 values,
-  bit for bit).
+  format (:func:`pack` / :func:`unpack`: int32 or int64 indices and the values in the
+  buffer's float type, float64 or float32, bit for bit).
+
+Every buffer follows the model's float type: ``memory(n, dtype)`` keeps the residual in
+it, a message's values are of its gradient's type (QSGD's levels, small integers, too),
+and a float32 model's messages pack into float32 buffers, so nothing is widened to
+float64 on the way.
 """
 from __future__ import annotations
 
@@ -256,7 +261,9 @@ class QSGD(Compressor):
         idx, lvl, norm = _select.qsgd_levels(g, self.levels, self._rng)
         itype = np.int32 if g.size < 2**31 else np.int64
         nbytes = -(-self.bits(g.size, idx.size) // 8)
-        return SparseMessage(idx.astype(itype), lvl, g.size, nbytes, norm / self.levels)
+        # the levels are integers <= s: exact in the gradient's float type
+        return SparseMessage(idx.astype(itype), lvl.astype(g.dtype, copy=False), g.size,
+                             nbytes, norm / self.levels)
 
     def k_for(self, n):
         return n
@@ -377,53 +384,95 @@ class Channel:
 
 # ---- the wire format -----------------------------------------------------------------
 _HEAD = 3                                   # [entries, decoding scale, index bytes]
+_HEAD_BYTES = 24                            # the same three as int64, float64, int64
+_WIRE = (np.dtype(np.float64), np.dtype(np.float32))
 
 
-def packed_size(entries, n):
-    """float64 elements that :func:`pack` uses for a message of ``entries`` entries on
-    n weights: a 3-element header, the indices' bytes (4 each below 2**31 weights,
-    else 8) rounded up to whole elements, and the values."""
+def _wire_dtype(dtype):
+    dt = np.dtype(dtype)
+    if dt not in _WIRE:
+        raise TypeError(f"dtype: a packed message is float64 or float32 (the model's float "
+                        f"type), got {dt}")
+    return dt
+
+
+def _head(dt):
+    """Elements of the header: float64 holds its three numbers as values; float32
+    holds their bytes (an int64 count, the float64 scale, an int64 width), so that
+    neither a count past 2**24 nor the decoding scale is rounded."""
+    return _HEAD if dt.itemsize == 8 else _HEAD_BYTES // dt.itemsize
+
+
+def packed_size(entries, n, dtype=np.float64):
+    """Elements of ``dtype`` (float64 or float32) that :func:`pack` uses for a message
+    of ``entries`` entries on n weights: the header (3 float64 elements, or the 24
+    bytes of the same three numbers in 6 float32 ones), the indices' bytes (4 each
+    below 2**31 weights, else 8) rounded up to whole elements, and the values."""
+    dt = _wire_dtype(dtype)
     width = 4 if n < 2 ** 31 else 8
-    return _HEAD + -(-entries * width // 8) + entries
+    return _head(dt) + -(-entries * width // dt.itemsize) + entries
 
 
 def pack(msg, out) -> int:
-    """Write msg into the float64 array ``out`` (at least ``packed_size`` long); returns
-    the elements written. Indices travel as their bytes (not as floats), values as
-    float64, so :func:`unpack` gives the same bits back."""
+    """Write msg into ``out``, a float64 or float32 array (the model's float type) at
+    least ``packed_size(entries, n, out.dtype)`` long; returns the elements written.
+    Indices travel as their bytes (not as floats), values in ``out``'s float type (a
+    float32 model's values are float32 already), so :func:`unpack` gives the same
+    bits back."""
     m = msg.indices.size
     width = 4 if msg.n < 2 ** 31 else 8
-    used = packed_size(m, msg.n)
-    if out.dtype != np.float64 or out.size < used:
-        raise ValueError(f"out must be a float64 array of at least {used} elements for a "
-                         f"message of {m} entries, got {out.dtype} x {out.size}")
-    out[0], out[1], out[2] = m, msg.scale, width
-    raw = out[_HEAD:used - m].view(np.uint8)
+    dt = out.dtype if isinstance(out, np.ndarray) else None
+    used = packed_size(m, msg.n, dt) if dt in _WIRE else None
+    if used is None or out.size < used:
+        raise ValueError(f"out must be a float64 or float32 array of at least "
+                         f"packed_size({m}, {msg.n}, out.dtype) elements for a message of "
+                         f"{m} entries, got {getattr(out, 'dtype', type(out).__name__)} x "
+                         f"{getattr(out, 'size', '?')}")
+    h = _head(dt)
+    if h == _HEAD:
+        out[0], out[1], out[2] = m, msg.scale, width
+    else:
+        raw = out[:h].view(np.uint8)
+        raw[:8] = np.array([m], np.int64).view(np.uint8)
+        raw[8:16] = np.array([msg.scale], np.float64).view(np.uint8)
+        raw[16:24] = np.array([width], np.int64).view(np.uint8)
+    raw = out[h:used - m].view(np.uint8)
     raw[:m * width] = msg.indices.astype(np.int32 if width == 4 else np.int64).view(np.uint8)
     out[used - m:used] = msg.values
     return used
 
 
+def _read(buf, n):
+    """(entries, scale, indices (a view), values (a view), elements used) of the
+    message :func:`pack` wrote at the start of ``buf``."""
+    dt = _wire_dtype(buf.dtype)
+    h = _head(dt)
+    if h == _HEAD:
+        m, scale, width = int(buf[0]), float(buf[1]), int(buf[2])
+    else:
+        raw = buf[:h].view(np.uint8)
+        m = int(raw[:8].view(np.int64)[0])
+        scale = float(raw[8:16].view(np.float64)[0])
+        width = int(raw[16:24].view(np.int64)[0])
+    used = packed_size(m, n, dt)
+    idx = buf[h:used - m].view(np.uint8)[:m * width].view(
+        np.int32 if width == 4 else np.int64)
+    return m, scale, idx, buf[used - m:used], used
+
+
 def add_packed(buf, n, out):
     """out += the message :func:`pack` wrote at the start of ``buf`` (n: the dense
     length), as ``unpack(buf, n).add_to(out)`` without building the message."""
-    m, scale, width = int(buf[0]), buf[1], int(buf[2])
-    used = packed_size(m, n)
-    idx = buf[_HEAD:used - m].view(np.uint8)[:m * width].view(
-        np.int32 if width == 4 else np.int64)
-    vals = buf[used - m:used]
+    _, scale, idx, vals, _ = _read(buf, n)
     out[idx] += vals if scale == 1.0 else vals * scale
     return out
 
 
 def unpack(buf, n) -> SparseMessage:
-    """The message :func:`pack` wrote at the start of ``buf`` (n: the dense length)."""
-    m, scale, width = int(buf[0]), float(buf[1]), int(buf[2])
-    used = packed_size(m, n)
-    idx = buf[_HEAD:used - m].view(np.uint8)[:m * width].view(
-        np.int32 if width == 4 else np.int64).copy()
-    vals = buf[used - m:used].copy()
-    return SparseMessage(idx, vals, n, 8 * used, scale)
+    """The message :func:`pack` wrote at the start of ``buf`` (n: the dense length);
+    its values are of ``buf``'s float type."""
+    _, scale, idx, vals, used = _read(buf, n)
+    return SparseMessage(idx.copy(), vals.copy(), n, buf.itemsize * used, scale)
 
 
 _SPECS = {"topk": TopK, "randomk": RandomK, "threshold": ThresholdTopK}

@@ -649,3 +649,47 @@ def saps_flags_naive(samples, reads, n, window, factor):
                 flagged.discard(k)
                 events.append((t, k, False))
     return events
+
+
+# ---- float32 end to end in ps.train and eager.train (a float32 model's buffers) ---------
+def store_pushes_naive(w0, pushes):
+    """The weights after ``pushes``, each (indices or None for all, values, step), as
+    the parameter store applies them to weights of ``w0``'s float type: each entry
+    w[i] - step * g[i] evaluated in float64 and rounded once to that type."""
+    w = np.array(w0, copy=True)
+    for idx, vals, step in pushes:
+        sel = slice(None) if idx is None else np.asarray(idx, np.int64)
+        w[sel] = (w[sel].astype(np.float64) - float(step) * np.asarray(vals, np.float64)
+                  ).astype(w.dtype)
+    return w
+
+
+def topk_feedback_naive(grads, k):
+    """TopK with error feedback written out, in the gradients' own float type: before
+    step t the residual is r_t (r_0 = 0); acc_t = r_t + g_t; the message is the k
+    largest |acc_t| (:func:`topk_naive`) with their values; r_{t+1} is acc_t with them
+    zeroed. Returns ([(indices, values)] per step, the last residual)."""
+    resid = np.zeros_like(grads[0])
+    sent = []
+    for g in grads:
+        acc = resid + g
+        idx = topk_naive(acc, k)
+        sent.append((idx, acc[idx].copy()))
+        resid = acc.copy()
+        resid[idx] = 0
+    return sent, resid
+
+
+def eager_sparse_mean_sgd_naive(w0, rounds, lr):
+    """Replicas of synchronous eager-SGD on compressed messages: each round, the
+    messages [(indices, values)] of every rank in rank order are added into zeros of
+    the weights' float type and divided by the ranks' count, and w -= lr * mean in
+    that type."""
+    w = np.array(w0, copy=True)
+    for msgs in rounds:
+        up = np.zeros_like(w)
+        for idx, vals in msgs:
+            up[idx] += vals
+        up /= len(msgs)
+        w -= w.dtype.type(lr) * up
+    return w

@@ -24,7 +24,7 @@ from sgd_shm.core.errors import ParameterError
 
 __all__ = ["check_int", "check_number", "check_positive", "check_bool", "check_choice", "check_seed",
            "resolve_workers", "n_columns", "model_data", "model_X", "check_eval_set", "eval_pair",
-           "check_callbacks"]
+           "check_callbacks", "model_dtype"]
 
 
 def _is_int(v):
@@ -213,6 +213,28 @@ def model_X(X, model, name="X"):
         raise ValueError(f"{name}: expected a 2-D matrix with {model.n_features} features, got "
                          f"shape {X.shape}")
     return X
+
+
+#: the float types a trainer keeps a model's weights, gradients and messages in
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def model_dtype(model) -> np.dtype:
+    """The float type of ``model``'s buffers (its ``dtype``: float64 for the kit's
+    models, float32 for one that computes in it, e.g. a torch module), which every
+    buffer of a run takes: the weights, the gradients, the messages and the
+    error-feedback memory. Anything else is a ParameterError (a TypeError)."""
+    dt = getattr(model, "dtype", np.float64)
+    try:
+        got = None if dt is None else np.dtype(dt)    # (np.dtype(None) is float64)
+    except TypeError:
+        got = None
+    if got is None or got not in FLOAT_DTYPES:
+        raise ParameterError(f"model.dtype: must be np.float32 or np.float64 (the float type "
+                             f"of the weights, gradients and messages a trainer keeps), got "
+                             f"{dt!r} on {type(model).__name__}; set dtype = np.float32 or "
+                             "np.float64 on the model's class")
+    return got
 
 
 def eval_pair(eval_set):

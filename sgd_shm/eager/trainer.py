@@ -38,8 +38,8 @@ from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, check_int,
                                      check_eval_set, check_momentum, check_number,
-                                     check_positive, model_data, n_columns, resolve_workers,
-                                     stopping_rule)
+                                     check_positive, model_data, model_dtype, n_columns,
+                                     resolve_workers, stopping_rule)
 
 __all__ = ["train", "EagerResult", "EagerTrace", "sleepers", "BACKENDS"]
 
@@ -65,9 +65,12 @@ class EagerResult(Result):
     (per rank, rounds it skipped because it was behind), ``mean_contributors`` (per
     round), ``replicas_equal`` (every rank ended with the same weights). Bytes, summed
     over the ranks: ``bytes_sent`` (the gradients, or compressed messages, that made
-    their round), ``bytes_dense`` (8 bytes per weight per gradient computed: what
-    dense gradients would be), ``bytes_moved`` (the buffers the collectives combined,
-    per rank and round; with compression, the payloads each rank put into the gathers).
+    their round), ``bytes_dense`` (the weights' bytes per gradient computed, 8 per
+    weight in float64 and 4 in float32: what dense gradients would be),
+    ``bytes_moved`` (the buffers the collectives combined, per rank and round; with
+    compression, the payloads each rank put into the gathers). ``coef_`` and every
+    buffer of the run (replicas, gradients, the collectives' buffers, messages,
+    error-feedback memory) are of the model's ``dtype``.
     ``trace`` (``train(trace=True)``): an :class:`EagerTrace` of every rank's rounds
     (for ``sgd_shm.sim.simulate(..., replay=result.trace)``), else None.
     """
@@ -189,6 +192,10 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         n_classes)``) instead of the linear model: every replica starts at
         ``model.init(np.random.default_rng(seed))``, a rank's gradient is
         ``model.grad`` of its minibatch, y may hold any ``model.n_outputs`` classes.
+        Every buffer of the run is of the model's ``dtype`` (float32 for a
+        :class:`sgd_shm.torch.TorchModel`: the replicas, the gradients, the
+        collectives' buffers and messages; anything but float32 or float64 is a
+        TypeError naming ``model.dtype``).
     momentum [0.0] : heavy-ball momentum in [0, 1) on the combined gradient: every
         replica keeps v = momentum * v - lr * mean and moves by v (0: w -= lr * mean).
     eval_set [None] : (X_val, y_val): held-out data; every history record adds
@@ -222,7 +229,7 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
     d = cfg.model.n_params
     k = 0 if cfg.compress is None else message_capacity(cfg.compress, d)
     job = _Job(cfg, d, Evaluator(cfg.model, X, ys, eval_rows, evals), k,
-               cfg.model.prepare(X, ys))
+               cfg.model.prepare(X, ys), model_dtype(cfg.model))
     _warm_up(job)
     if cfg.backend == "mpi":
         outs = _run_mpi(job, comm)
@@ -332,6 +339,7 @@ def _model(model):
         raise TypeError(f"model: expected a sgd_shm.models.Model (e.g. MLP(n_features, "
                         f"(64,), n_outputs)), got {type(model).__name__}; leave model=None "
                         "for the linear model")
+    model_dtype(model)                        # float32 or float64: every buffer's type
     return model
 
 
@@ -398,11 +406,13 @@ class _Job:
     evaluation: object         # a core.results.Evaluator: the loss sample, held-out data
     k: int = 0                 # entries of a compressed message (0: dense)
     data: object = None        # the model's prepared training data
+    dtype: object = np.float64   # every buffer's float type (the model's)
 
     def init(self):
         """The replicas' first weights: ``model.init`` from the seed (the linear
-        model's are zeros)."""
-        return self.cfg.model.init(np.random.default_rng(self.cfg.seed))
+        model's are zeros), in the run's float type (a copy)."""
+        return np.array(self.cfg.model.init(np.random.default_rng(self.cfg.seed)),
+                        dtype=self.dtype, copy=True)
 
     def gradient(self, rows, w, g):
         """The model's minibatch gradient at ``w`` into ``g``."""
@@ -423,17 +433,17 @@ class _Job:
         lives in the error-feedback memory, so the communicator drops."""
         cfg = self.cfg
         late = cfg.late if cfg.compress is None else "drop"
-        return exchange_size(cfg, self.d, self.k), dict(
-            late=late, average=cfg.average, depth=cfg.depth, seed=cfg.seed,
+        return exchange_size(cfg, self.d, self.k, self.dtype), dict(
+            dtype=self.dtype, late=late, average=cfg.average, depth=cfg.depth, seed=cfg.seed,
             timeout=cfg.timeout)
 
 
 def _warm_up(job):
     """Compile (or load from Numba's cache) the kernels before the ranks start, so
-    that no rank compiles on its first step."""
-    w = np.zeros(job.d)
+    that no rank compiles on its first step (at weights of the run's float type)."""
+    w = np.zeros(job.d, job.dtype)
     n = job.cfg.model.n_rows(job.data)
-    job.gradient(np.arange(min(2, n), dtype=np.int64), w, np.empty(job.d))
+    job.gradient(np.arange(min(2, n), dtype=np.int64), w, np.empty(job.d, job.dtype))
     job.loss(w)
 
 
@@ -445,7 +455,7 @@ class _Rank:
         self.comm, self.job = comm, job
         self.k, self.P = comm.rank, comm.size
         self.w = job.init()
-        self.v = np.zeros(job.d) if cfg.momentum > 0 else None
+        self.v = np.zeros(job.d, job.dtype) if cfg.momentum > 0 else None
         self.exchange = make_exchange(comm, job)
         self.rows = np.arange(self.k, cfg.model.n_rows(job.data), self.P, dtype=np.int64)
         self.rng = np.random.default_rng([cfg.seed, self.k, 0x5EED])
@@ -514,16 +524,18 @@ class _Rank:
 
 
 def make_exchange(comm, job):
+    """The rank's exchange: dense or compressed, in the communicator's float type
+    (the model's)."""
     cfg = job.cfg
     if cfg.compress is None:
         return _DenseExchange(comm, job.d)
     return _GatherExchange(comm, job.d, cfg.compress, cfg.late, cfg.average)
 
 
-def exchange_size(cfg, d, k):
-    """Elements of one rank's buffer: the gradient and the vote (a reduction), or the
-    vote and the largest packed message of k entries (a gather)."""
-    return d + 1 if cfg.compress is None else 1 + packed_size(k, d)
+def exchange_size(cfg, d, k, dtype=np.float64):
+    """Elements of ``dtype`` in one rank's buffer: the gradient and the vote (a
+    reduction), or the vote and the largest packed message of k entries (a gather)."""
+    return d + 1 if cfg.compress is None else 1 + packed_size(k, d, dtype)
 
 
 def message_capacity(comp, d):
@@ -534,12 +546,14 @@ def message_capacity(comp, d):
 
 
 class _DenseExchange:
-    """The gradient travels whole: the buffer is [gradient, vote], reduced with the
-    round's collective (op mean)."""
+    """The gradient travels whole: the buffer is [gradient, vote] in the
+    communicator's float type, reduced with the round's collective (op mean); the
+    model writes its gradient straight into it."""
 
     def __init__(self, comm, d):
         self.comm, self.d = comm, d
-        self.buf = np.zeros(d + 1)
+        self.buf = np.zeros(d + 1, comm.dtype)
+        self.item = self.buf.itemsize
         self.bytes_sent = self.bytes_dense = self.bytes_moved = 0
 
     def gradient_buffer(self):
@@ -550,12 +564,12 @@ class _DenseExchange:
         if g is None:
             self.buf[:self.d] = 0.0
         else:
-            self.bytes_dense += 8 * self.d
+            self.bytes_dense += self.item * self.d
         self.buf[self.d] = 1.0 if vote else 0.0
-        self.bytes_moved += 8 * self.buf.size
+        self.bytes_moved += self.buf.nbytes
         res = self.comm.start(self.buf, kind, "mean").wait()
         if g is not None and res.contributed:
-            self.bytes_sent += 8 * self.d
+            self.bytes_sent += self.item * self.d
         return self.buf[:self.d], self.buf[-1] > 0, res
 
 
@@ -564,15 +578,20 @@ class _GatherExchange:
     (its error-feedback memory) makes the message, the round's collective gathers
     every contributor's [vote, packed message], and each rank decodes them in rank
     order (so every replica applies the same bits). A message that misses its round
-    goes back into the memory with ``late="carry"``; with "drop" it is lost."""
+    goes back into the memory with ``late="carry"``; with "drop" it is lost. Every
+    buffer (the memory, the payload, the gradient, the update) is of the
+    communicator's float type."""
 
     def __init__(self, comm, d, compressor, late, average):
         from sgd_shm.compress import Channel
+        dt = comm.dtype
         self.comm, self.d, self.P = comm, d, comm.size
-        self.channel = Channel(compressor, d, stream=comm.rank, keep_lost=late == "carry")
-        self.payload = np.zeros(comm.n)
-        self.g = np.zeros(d)
-        self.update = np.zeros(d)
+        self.channel = Channel(compressor, d, stream=comm.rank, keep_lost=late == "carry",
+                               dtype=dt)
+        self.payload = np.zeros(comm.n, dt)
+        self.g = np.zeros(d, dt)
+        self.update = np.zeros(d, dt)
+        self.item = self.payload.itemsize
         self.average = average
         self.bytes_dense = self.bytes_moved = 0
 
@@ -589,15 +608,15 @@ class _GatherExchange:
         self.payload[0] = 1.0 if vote else 0.0
         if g is not None:
             msg = self.channel.message(g)
-            if packed_size(msg.indices.size, self.d) >= self.payload.size:
+            if packed_size(msg.indices.size, self.d, self.payload.dtype) >= self.payload.size:
                 comp = self.channel.memory.compressor
                 raise ValueError(
                     f"compress: {comp!r} sent {msg.indices.size} entries, more than its "
                     f"max_entries({self.d}) = {comp.max_entries(self.d)} that the exchange "
                     "was sized for; make max_entries return a true bound (or leave it out)")
             used += pack(msg, self.payload[1:])
-            self.bytes_dense += 8 * self.d
-        self.bytes_moved += 8 * used
+            self.bytes_dense += self.item * self.d
+        self.bytes_moved += self.item * used
         res = self.comm.start_gather(self.payload[:used], kind).wait()
         if msg is not None:
             self.channel.delivered(msg, res.contributed)
@@ -620,7 +639,7 @@ def rank_main(comm, job):
 def _rank_run(comm, job):
     me = _Rank(comm, job)
     cfg = job.cfg
-    comm.allreduce(np.zeros(comm.n))             # start together
+    comm.allreduce(np.zeros(comm.n, comm.dtype))     # start together
     t0 = time.perf_counter()
     if me.k == 0:
         me.history.append(me.record(0.0, 0))

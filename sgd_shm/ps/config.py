@@ -15,8 +15,8 @@ import numpy as np
 from sgd_shm.core.launcher import check_start_method
 from sgd_shm.core.model import Model
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_int, check_number,
-                                     check_positive, check_seed, resolve_workers,
-                                     stopping_rule)
+                                     check_positive, check_seed, model_dtype,
+                                     resolve_workers, stopping_rule)
 from sgd_shm.ps.policies import Policy, make_policy
 from sgd_shm.ps.store import CLOCKS, WaitPolicy
 from sgd_shm.ps.transport import TRANSPORTS
@@ -255,6 +255,7 @@ def _model(model, partition, pol, compress, drop):
         raise TypeError(f"model: expected a sgd_shm.models.Model (e.g. MLP(n_features, "
                         f"(64,), n_outputs)), got {type(model).__name__}; leave model=None "
                         "for the linear model")
+    model_dtype(model)                        # float32 or float64: every buffer's type
     if not any(partition is p or (isinstance(partition, str) and partition == p)
                for p in PARTITIONS):
         raise ValueError(f"partition: must be one of {PARTITIONS}, got {partition!r}")

@@ -260,12 +260,15 @@ class RPS(BSP):
 
 def server_average(blocks):
     """Server j's answer: the mean of the blocks it received (a list of equal-length
-    float64 arrays, in worker order), summed one after another and divided by their
+    float arrays, in worker order), summed one after another in the blocks' float type
+    (float64, or float32 for a float32 model: no wider copy) and divided by their
     count, so every transport computes the same bits; ``None`` when it received
     none."""
     if not blocks:
         return None
-    acc = np.array(blocks[0], dtype=np.float64, copy=True)
+    first = np.asarray(blocks[0])
+    acc = np.array(first, dtype=first.dtype if first.dtype == np.float32 else np.float64,
+                   copy=True)
     for b in blocks[1:]:
         acc += b
     acc /= len(blocks)

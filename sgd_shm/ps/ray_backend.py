@@ -61,7 +61,7 @@ def _gather(shards):
 @ray.remote(num_cpus=0)
 class _Shard:
     def reset(self, w, version):
-        self.w = np.array(w, dtype=np.float64)
+        self.w = np.array(w, copy=True)      # the run's float type (the backend's dtype)
         self.version = int(version)
         self.inbox = {}              # RPS: round -> {worker: block}
         self.done, self.had = -1, False
@@ -112,13 +112,14 @@ class _Hub:
     workers' verbs and the coordinator's reads are calls of it."""
 
     def reset(self, n_params, n_shards, n_workers, batches, seeds, budget=None, lossy=False,
-              resume=None, clock="exact"):
+              resume=None, clock="exact", dtype=np.float64):
         """A fresh state (``seeds``: the partitions' queue seeds; ``resume``: a
-        checkpoint's versions, pushes and epochs, without its weights)."""
+        checkpoint's versions, pushes and epochs, without its weights; ``dtype``: the
+        weights' float type, which the bytes of a dense push count)."""
         if getattr(self, "server", None) is not None:
             self.server.close()
         self.server = ServerState.private(n_params, n_shards, n_workers, batches, seeds,
-                                          budget, lossy, clock=clock)
+                                          budget, lossy, clock=clock, dtype=dtype)
         if resume is not None:
             self.server.resume(resume, weights=False)
 
@@ -151,17 +152,19 @@ class _Hub:
         """RPS: worker k sent its round; the version is the rounds every live worker
         has sent."""
         st = self.server.store
-        self.server.round_sent(k, 8 * st.n_params, advance=True)
+        self.server.round_sent(k, st.dense_bytes, advance=True)
 
 
 class RayLink:
     """A worker's link on Ray (:class:`sgd_shm.ps.transport.Link`): weights to and
-    from the shard actors, everything else one call of the hub's state."""
+    from the shard actors, everything else one call of the hub's state. ``dtype``:
+    the weights' float type (what the values of a sparse push travel as)."""
 
     poll_s = 0.002                   # a look at the gate is an actor call
 
-    def __init__(self, hub, shards, bounds, lr):
+    def __init__(self, hub, shards, bounds, lr, dtype=np.float64):
         self.hub, self.shards, self.bounds, self.lr = hub, shards, bounds, lr
+        self.dtype = np.dtype(dtype)
 
     def state(self, k):
         return ray.get(self.hub.view.remote())
@@ -189,7 +192,7 @@ class RayLink:
         values); the others get nothing. True when some shard was not hit."""
         step, b = self.lr * push.scale, self.bounds
         idx = np.asarray(push.indices)
-        vals = np.asarray(push.values, dtype=np.float64)
+        vals = np.asarray(push.values, dtype=self.dtype)
         cuts = np.searchsorted(idx, b)
         hit = np.flatnonzero(cuts[1:] > cuts[:-1])
         ray.get([self.shards[i].apply_sparse.remote(idx[cuts[i]:cuts[i + 1]] - b[i],
@@ -238,7 +241,7 @@ def warm_actor(job):
     if job.model.uses_blas:
         from sgd_shm.models import one_blas_thread
         one_blas_thread()
-    warm_up(job.compressor, job.n_params)
+    warm_up(job.compressor, job.n_params, job.dtype)
     warm(job)
     return ray.get_runtime_context().get_node_id()
 
@@ -249,7 +252,7 @@ class _Worker:
         return warm_actor(job)
 
     def run(self, hub, shards, bounds, lr, job, k, seed):
-        link = RayLink(hub, shards, bounds, lr)
+        link = RayLink(hub, shards, bounds, lr, job.dtype)
         try:
             run_worker(link, job, k, seed)
         except Diverged:
@@ -265,13 +268,13 @@ class RayBackend:
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
                  replicas=False, lossy=False, init=None, session=None, owned=False,
-                 clock="exact"):
+                 clock="exact", dtype=np.float64):
         self.session, self.owned = session, owned
         session.check_fits(n_workers)
         self.n_workers = n_workers
         self.bounds = np.linspace(0, n_params, n_shards + 1).astype(np.int64)
-        w = (np.zeros(n_params) if init is None else np.asarray(init, np.float64)) \
-            if ckpt is None else ckpt["weights"]
+        w = np.asarray(np.zeros(n_params) if init is None else init, dtype) \
+            if ckpt is None else np.asarray(ckpt["weights"], dtype)
         vers = np.zeros(n_shards, np.int64) if ckpt is None else ckpt["shard_versions"]
         self.shards = [session.take("direct-shard") or _Shard.remote() for _ in range(n_shards)]
         self.hub = session.take("direct-hub") or _Hub.remote()
@@ -282,7 +285,7 @@ class RayBackend:
         ray.get([s.reset.remote(w[self.bounds[i]:self.bounds[i + 1]], int(vers[i]))
                  for i, s in enumerate(self.shards)]
                 + [self.hub.reset.remote(n_params, n_shards, n_workers, batches, seeds,
-                                         budget, lossy, resume, clock)])
+                                         budget, lossy, resume, clock, dtype)])
 
     def start(self, job, seeds, lr, wait):
         job_ref = ray.put(job)

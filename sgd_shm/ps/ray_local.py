@@ -14,8 +14,9 @@ every shard actor and the root, all in flight together):
    applied to each shard (the shard versions less the remote ones it merged).
 2. The replica is copied (an asynchronous read, as a pull is). For each shard, the
    entries that differ from ``base`` (the node's copy of the global values it last
-   sent or received) go up, as values: sparse (int32 offsets and float64 values)
-   where that is smaller, else the whole shard; ``base`` takes them.
+   sent or received) go up, as values: sparse (int32 offsets and values of the
+   weights' float type) where that is smaller, else the whole shard; ``base`` takes
+   them.
 3. Shard actor j (:class:`_Shard`) keeps the global slice ``w`` and, per node, the
    mirror of that node's ``base``. Values from node n replace ``w`` where ``w``
    still equals ``base[n]`` (no other node changed that entry since: the value is
@@ -96,9 +97,10 @@ class NodeError(RuntimeError):
     go on, since that node's or shard's unsent updates are lost."""
 
 
-def _wire(n_changed, n):
-    """Bytes of a sparse message (int32 offsets, float64 values) vs a dense one."""
-    return 12 * n_changed, 8 * n
+def _wire(n_changed, n, itemsize=8):
+    """Bytes of a sparse message (int32 offsets, values of ``itemsize`` bytes: 8 in
+    float64, 4 in float32) vs a dense one."""
+    return (4 + itemsize) * n_changed, itemsize * n
 
 
 # ---- the global level ------------------------------------------------------------------
@@ -110,7 +112,7 @@ class _Server:
     each of its shards, and the nodes' latest counts."""
 
     def reset(self, w, versions, n_nodes):
-        self.w = np.array(w, dtype=np.float64)
+        self.w = np.array(w, copy=True)      # the run's float type (the backend's dtype)
         self.base = [self.w.copy() for _ in range(n_nodes)]
         self.versions = np.array(versions, np.int64)
         self.applied = np.zeros((n_nodes, len(self.versions)), np.int64)
@@ -136,7 +138,7 @@ class _Server:
         self.versions += pushes
         self.counts[n] = (int(seq), counts)
         ch = np.flatnonzero(self.w != b)
-        sparse, dense = _wire(ch.size, b.size)
+        sparse, dense = _wire(ch.size, b.size, b.itemsize)
         if sparse < dense:
             down = (ch.astype(np.int32), self.w[ch])
             b[ch] = down[1]
@@ -244,12 +246,12 @@ class _Agent:
         bytes, and the names of the node's segments (unlinked by the coordinator
         through a worker of the node if this agent dies: Ray kills an actor with its
         children, the resource tracker among them). ``spec``: the run's (n_params,
-        n_shards, n_workers, batches, seeds, ckpt, init, clock)."""
-        n_params, n_shards, n_workers, batches, seeds, ckpt, init, clock = spec
-        warm_up(None, n_params)
+        n_shards, n_workers, batches, seeds, ckpt, init, clock, dtype)."""
+        n_params, n_shards, n_workers, batches, seeds, ckpt, init, clock, dtype = spec
+        warm_up(None, n_params, dtype)
         self.n, self.local = int(n), np.asarray(workers, np.int64)   # k trains partition k
         self.state = LocalState(n_params, n_shards, n_workers, batches, seeds, ckpt,
-                                budget, init=init, clock=clock)
+                                budget, init=init, clock=clock, dtype=dtype)
         st = self.state.store
         self.base, self.bounds = st.weights.copy(), st.bounds
         self.pushes0, self.sent_own = st.all_pushes(), st.shard_versions()
@@ -308,7 +310,7 @@ class _Agent:
         ch = np.flatnonzero(cur[lo:hi] != self.base[lo:hi])
         if ch.size == 0:
             return None
-        sparse, dense = _wire(ch.size, hi - lo)
+        sparse, dense = _wire(ch.size, hi - lo, cur.itemsize)
         if sparse < dense:
             up = (ch.astype(np.int32), cur[lo + ch])
             self.base[lo + ch] = up[1]
@@ -326,14 +328,14 @@ class _Agent:
             delta = vals - self.base[lo:hi]
             self.base[lo:hi] = vals
             off = np.arange(hi - lo)
-            self.traffic["bytes_down"] += 8 * (hi - lo)
+            self.traffic["bytes_down"] += _wire(0, hi - lo, vals.itemsize)[1]
         else:
             if not off.size:
                 return
             off = off.astype(np.int64)
             delta = vals - self.base[lo + off]
             self.base[lo + off] = vals
-            self.traffic["bytes_down"] += 12 * off.size
+            self.traffic["bytes_down"] += _wire(off.size, 0, vals.itemsize)[0]
         st, b = self.state.store, self.bounds
         cuts = np.searchsorted(lo + off, b[self.groups[i]:self.groups[i + 1] + 1])
         for t, s in enumerate(range(self.groups[i], self.groups[i + 1])):
@@ -465,8 +467,10 @@ class NodeLocalBackend:
     name = "ray"
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 init=None, session=None, owned=False, sync_every=None, clock="exact"):
+                 init=None, session=None, owned=False, sync_every=None, clock="exact",
+                 dtype=np.float64):
         self.n_params, self.n_shards, self.n_workers = n_params, n_shards, n_workers
+        self.dtype = np.dtype(dtype)              # the weights' float type, everywhere
         self.batches, self.ckpt, self.budget, self.init = batches, ckpt, budget, init
         self.session, self.owned, self.sync_every = session, owned, sync_every
         self.clock = clock                        # each node's store's version clock
@@ -502,7 +506,7 @@ class NodeLocalBackend:
 
     def _open_nodes(self, ids, lr, wait):
         spec = ray.put((self.n_params, self.n_shards, self.n_workers, self.batches,
-                        self.seeds, self.ckpt, self.init, self.clock))
+                        self.seeds, self.ckpt, self.init, self.clock, self.dtype))
         budgets = _node_budgets(self.budget, self.owners, self.batches)
         self.agents = [self.session.take(("ps-agent", i)) or _Agent.options(
             name=_name("agent", n), scheduling_strategy=NodeAffinitySchedulingStrategy(
@@ -515,8 +519,8 @@ class NodeLocalBackend:
 
     def _open_servers(self, n_nodes, budgets):
         ck = self.ckpt
-        w = (np.zeros(self.n_params) if self.init is None else
-             np.asarray(self.init, np.float64)) if ck is None else ck["weights"]
+        w = np.asarray(np.zeros(self.n_params) if self.init is None else self.init,
+                       self.dtype) if ck is None else np.asarray(ck["weights"], self.dtype)
         vers = np.zeros(self.n_shards, np.int64) if ck is None else ck["shard_versions"]
         m = max(1, min(self.n_shards, n_nodes))
         self.groups = np.linspace(0, self.n_shards, m + 1).astype(np.int64)
@@ -531,7 +535,7 @@ class NodeLocalBackend:
                                           [0 if x is None else x for x in budgets])])
 
     def start(self, job, seeds, lr, wait):
-        warm_up(job.compressor, job.n_params)     # fills Numba's cache before the actors
+        warm_up(job.compressor, job.n_params, job.dtype)   # Numba's cache, before the actors
         job_ref = ray.put(job)
         ids = self._place(job_ref)
         blobs, budgets = self._open_nodes(ids, lr, wait)

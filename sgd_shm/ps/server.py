@@ -33,10 +33,11 @@ class ServerState:
 
     @classmethod
     def private(cls, n_params, n_shards, n_workers, batches, seeds, budget=None,
-                lossy=False, init=None, clock="exact"):
-        """A state in private memory (the Ray hub's; ``seeds``: the queue seeds)."""
+                lossy=False, init=None, clock="exact", dtype=np.float64):
+        """A state in private memory (the Ray hub's; ``seeds``: the queue seeds;
+        ``dtype``: the weights' float type, which the bytes of a dense push count)."""
         store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers,
-                               shared=False, init=init, clock=clock)
+                               shared=False, init=init, clock=clock, dtype=dtype)
         try:
             parts = Partitions(batches, seeds, budget, shared=False)
         except BaseException:
@@ -50,7 +51,7 @@ class ServerState:
         and, when it has one slot per worker, the pushes and the epochs."""
         st = self.store
         slack = max(0, int(ckpt["version"]) - int(np.min(ckpt["shard_versions"])))
-        w = ckpt["weights"] if weights else np.zeros(st.n_params)
+        w = ckpt["weights"] if weights else np.zeros(st.n_params, st.dtype)
         st.restore(w, ckpt["shard_versions"], ckpt["version"], slack=slack)
         if len(ckpt["pushes"]) == st.n_workers:
             st.set_pushes(ckpt["pushes"])

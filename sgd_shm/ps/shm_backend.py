@@ -52,26 +52,29 @@ from sgd_shm.ps.worker import (EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, PSTrace,
                                run_worker, warm)
 
 
-def warm_up(compressor=None, n_features=4):
+def warm_up(compressor=None, n_features=4, dtype=np.float64):
     """Compile (or load from Numba's cache) every kernel the workers call, in this
     process, before the workers start: otherwise each worker compiles them itself
     on its first push, and the first policy of a cold cache starts late (forked
     workers inherit the compiled kernels, spawned ones load them from the cache this
-    fills). With a compressor, also its kernels and the sparse push's."""
-    with ParameterStore(4, n_shards=2, n_workers=1, shared=False) as scratch:
+    fills). With a compressor, also its kernels and the sparse push's. ``dtype``: the
+    weights' float type (the kernels are compiled for it)."""
+    with ParameterStore(4, n_shards=2, n_workers=1, shared=False, dtype=dtype) as scratch:
         w, v = scratch.pull(worker=0)
-        res = scratch.push(np.zeros(4), v, lr=0.0, worker=0)
+        zeros = np.zeros(4, scratch.dtype)
+        res = scratch.push(zeros, v, lr=0.0, worker=0)
         scratch.push_deferred(res)
-        scratch.push(np.zeros(4), v, lr=0.0, worker=0, shards=[1])
+        scratch.push(zeros, v, lr=0.0, worker=0, shards=[1])
         scratch.deposited(0, 0)
-        scratch.publish(0, np.zeros(2), 1)
+        scratch.publish(0, zeros[:2], 1)
         scratch.record(0, compute_ns=0, status=0)
         scratch.snapshot()
         if compressor is not None:
             for dt in (np.int32, np.int64):
-                scratch.push_sparse(np.array([1, 3], dt), np.zeros(2), v, lr=0.0)
-            mem = compressor.memory(n_features, np.float64)
-            mem.step(np.random.default_rng(0).standard_normal(n_features))
+                scratch.push_sparse(np.array([1, 3], dt), zeros[:2], v, lr=0.0)
+            mem = compressor.memory(n_features, scratch.dtype)
+            mem.step(np.random.default_rng(0).standard_normal(n_features).astype(
+                scratch.dtype))
     word = np.zeros(1, np.int64)
     cas_py(word, 0, 1)
     store_release_py(word, 0)
@@ -82,12 +85,14 @@ class Mailbox:
     segment: ``box[r % 2][k]``: worker k's replica as sent in round r (only the blocks
     that arrived are written), ``stamps[r % 2][k, j] = r + 1`` where its block j
     arrived; ``counts[k, j]``: worker k's messages with server j (columns
-    :data:`sgd_shm.ps.worker.MESSAGE_FIELDS`), written by worker k only."""
+    :data:`sgd_shm.ps.worker.MESSAGE_FIELDS`), written by worker k only. ``dtype``:
+    the weights' float type (the replicas')."""
 
-    def __init__(self, n_params, n_shards, n_workers, replicas, shared=True):
+    def __init__(self, n_params, n_shards, n_workers, replicas, shared=True,
+                 dtype=np.float64):
         shape = (2, n_workers, n_params) if replicas else (0,)
         self._seg, v = shared_arrays({
-            "box": (shape, np.float64),
+            "box": (shape, dtype),
             "stamps": ((2, n_workers, n_shards) if replicas else (0,), np.int64),
             "counts": ((n_workers, n_shards, len(MESSAGE_FIELDS)), np.int64)}, shared=shared)
         self.box, self.stamps, self.counts = v["box"], v["stamps"], v["counts"]
@@ -192,7 +197,7 @@ class ShmLink:
         for j in np.flatnonzero(up):
             box[k, b[j]:b[j + 1]] = x[b[j]:b[j + 1]]
             stamps[k, j] = r + 1                     # after the block (see the module notes)
-        self.server.round_sent(k, 8 * x.shape[0])    # the worker sent every block
+        self.server.round_sent(k, x.nbytes)          # the worker sent every block
         if not barrier():
             return None
         answered = np.zeros(len(b) - 1, bool)
@@ -226,7 +231,7 @@ def _process_main(payload, k, seed, start_method, lifeline=None):
         from sgd_shm.models import one_blas_thread
         one_blas_thread()
     if start_method != "fork":               # load the kernels now, not in the first step
-        warm_up(job.compressor, job.n_params)
+        warm_up(job.compressor, job.n_params, job.dtype)
         warm(job)
     ready[k * LINE] = 1
     while not ready[len(ready) - LINE]:
@@ -246,12 +251,14 @@ class LocalState:
     for threads): the :class:`ServerState` and, with RPS or message loss, the
     :class:`Mailbox`; and the coordinator's reads and writes of it (the
     :class:`sgd_shm.ps.transport.Backend` methods that are one call of the state).
-    ``shared``: in shared-memory segments (worker processes) or private memory."""
+    ``shared``: in shared-memory segments (worker processes) or private memory.
+    ``dtype``: the weights' float type (the model's)."""
 
     shared = True
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False, init=None, clock="exact", trace=0):
+                 replicas=False, lossy=False, init=None, clock="exact", trace=0,
+                 dtype=np.float64):
         self.n_workers = n_workers
         self.server = self.mail = self.tracebuf = None
         self.reads, self.writes = None, None     # traced: the coordinator's counters, status
@@ -261,11 +268,11 @@ class LocalState:
                 self.tracebuf = TraceBuffer(n_workers, trace, shared=self.shared)
                 self.reads, self.writes = [], []
             store = ParameterStore(n_params, n_shards=n_shards, n_workers=n_workers,
-                                   init=init, shared=self.shared, clock=clock)
+                                   init=init, shared=self.shared, clock=clock, dtype=dtype)
             parts = Partitions(batches, rng, budget, shared=self.shared)
             if replicas or lossy:
                 self.mail = Mailbox(n_params, n_shards, n_workers, replicas,
-                                    shared=self.shared)
+                                    shared=self.shared, dtype=store.dtype)
             self.server = ServerState(store, parts,
                                       None if self.mail is None else self.mail.counts)
             if ckpt is not None:
@@ -369,7 +376,7 @@ class ShmBackend(LocalState):
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
                  replicas=False, lossy=False, start_method="fork", init=None, clock="exact",
-                 trace=0):
+                 trace=0, dtype=np.float64):
         self.start_method = check_start_method(start_method)
         self._shipment = self._ready_seg = self._lifeline = None   # lifeline: forkserver's
         self.procs = []
@@ -379,7 +386,7 @@ class ShmBackend(LocalState):
                                                           np.int64)})
             self.ready = v["ready"]
             super().__init__(n_params, n_shards, n_workers, batches, rng, ckpt, budget,
-                             replicas, lossy, init, clock, trace)
+                             replicas, lossy, init, clock, trace, dtype)
         except BaseException:
             self.server = self.mail = self.tracebuf = None
             self.close()
@@ -391,7 +398,7 @@ class ShmBackend(LocalState):
     def start(self, job, seeds, lr, wait: WaitPolicy, ready_timeout=120.0):
         """Start the workers with ``start_method`` and return once each one is ready
         (or has ended; at most ``ready_timeout`` seconds), after giving them the go."""
-        warm_up(job.compressor, job.n_params)     # spawned workers load it from the cache
+        warm_up(job.compressor, job.n_params, job.dtype)   # spawned workers: from the cache
         link = ShmLink(self.server, lr, wait, os.getpid(), self.mail)
         link.trace = self.tracebuf
         ctx = mp.get_context(self.start_method)

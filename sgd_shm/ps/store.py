@@ -5,7 +5,8 @@ The layer under the parameter server (issue: SaPS, BSP/ASP/SSP): worker processe
 computed from them, in the style of ps-lite's few verbs. Everything lives in one
 :class:`relaxed.shm.Segment`:
 
-* weights (float64), cut into ``n_shards`` contiguous shards;
+* weights (``dtype``: float64, or float32 for a model that computes in it, e.g. a
+  torch module), cut into ``n_shards`` contiguous shards;
 * per shard, in its own cache line: a version counter bumped by every update
   applied to it, and a lock word holding the pid of the process applying one
   (0 when free);
@@ -18,8 +19,9 @@ computed from them, in the style of ps-lite's few verbs. Everything lives in one
   its pushes (global version at push minus version pulled), how many shard
   updates it deferred, what the training driver counts (pushes dropped,
   minibatches stolen, slow spells), the bytes its pushes sent (``bytes_sent``: a
-  dense push counts 8 bytes per weight, a compressed one its message's size) and
-  would have sent dense (``bytes_dense``: 8 bytes per weight per push), and the sum
+  dense push counts the weights' bytes, 8 per weight in float64 and 4 in float32, a
+  compressed one its message's size) and would have sent dense (``bytes_dense``: the
+  weights' bytes per push), and the sum
   of the scales its pushes were applied with. Straggler detection reads these
   slots;
 * per worker, a histogram of the staleness of its pushes in log2 bins: bin 0
@@ -118,11 +120,13 @@ F_APPLIED = len(SLOT_FIELDS)     # float64 slot field: sum of the scales of the 
 SLOT = -(-(F_APPLIED + 1) // LINE) * LINE
 HIST_BINS = 32                   # staleness histogram bins per worker
 META = _shm.HEADER_SIZE          # the store's own header (8 int64) follows the common one:
-                                 # n_params, n_shards, n_workers, LINE
+                                 # n_params, n_shards, n_workers, LINE, clock, dtype code
 HEADER = 256                     # where the weights start
 CLOCKS = ("exact", "multicounter")
 _NAME_AT, _NAME_MAX = META + 64, HEADER - META - 64   # the clock's segment name (bytes)
 _BASE = 2                        # _global[2]: the relaxed clock's offset (restore)
+#: the weights' float types by their code in the header (float64 is 0, the default)
+DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
 
 @dataclass(frozen=True)
@@ -292,15 +296,18 @@ def _attach(name):
 
 
 class ParameterStore:
-    """ParameterStore(n_params, *, n_shards=8, n_workers=4, shared=True, init=None)
+    """ParameterStore(n_params, *, n_shards=8, n_workers=4, shared=True, init=None,
+    dtype=np.float64)
 
-    Sharded float64 weights with per-shard versions and locks, a global version
-    and per-worker slots, in one shared-memory segment (pickles as a handle that
-    re-attaches). ``init`` sets the initial weights (default zeros).
+    Sharded weights with per-shard versions and locks, a global version and
+    per-worker slots, in one shared-memory segment (pickles as a handle that
+    re-attaches). ``init`` sets the initial weights (default zeros); ``dtype`` is
+    their float type (float64, or float32 for a model that computes in it: pulls,
+    pushes and snapshots then move float32, and a push's gradient is converted to it).
     """
 
     def __init__(self, n_params, *, n_shards=8, n_workers=4, shared=True, init=None,
-                 clock="exact", clock_counters=None):
+                 clock="exact", clock_counters=None, dtype=np.float64):
         n_params = check_int("n_params", n_params)
         n_shards = check_int("n_shards", n_shards)
         n_workers = check_int("n_workers", n_workers)
@@ -310,20 +317,22 @@ class ParameterStore:
         if not isinstance(shared, bool):
             raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
         clock, m = _clock_args(clock, clock_counters, n_workers)
-        total = self._size(n_params, n_shards, n_workers)
+        dt = _dtype_arg(dtype)
+        total = self._size(n_params, n_shards, n_workers, dt.itemsize)
         seg = _shm.Segment.create(total, shared=shared)
         mc = None
         try:
             _shm.write_header(seg.buf, KIND_PS, total)
             meta = np.frombuffer(seg.buf, np.int64, 8, offset=META)
-            meta[:] = (n_params, n_shards, n_workers, LINE, CLOCKS.index(clock), 0, 0, 0)
+            meta[:] = (n_params, n_shards, n_workers, LINE, CLOCKS.index(clock),
+                       DTYPES.index(dt), 0, 0)
             if clock == "multicounter":
                 mc = MultiCounter(m, shared=shared)
                 if shared:
                     _write_name(seg.buf, mc.name)
             self._map(seg, mc)
             if init is not None:
-                a = np.asarray(init, dtype=np.float64)
+                a = np.asarray(init, dtype=dt)
                 if a.shape != (n_params,):
                     raise ValueError(f"init: expected shape ({n_params},), got {a.shape}")
                 if not np.isfinite(a).all():
@@ -337,9 +346,9 @@ class ParameterStore:
             raise
 
     @staticmethod
-    def _size(n_params, n_shards, n_workers):
-        return HEADER + 8 * (n_params + 2 * LINE * n_shards + LINE + SLOT * n_workers
-                             + HIST_BINS * n_workers)
+    def _size(n_params, n_shards, n_workers, itemsize=8):
+        return HEADER + _weight_bytes(n_params, itemsize) + 8 * (
+            2 * LINE * n_shards + LINE + SLOT * n_workers + HIST_BINS * n_workers)
 
     @classmethod
     def attach(cls, name):
@@ -354,9 +363,11 @@ class ParameterStore:
                 raise ValueError(f"segment {name!r} pads its slots to {int(line)} words, this "
                                  f"build to {LINE} (RELAXED_CACHE_LINE); attach from a process "
                                  "of the same build")
-            if cls._size(int(n_params), int(n_shards), int(n_workers)) != seg.size:
+            code, dcode = (int(c) for c in np.frombuffer(seg.buf, np.int64, 2, offset=META + 32))
+            if not 0 <= dcode < len(DTYPES) or cls._size(
+                    int(n_params), int(n_shards), int(n_workers),
+                    DTYPES[dcode].itemsize) != seg.size:
                 raise ValueError(f"segment {name!r} has an inconsistent ParameterStore header")
-            code = int(np.frombuffer(seg.buf, np.int64, 1, offset=META + 32)[0])
             self._map(seg, MultiCounter.attach(_read_name(seg.buf)) if code == 1 else None)
         except BaseException:
             self._views_off()
@@ -369,9 +380,10 @@ class ParameterStore:
         n_params, n_shards, n_workers = (int(x) for x in
                                          np.frombuffer(seg.buf, np.int64, 3, offset=META))
         self.n_params, self.n_shards, self.n_workers = n_params, n_shards, n_workers
+        self.dtype = DTYPES[int(np.frombuffer(seg.buf, np.int64, 1, offset=META + 40)[0])]
         off = HEADER
-        self.weights = np.frombuffer(seg.buf, np.float64, n_params, offset=off)
-        off += 8 * n_params
+        self.weights = np.frombuffer(seg.buf, self.dtype, n_params, offset=off)
+        off += _weight_bytes(n_params, self.dtype.itemsize)
         self._versions = np.frombuffer(seg.buf, np.int64, LINE * n_shards, offset=off)
         off += 8 * LINE * n_shards
         self._locks = np.frombuffer(seg.buf, np.int64, LINE * n_shards, offset=off)
@@ -451,6 +463,12 @@ class ParameterStore:
         self._check_open()
         return "exact" if self._mc is None else "multicounter"
 
+    @property
+    def dense_bytes(self) -> int:
+        """Bytes of one dense push: every weight in the store's ``dtype`` (8 each in
+        float64, 4 in float32)."""
+        return self.dtype.itemsize * self.n_params
+
     def clock_error_bound(self) -> int:
         """The bound on ``|version - exact_version|`` of one read: the MultiCounter's
         ``error_bound()`` (0 for the exact clock). A staleness, the difference of two
@@ -500,7 +518,7 @@ class ParameterStore:
         (:attr:`slack`: 0 unless sparse pushes skipped shards). For checkpoints."""
         self._check_open()
         v = self.exact_version
-        w = np.empty(self.n_params)
+        w = np.empty(self.n_params, self.dtype)
         vers = np.empty(self.n_shards, np.int64)
         for s in range(self.n_shards):
             lo, hi = int(self.bounds[s]), int(self.bounds[s + 1])
@@ -539,7 +557,7 @@ class ParameterStore:
         sparse pushes leaves shards behind the global version, and restoring its
         snapshot needs ``slack >= version - min(shard_versions)``."""
         self._check_open()
-        w = np.asarray(weights, dtype=np.float64)
+        w = np.asarray(weights, dtype=self.dtype)
         if w.shape != (self.n_params,) or not np.isfinite(w).all():
             raise ValueError(f"weights: expected {self.n_params} finite floats, got shape "
                              f"{w.shape}")
@@ -582,8 +600,9 @@ class ParameterStore:
             out = self.weights.copy()
         else:
             if not isinstance(out, np.ndarray) or out.shape != (self.n_params,) \
-                    or out.dtype != np.float64:
-                raise ValueError(f"out: expected a float64 array of shape ({self.n_params},)")
+                    or out.dtype != self.dtype:
+                raise ValueError(f"out: expected a {self.dtype} array of shape "
+                                 f"({self.n_params},) (the store's weights)")
             out[:] = self.weights
         if worker is not None:
             s = self._slots[self._worker(worker)]
@@ -598,8 +617,8 @@ class ParameterStore:
         a :class:`PushResult`; shards whose lock stayed held past the wait
         policy are deferred (not applied) and listed in ``.deferred``.
         ``nbytes``: what the pushed gradient cost to send, added to the worker's
-        ``bytes_sent`` (``None``: 8 bytes per weight; a decoded compressed message
-        passes its own size). ``shards``: apply only these (ascending, distinct;
+        ``bytes_sent`` (``None``: the weights' bytes, :attr:`dense_bytes`; a decoded
+        compressed message passes its own size). ``shards``: apply only these (ascending, distinct;
         ``None``: all), as when the messages to the others were lost; the push
         counts once, like a sparse push that skipped shards (the slack is raised)."""
         self._check_open()
@@ -619,7 +638,7 @@ class ParameterStore:
             fetch_add_py(self._global, 1, 1)
         self._apply(res, todo, wait)
         if wid is not None:
-            self._account(wid, stale, res, scale, 8 * self.n_params if nbytes is None
+            self._account(wid, stale, res, scale, self.dense_bytes if nbytes is None
                           else nbytes)
         if not res.deferred:
             res.version = self._tick()
@@ -637,7 +656,7 @@ class ParameterStore:
         in full (+1, as a dense push). The worker's slot counts it as one push
         (pushes, staleness, histogram, deferred, applied weight), ``bytes_sent``
         += ``nbytes`` (``None``: the bytes of ``indices`` and ``values``) and
-        ``bytes_dense`` += 8 * n_params. Deferred shards are retried with
+        ``bytes_dense`` += :attr:`dense_bytes`. Deferred shards are retried with
         :meth:`push_deferred`, as for a dense push."""
         self._check_open()
         idx, vals = self._sparse(indices, values)
@@ -680,7 +699,7 @@ class ParameterStore:
         byte counts and applied weight)."""
         _account_slot(self._slots[wid], self._slotsf[wid], self._hist[wid], stale,
                       staleness_bin(stale), len(res.deferred), int(nbytes),
-                      8 * self.n_params, scale, time.monotonic_ns())
+                      self.dense_bytes, scale, time.monotonic_ns())
 
     def push_deferred(self, res: PushResult, *, wait=WaitPolicy()):
         """Retry the deferred shards of an earlier push; the global version is
@@ -714,11 +733,11 @@ class ParameterStore:
         """Count a model-averaging deposit in the worker's slot: one push of staleness
         0 whose blocks went to the servers' mailbox, not into the weights;
         ``bytes_sent`` += ``nbytes`` (the blocks that were sent), ``bytes_dense`` +=
-        8 * n_params. The pushes counter is what the round barrier reads."""
+        :attr:`dense_bytes`. The pushes counter is what the round barrier reads."""
         self._check_open()
         k = self._worker(worker)
         _account_slot(self._slots[k], self._slotsf[k], self._hist[k], 0, 0, 0, int(nbytes),
-                      8 * self.n_params, 1.0, time.monotonic_ns())
+                      self.dense_bytes, 1.0, time.monotonic_ns())
 
     def publish(self, shard, values, version) -> bool:
         """Server ``shard``'s state after round ``version``: under the shard's lock, if
@@ -781,7 +800,7 @@ class ParameterStore:
         if skipped:
             fetch_add_py(self._global, 1, 1)
         res = PushResult([], [], stale)
-        self._account(wid, stale, res, scale, 8 * self.n_params if nbytes is None else nbytes)
+        self._account(wid, stale, res, scale, self.dense_bytes if nbytes is None else nbytes)
         self._tick()
         return stale
 
@@ -893,7 +912,7 @@ class ParameterStore:
         if vals.shape != idx.shape:
             raise ValueError(f"values: expected shape {idx.shape} (one per index), got "
                              f"{vals.shape}")
-        vals = np.ascontiguousarray(vals, dtype=np.float64)
+        vals = np.ascontiguousarray(vals, dtype=self.dtype)
         return idx, vals          # order, range and finiteness: checked by the kernel
 
     # ---- worker slots -------------------------------------------------------------------
@@ -963,7 +982,7 @@ class ParameterStore:
             raise TypeError(f"grad: expected a float array, got dtype {g.dtype}")
         if g.shape != (self.n_params,):
             raise ValueError(f"grad: expected shape ({self.n_params},), got {g.shape}")
-        g = np.ascontiguousarray(g, dtype=np.float64)
+        g = np.ascontiguousarray(g, dtype=self.dtype)
         if not np.isfinite(g).all():
             raise ValueError("grad: contains NaN or inf; the update would corrupt the "
                              "weights (lower the learning rate or clip the gradient)")
@@ -1006,7 +1025,7 @@ class ParameterStore:
             return "<ParameterStore closed>"
         return (f"<ParameterStore n_params={self.n_params} n_shards={self.n_shards} "
                 f"n_workers={self.n_workers} version={self.exact_version} clock={self.clock} "
-                f"name={self.name!r}>")
+                f"dtype={self.dtype} name={self.name!r}>")
 
 
 def _field(field):
@@ -1033,6 +1052,24 @@ def _clock_args(clock, counters, n_workers):
         raise ValueError(f"clock_counters: applies to clock='multicounter' only, got "
                          f"clock={clock!r}")
     return clock, check_int("clock_counters", counters)
+
+
+def _dtype_arg(dtype):
+    """The weights' float type: float64 or float32 (a TypeError naming the rest)."""
+    try:
+        dt = None if dtype is None else np.dtype(dtype)   # (np.dtype(None) is float64)
+    except TypeError:
+        dt = None
+    if dt is None or dt not in DTYPES:
+        raise TypeError(f"dtype: the weights' float type must be np.float64 or np.float32, "
+                        f"got {dtype!r}")
+    return dt
+
+
+def _weight_bytes(n_params, itemsize):
+    """Bytes the weights take in the segment: whole int64 words, so that the version
+    and lock words after them stay aligned."""
+    return -(-n_params * itemsize // 8) * 8
 
 
 def _write_name(buf, name):

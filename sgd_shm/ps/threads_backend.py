@@ -18,6 +18,8 @@ from __future__ import annotations
 import threading
 import traceback
 
+import numpy as np
+
 from sgd_shm.ps.shm_backend import LocalState, ShmLink, warm_up
 from sgd_shm.ps.worker import Diverged, run_worker
 
@@ -71,9 +73,10 @@ class ThreadsBackend(LocalState):
     shared = False
 
     def __init__(self, n_params, n_shards, n_workers, batches, rng, ckpt=None, budget=None,
-                 replicas=False, lossy=False, init=None, clock="exact", trace=0):
+                 replicas=False, lossy=False, init=None, clock="exact", trace=0,
+                 dtype=np.float64):
         super().__init__(n_params, n_shards, n_workers, batches, rng, ckpt, budget,
-                         replicas, lossy, init, clock, trace)
+                         replicas, lossy, init, clock, trace, dtype)
         self.threads, self.outcome, self.dead = [], {}, [False] * n_workers
         self._seen = set()
         self.nodes = [f"thread-{k}" for k in range(n_workers)]
@@ -91,7 +94,7 @@ class ThreadsBackend(LocalState):
         self.outcome[k] = how
 
     def start(self, job, seeds, lr, wait):
-        warm_up(job.compressor, job.n_params)
+        warm_up(job.compressor, job.n_params, job.dtype)
         link = ThreadLink(self.server, lr, wait, self.dead, self.mail)
         link.trace = self.tracebuf
         self.threads = [threading.Thread(target=self._main, name=f"ps-worker-{k}",

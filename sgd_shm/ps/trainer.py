@@ -22,7 +22,7 @@ import numpy as np
 from sgd_shm.core.model import blas_limited
 from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.progress import seconds_bar
-from sgd_shm.core.validation import check_eval_set, model_data, n_columns
+from sgd_shm.core.validation import check_eval_set, model_data, model_dtype, n_columns
 from sgd_shm.ps.checkpoint import load_checkpoint
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.ps.config import make_config
@@ -39,7 +39,8 @@ class TrainResult(Result):
     every trainer's result has are described in :mod:`sgd_shm.core.results`).
 
     Model: ``model`` (the :class:`sgd_shm.models.Model` trained: the default
-    ``Linear`` or the ``model=`` given), ``coef_`` (its final flat weights),
+    ``Linear`` or the ``model=`` given), ``coef_`` (its final flat weights, of the
+    model's ``dtype``),
     ``classes_`` (class index i is ``classes_[i]``; for the linear model the second is
     the positive class), ``decision_function(X)``, ``predict(X)``, ``score(X, y)``,
     ``predict_proba(X)`` where the model has probabilities.
@@ -116,13 +117,15 @@ class TrainResult(Result):
 
     @property
     def bytes_sent(self) -> int:
-        """Bytes the workers' pushes sent, all workers: 8 per weight for a dense push
-        (``compress=None``), the message's size for a compressed one."""
+        """Bytes the workers' pushes sent, all workers: the weights' bytes for a dense
+        push (``compress=None``; 8 per weight in float64, 4 in float32), the message's
+        size for a compressed one."""
         return sum(w.get("bytes_sent", 0) for w in self.workers)
 
     @property
     def bytes_dense(self) -> int:
-        """Bytes the same pushes would have sent dense: 8 * n_features per push."""
+        """Bytes the same pushes would have sent dense: the weights' bytes per push
+        (``n_params`` times 8 in float64, 4 in float32)."""
         return sum(w.get("bytes_dense", 0) for w in self.workers)
 
     @property
@@ -162,7 +165,7 @@ def _backend(cfg, d, batches, rng, ckpt, budget, init=None):
     shards = _n_shards(cfg, d, ckpt)
     kw = {"budget": None if cfg.policy.replicated else budget,
           "replicas": cfg.policy.replicated, "lossy": cfg.lossy, "init": init,
-          "clock": cfg.clock}
+          "clock": cfg.clock, "dtype": model_dtype(cfg.model)}
     if cfg.trace:
         kw["trace"] = cfg.trace
     if cfg.backend == "ray":
@@ -192,7 +195,8 @@ def _ray_backend(cfg, d, shards, batches, rng, ckpt, budget, kw):
                               owned=owned, **kw)
         from sgd_shm.ps.ray_local import NodeLocalBackend
         return NodeLocalBackend(d, shards, cfg.n_workers, batches, rng, ckpt, budget, init=
-                                kw["init"], session=session, owned=owned, clock=kw["clock"])
+                                kw["init"], session=session, owned=owned, clock=kw["clock"],
+                                dtype=kw["dtype"])
     except BaseException:
         if owned:
             session.close()
@@ -306,7 +310,7 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         the policy drops leaves the memory untouched (its minibatch is redone, so
         the residual neither loses earlier mass nor gains the dropped gradient).
         ``bytes_sent`` / ``bytes_dense`` of the result count the messages' bytes
-        against 8 bytes per weight per push (equal when compress is None).
+        against the weights' bytes per push (equal when compress is None).
     drop [None] : message loss: every message between a worker and a shard's
         server (both directions) is lost independently with this probability in
         [0, 1), with coins seeded from ``seed`` (:class:`sgd_shm.ps.worker.Losses`);
@@ -334,7 +338,11 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         gradient is ``model.loss_grad`` of its minibatch (y: any labels, as many
         classes as ``model.n_outputs``); the loss and L2 are the model's, so
         ``loss`` and ``alpha`` must be left out. Every policy, ``compress``,
-        ``drop``, the budget and both backends apply.
+        ``drop``, the budget and every backend apply. Every buffer of the run (the
+        store's weights, the workers' pulled copies and gradients, the messages, the
+        error-feedback memory, checkpoints, ``coef_``) is of the model's ``dtype``
+        (float32 for a :class:`sgd_shm.torch.TorchModel`, float64 for the kit's
+        models; anything else is a TypeError naming ``model.dtype``).
     partition [None] : with a model, "blocks": block variable partitioning
         (Kungurtsev et al., arXiv:1905.11845): ``model.blocks(n_workers)`` gives
         each worker its own coordinate blocks; each step it pulls all the weights,
@@ -414,7 +422,7 @@ def _messages(cfg, job, counts):
 
 def _run(cfg, job, backend, evaluate, rng, ckpt, classes, d):
     # compile the kernels once, before the workers start and before the clock
-    evaluate(np.zeros(d))
+    evaluate(np.zeros(d, job.dtype))
     warm(job)
     meta = {"policy": cfg.policy.name, "n_workers": cfg.n_workers,
             "n_samples": int(job.model.n_rows(job.data)), "n_features": int(d),

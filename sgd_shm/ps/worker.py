@@ -80,6 +80,7 @@ import numpy as np
 
 from sgd_shm.compress import Channel
 from sgd_shm.core.launcher import shared_arrays
+from sgd_shm.core.validation import model_dtype
 from sgd_shm.ps.store import FLAGGED
 from sgd_shm.ps.transport import Push
 
@@ -109,6 +110,13 @@ class Job:
     drop: float | None = None     # message loss probability; None: reliable links
     loss_seed: int = 0            # the run's seed of the loss coins (see Losses)
     blocks: tuple | None = None   # partition="blocks": (bounds, owners) of model.blocks
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The float type of every buffer of the run (the model's ``dtype``: float64,
+        or float32 for a model that computes in it): the weights pulled, the gradient,
+        the messages and the error-feedback memory."""
+        return model_dtype(self.model)
 
 
 #: the integer columns of a traced push (``train(trace=True)``, :class:`TraceBuffer`):
@@ -219,9 +227,10 @@ class PSTrace:
 
 def warm(job):
     """Compile (or load from Numba's cache) the gradient kernel of ``job`` in this
-    process, on its first minibatch (at zero weights, into a scratch buffer)."""
+    process, on its first minibatch (at zero weights of the run's float type, into a
+    scratch buffer)."""
     rows = job.batches.rows_of(0, 0)
-    w = np.zeros(job.n_params)
+    w = np.zeros(job.n_params, job.dtype)
     job.model.grad(w, job.data, rows, np.empty_like(w))
 
 
@@ -396,7 +405,7 @@ def _send(link, k, grad, v, scale, channel, shards, block=None):
     if block is not None:
         lo, hi = block
         push = Push(v, scale, indices=np.arange(lo, hi), values=grad[lo:hi],
-                    nbytes=8 * (hi - lo) + 16)
+                    nbytes=grad.itemsize * (hi - lo) + 16)
     elif channel is None:
         push = Push(v, scale, grad=grad, shards=shards)
     else:
@@ -413,7 +422,7 @@ def _start(link, job, k):
     the stream (seed, k)), loss coins and view of the weights (a lossy run starts from
     the initial weights)."""
     channel = None if job.compressor is None else Channel(job.compressor, job.n_params,
-                                                          stream=k)
+                                                          stream=k, dtype=job.dtype)
     losses = view = None
     if job.drop is not None:
         losses = Losses(job.drop, job.loss_seed, k, len(link.bounds) - 1)
@@ -461,7 +470,7 @@ def run_worker(link, job, k, seed):
             up, down = losses.draw()
             w = _receive(link, w, view, down)
         if g is None:
-            g = np.zeros(w.shape[0])
+            g = np.zeros(w.shape[0], w.dtype)           # the store's float type
         block = _block(job, k, rng)
         t0 = time.perf_counter()
         grad = _gradient(job, p, j, w, g, block)
@@ -553,7 +562,7 @@ def run_rounds(link, job, k, seed):
     rng = np.random.default_rng(seed)
     spells = _Spells(job.transient, rng)
     losses = Losses(job.drop or 0.0, job.loss_seed, k, len(link.bounds) - 1)
-    x = np.array(link.exchange(k)[0], dtype=np.float64, copy=True)
+    x = np.array(link.exchange(k)[0], dtype=job.dtype, copy=True)
     g = np.empty_like(x)
     state = link.state(k)
     sent = state.pushes(k)                           # rounds sent (a resumed run goes on)
