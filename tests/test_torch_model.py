@@ -255,8 +255,9 @@ def test_ps_one_worker_equals_serial_torch_sgd(digits, backend, monkeypatch, tmp
     assert len(batches) == r.updates == 19                     # 600 rows / 32
     assert sorted(np.concatenate(batches).tolist()) == list(range(600))
     want = torch_sgd_naive(start, X, y, batches, lr=0.1)
-    # the store keeps float64 weights (each step rounds them once more to float32 for
-    # the module): equal to float32 rounding
+    # the store keeps float32 weights (each push rounds w - lr * g once to float32, torch
+    # in its own order of operations): equal to float32 rounding
+    assert r.coef_.dtype == np.float32
     np.testing.assert_allclose(r.coef_, want, rtol=0, atol=2e-6)
     assert not np.allclose(want, TorchModel(copy.deepcopy(start)).init(None), atol=1e-3)
 
@@ -303,6 +304,7 @@ def test_eager_one_rank_equals_serial_torch_sgd(digits, momentum, no_shm_leak):
     assert r.rounds == 19
     want = torch_sgd_naive(start, X, y, _rank_batches(600, 32, 3, 19), lr=0.05,
                            momentum=momentum)
+    assert r.coef_.dtype == np.float32
     np.testing.assert_allclose(r.coef_, want, rtol=0, atol=2e-6)
 
 
@@ -332,7 +334,7 @@ def test_eager_two_ranks_sync_equal_averaged_gradient_sgd(digits, no_shm_leak):
     start = copy.deepcopy(net)
     r = eager.train(X, y, model=TorchModel(net), n_workers=2, epochs=1, lr=0.1,
                     batch_size=16, seed=4, sample_every=10.0, progress=False)
-    assert r.replicas_equal and r.rounds == 10
+    assert r.replicas_equal and r.rounds == 10 and r.coef_.dtype == np.float32
     per_rank = [_rank_batches(320, 16, 4, 10, P=2, k=k) for k in range(2)]
     np.testing.assert_allclose(r.coef_, _averaged_sgd(start, X, y, per_rank, 0.1), rtol=0,
                                atol=2e-6)
@@ -374,6 +376,7 @@ def test_eager_cnn_under_mpi_equals_averaged_gradient_sgd(digits, tmp_path):
     assert p.returncode == 0 and "OK True 10" in p.stdout, (p.stdout + p.stderr)[-3000:]
     per_rank = [_rank_batches(320, 16, 4, 10, P=2, k=k) for k in range(2)]
     want = _averaged_sgd(DigitsCNN(seed=6), X[:320], y[:320], per_rank, 0.1)
+    assert np.load(out).dtype == np.float32              # float32 through MPI's buffers
     np.testing.assert_allclose(np.load(out), want, rtol=0, atol=2e-6)
 
 
@@ -414,4 +417,5 @@ def test_ps_cnn_on_ray(digits, local_ray):
                  backend="ray", lr=0.1, batch_size=32, epochs=3, seed=0,
                  eval_set=(Xte, yte), progress=False)
     assert r.backend == "ray" and r.updates == 3 * 46     # 2 x 23 minibatches an epoch
+    assert r.coef_.dtype == np.float32
     assert r.final_loss < 0.5 * r.history[0]["loss"] and r.val_score > 0.6
