@@ -20,12 +20,24 @@ import pickle
 import multiprocess as mp
 import numpy as np
 import pytest
-
-from naive import (eager_sparse_mean_sgd_naive, error_feedback_naive, store_pushes_naive,
-                   topk_feedback_naive)
+from naive import (
+    eager_sparse_mean_sgd_naive,
+    error_feedback_naive,
+    store_pushes_naive,
+    topk_feedback_naive,
+)
 
 from sgd_shm import eager, ps
-from sgd_shm.compress import QSGD, Dense, RandomK, TopK, add_packed, pack, packed_size, unpack
+from sgd_shm.compress import (
+    QSGD,
+    Dense,
+    RandomK,
+    TopK,
+    add_packed,
+    pack,
+    packed_size,
+    unpack,
+)
 from sgd_shm.models import SoftmaxRegression
 from sgd_shm.ps import shm_backend
 from sgd_shm.ps.checkpoint import load_checkpoint
@@ -244,6 +256,7 @@ def test_ps_one_worker_keeps_float32_and_equals_serial_torch_sgd(digits, backend
     float32 torch.optim.SGD on the same minibatches; a run resumes from the
     checkpoint in float32."""
     from naive import torch_sgd_naive
+
     from sgd_shm.torch import DigitsCNN
     X, _, y, _ = digits
     made = _store_recorder(monkeypatch)
@@ -331,6 +344,7 @@ def test_eager_one_rank_keeps_float32_and_equals_serial_torch_sgd(digits, tmp_pa
     collective buffer, coef_ float32, 4 bytes a value; one rank equals serial float32
     torch.optim.SGD on its minibatches."""
     from naive import torch_sgd_naive
+
     from sgd_shm.torch import DigitsCNN
     X, _, y, _ = digits
     net = DigitsCNN(seed=5)
@@ -418,3 +432,20 @@ def test_model_dtype_other_than_float32_or_float64_is_a_type_error(train):
     X, y = np.random.default_rng(0).standard_normal((40, 4)), np.arange(40) % 3
     with pytest.raises(TypeError, match=r"model\.dtype: must be np\.float32 or np\.float64"):
         train(X, y, model=_Half(4, 3), n_workers=1, epochs=1, progress=False)
+
+
+class _WideF32(SoftmaxRegression):
+    dtype = np.float32
+
+
+def test_eager_refuses_a_float32_gather_past_its_count_limit():
+    """Shared memory gathers float32 payloads below 2**24 elements: a dense-sized
+    message on 2**23 float32 weights is refused up front, naming compress and the
+    fix; a sparse one on the same model passes that check (and fails on the data)."""
+    model = _WideF32(2 ** 22, 2)
+    X, y = np.zeros((2, 3)), np.array([0, 1])
+    with pytest.raises(ValueError, match=r"compress: Dense\(\) sends up to 8388610 .*"
+                                         r"below 2\*\*24 elements"):
+        eager.train(X, y, model=model, n_workers=2, compress="dense", progress=False)
+    with pytest.raises(ValueError, match="n_features"):
+        eager.train(X, y, model=model, n_workers=2, compress="topk:0.01", progress=False)

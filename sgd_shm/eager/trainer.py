@@ -219,6 +219,9 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
     cfg = replace(cfg, momentum=check_momentum(momentum), model=_model(model),
                   callbacks=check_callbacks(callbacks),
                   trace=_trace(trace, cfg.backend, cfg.n_workers))
+    d, dtype = cfg.model.n_params, model_dtype(cfg.model)
+    k = 0 if cfg.compress is None else message_capacity(cfg.compress, d)
+    _check_gather(cfg, d, k, dtype)
     X, ys, classes = model_data(X, y, cfg.model, cfg.n_workers)
     evals = check_eval_set(eval_set, cfg.model, classes)
     if max_epochs is not None:
@@ -226,10 +229,8 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         cfg = replace(cfg, max_rounds=max(1, math.ceil(max_epochs * X.shape[0] / per_round)))
     rng = np.random.default_rng(cfg.seed)
     eval_rows = np.sort(rng.choice(X.shape[0], min(EVAL_ROWS, X.shape[0]), replace=False))
-    d = cfg.model.n_params
-    k = 0 if cfg.compress is None else message_capacity(cfg.compress, d)
     job = _Job(cfg, d, Evaluator(cfg.model, X, ys, eval_rows, evals), k,
-               cfg.model.prepare(X, ys), model_dtype(cfg.model))
+               cfg.model.prepare(X, ys), dtype)
     _warm_up(job)
     if cfg.backend == "mpi":
         outs = _run_mpi(job, comm)
@@ -341,6 +342,25 @@ def _model(model):
                         "for the linear model")
     model_dtype(model)                        # float32 or float64: every buffer's type
     return model
+
+
+#: elements a float32 payload of a shared-memory gather stays below (the row's count
+#: travels as a float32 there, see :mod:`sgd_shm.collectives.shm`)
+SHM_F32_GATHER = 2 ** 24
+
+
+def _check_gather(cfg, d, k, dtype):
+    """A float32 model's compressed messages on shared memory: the largest payload
+    (the vote and a packed message of ``k`` entries) must stay below
+    :data:`SHM_F32_GATHER` elements."""
+    if cfg.compress is None or cfg.backend != "shm" or dtype != np.float32:
+        return
+    n = exchange_size(cfg, d, k, dtype)
+    if n >= SHM_F32_GATHER:
+        raise ValueError(f"compress: {cfg.compress!r} sends up to {k} entries on this float32 "
+                         f"model's {d} weights, a payload of {n} float32 elements; the "
+                         f"shared-memory gather takes float32 payloads below 2**24 elements; "
+                         "use a sparser compressor (e.g. TopK(ratio=0.01)) or backend='mpi'")
 
 
 def _compressor(compress):
