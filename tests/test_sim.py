@@ -386,6 +386,9 @@ def test_calibrate_fits_the_real_runs_counts(data):
     m = max(s, 1.0)
     assert cal.slow_extra_s == pytest.approx(max(per[0] - 2.0 * cal.step_s * m, 0.0) / m)
     assert cal.wake_s >= 0.0001                    # half the shm transport's poll at least
+    # the gated step's charge: the real BSP round's excess over the simulated one
+    m_ = cal.measured
+    assert cal.gate_s == pytest.approx(max(m_["bsp_round_s"] - m_["bsp_round_s_simulated"], 0))
     sim = cal.simulate(X, y, policy="bsp", slowdown={0: 2.0}, epochs=1)
     assert sim.n_workers == 2 and sim.seconds > 0
     f = cal.cluster({0: 2.0}).worker_factors(2)
@@ -409,6 +412,23 @@ def test_wake_seconds_delay_a_gated_worker(data):
     rounds = a.updates // 2
     assert a.seconds == pytest.approx(rounds * step, rel=1e-5)
     assert b.seconds == pytest.approx(rounds * step + (rounds - 1) * wake, rel=1e-5)
+
+
+def test_gate_seconds_charge_every_gated_step(data):
+    """gate_s is charged to every step a gated policy begins (BSP: each round is one
+    step of its slowest worker longer by gate_s); ASP's steps are not charged."""
+    X, y = data
+    step, gate = 1e-3, 4e-4
+    cl = dict(factors=[1.0, 2.0])
+    runs = {(pol, g): simulate(X, y, n_workers=2, policy=pol, epochs=1,
+                               cluster=Cluster(step, gate_s=g, **cl))
+            for pol in ("bsp", "asp") for g in (0.0, gate)}
+    rounds = runs[("bsp", 0.0)].updates // 2
+    assert runs[("bsp", 0.0)].seconds == pytest.approx(rounds * 2 * step, rel=1e-5)
+    assert runs[("bsp", gate)].seconds == pytest.approx(rounds * (2 * step + gate), rel=1e-5)
+    assert runs[("asp", gate)].seconds == runs[("asp", 0.0)].seconds
+    with pytest.raises(ValueError, match="gate_s"):
+        Cluster(step, gate_s=-1.0)
 
 
 def test_bench_sim_quick_parts(tmp_path):

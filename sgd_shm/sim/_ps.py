@@ -52,6 +52,12 @@ from sgd_shm.ps.worker import Losses
 
 READY, PULL, SEND, APPLY, SAMPLE, KILL = range(6)
 _KNOWN_GATES = (Policy.may_step, SSP.may_step)
+
+
+def _gated(policy) -> bool:
+    """Whether the policy has a gate that can close (its may_step is not the base
+    class's always-open one): BSP and SSP, not ASP, SaPS or RPS."""
+    return type(policy).may_step is not Policy.may_step
 #: the fields of the push log (one entry per applied push, in virtual-time order)
 LOG_FIELDS = ("seconds", "worker", "partition", "batch", "pulled", "version", "scale")
 
@@ -171,6 +177,8 @@ class PSSim:
         self.stamp = 0                             # state changes so far (gate memo)
         self.memo = {}
         self.known_gate = type(self.policy).may_step in _KNOWN_GATES
+        # a gated policy's step costs cluster.gate_s more (see Cluster); ASP's none
+        self.gate_s = cfg.cluster.gate_s if _gated(self.policy) else 0.0
         self.in_free = self.out_free = -math.inf      # the servers' links free since
         self.cores, self.busy = cfg.cluster.cores, []      # shared cores: computing until
         self.replay = cfg.replay                           # a real run's timeline, or None
@@ -257,7 +265,7 @@ class PSSim:
         if not self.gate(k, self.state.pushes_[k]):
             self.blocked[k] = self.state.pushes_[k]
             return
-        self.begin(t, k)
+        self.begin(t + self.gate_s, k)
 
     def begin(self, t, k):
         """The gate is open: claim a ticket, take a minibatch, send the pull."""

@@ -15,7 +15,11 @@ makes the simulator reproduce it:
   overrun, is added to every slowed step of the predictions. ``wake_s``: how long
   a worker waiting at a closed gate (BSP, SSP) takes to notice it opened: half the
   transport's polling period plus the mean time a sleep of that period overran,
-  measured on the calibrating machine. ``step_s`` holds everything a step costs there (pull,
+  measured on the calibrating machine. ``gate_s``: a third run, synchronous
+  (``policy="bsp"``, the same slowdown), and the same run simulated with the model
+  fitted so far: the real round's excess over the simulated one (``seconds`` over
+  pushes per worker) is what a step under a gated policy costs on this box beyond its
+  work (polling, sleeping and waking processes), charged to every BSP and SSP step. ``step_s`` holds everything a step costs there (pull,
   gradient, push, shard locks, the other processes on the same cores), so the
   network model is left free.
 * collectives: a synchronous run (``eager.train(collective="sync")``) without
@@ -56,7 +60,8 @@ PS_SAMPLE_EVERY, EAGER_SAMPLE_EVERY = 0.02, 0.05
 class Calibration:
     """A fitted compute model: ``step_s`` (seconds of a step at factor 1 on this box),
     ``slow_extra_s`` (what a slowed step overran its factor), ``wake_s`` (a gate's
-    wake-up), ``sleep_extra_s`` (what an imbalance sleep overran, a round), the
+    wake-up), ``gate_s`` (what a gated policy's step costs beyond its work),
+    ``sleep_extra_s`` (what an imbalance sleep overran, a round), the
     ``kind`` of run it was fitted on ("ps" or "collective"), ``n_workers``, and what
     was measured (``measured``)."""
     kind: str
@@ -66,6 +71,7 @@ class Calibration:
     wake_s: float = 0.0
     sleep_extra_s: float = 0.0
     cores: float | None = None
+    gate_s: float = 0.0
     measured: dict = field(default_factory=dict)
 
     def cluster(self, slowdown=None, imbalance=None) -> Cluster:
@@ -77,7 +83,7 @@ class Calibration:
         if imbalance is not None:
             imbalance = (imbalance[0], imbalance[1] + self.sleep_extra_s)
         return Cluster(self.step_s, factors=f, imbalance=imbalance, wake_s=self.wake_s,
-                       cores=self.cores)
+                       gate_s=self.gate_s, cores=self.cores)
 
     def simulate(self, X, y, *, slowdown=None, imbalance=None, **kw):
         """:func:`sgd_shm.sim.simulate` with this cluster, a free network, this many
@@ -143,10 +149,31 @@ def _calibrate_ps(X, y, n_workers, seconds, seed, slowdown, train_kw):
         if slow.any() else 0.0
     poll = ShmLink.poll_s
     wake = poll / 2 + max(sleep_overrun(poll), 0.0)
-    return Calibration("ps", n_workers, base, max(extra, 0.0) / max(stretch, 1.0), wake,
-                       cores=cores,
-                       measured={"seconds": r.seconds, "updates": r.updates, "step_s_alone": base,
-                                 "stretch": stretch, "step_s_per_worker": per.tolist()})
+    cal = Calibration("ps", n_workers, base, max(extra, 0.0) / max(stretch, 1.0), wake,
+                      cores=cores,
+                      measured={"seconds": r.seconds, "updates": r.updates, "step_s_alone": base,
+                                "stretch": stretch, "step_s_per_worker": per.tolist()})
+    cal.gate_s = _fit_gate(X, y, cal, seconds, seed, slowdown, train_kw)
+    return cal
+
+
+def _fit_gate(X, y, cal, seconds, seed, slowdown, train_kw):
+    """``gate_s``: a real synchronous run (BSP) against the same run simulated with the
+    model fitted so far; the real round's excess over the simulated one (a round of BSP
+    is one gated step of its slowest worker, so each step of a gated policy is charged
+    that much)."""
+    import inspect
+
+    from sgd_shm.ps import train as ps_train
+    kw = dict(policy="bsp", max_seconds=seconds, seed=seed, slowdown=slowdown, **train_kw)
+    real = ps_train(X, y, n_workers=cal.n_workers, progress=False, **kw)
+    takes = inspect.signature(simulate).parameters       # (not the trainer's backend, ...)
+    sim = cal.simulate(X, y, **{k: v for k, v in kw.items() if k in takes or k == "slowdown"})
+    P = cal.n_workers
+    real_round = real.seconds / max(real.updates / P, 1.0)
+    sim_round = sim.seconds / max(sim.updates / P, 1.0)
+    cal.measured.update(bsp_round_s=real_round, bsp_round_s_simulated=sim_round)
+    return max(real_round - sim_round, 0.0)
 
 
 def _calibrate_eager(X, y, n_workers, seconds, seed, imbalance, train_kw):

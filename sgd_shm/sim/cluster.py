@@ -27,6 +27,10 @@ trainers' straggler emulation, in virtual time:
 * ``wake_s``: seconds a parameter-server worker waiting at a closed gate (BSP, SSP)
   takes to notice that it opened (the real workers look at their gate every
   ``poll_s`` and sleep in between);
+* ``gate_s``: seconds a parameter-server step costs beyond its work under a policy
+  with a gate (BSP, SSP), even when the gate is open: what the box the simulator is
+  calibrated on spends per gated step (its workers' polling and sleeping, the
+  processes' hand-offs) that a free-running ASP step does not; on a cluster, 0;
 * ``cores``: the cores the parameter server's workers share (None: each its own, as
   on a cluster). A step that begins while m workers (itself included) compute is
   stretched by max(1, m / cores), its sleeping part (a slowed worker's emulation)
@@ -85,7 +89,7 @@ def _check_pair(name, v, what):
 @dataclass(frozen=True)
 class Cluster:
     """Cluster(step_s=1e-3, *, factors=None, classes=None, transient=None, delay=None,
-    imbalance=None, trace=None, compress_s=0.0, wake_s=0.0, cores=None): the
+    imbalance=None, trace=None, compress_s=0.0, wake_s=0.0, gate_s=0.0, cores=None): the
     compute-time model (see the module notes).
 
     ``step_s``: seconds of one step (one minibatch's pull, gradient and push on the
@@ -101,6 +105,7 @@ class Cluster:
     compress_s: float = 0.0
     wake_s: float = 0.0
     cores: float | None = None
+    gate_s: float = 0.0
 
     def __post_init__(self):
         if self.cores is not None:
@@ -108,6 +113,7 @@ class Cluster:
         check_positive("step_s", self.step_s)
         check_number("compress_s", self.compress_s, lo=0)
         check_number("wake_s", self.wake_s, lo=0)
+        check_number("gate_s", self.gate_s, lo=0)
         if self.factors is not None and self.classes is not None:
             raise ValueError("classes: give factors or classes, not both")
         if self.classes is not None:
