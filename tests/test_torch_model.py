@@ -392,7 +392,9 @@ def test_ps_policies_compressors_and_loss_train_the_cnn(digits, kw, no_shm_leak)
     kw = {"lr": 0.1, **kw}
     r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, epochs=5,
                  batch_size=32, seed=0, eval_set=(Xte, yte), progress=False, **kw)
-    assert r.final_loss < 0.5 * r.history[0]["loss"], r.history
+    # well past chance (log 10 for 10 classes): asynchronous runs differ run to run, and
+    # the first record may already be past the first steps
+    assert r.final_loss < 0.6 * np.log(10), r.history
     assert r.val_score > 0.6
 
 

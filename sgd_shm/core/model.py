@@ -1,8 +1,8 @@
 """The model contract: what every trainer of the kit (Hogwild, the parameter server,
 eager-SGD) needs from a model, so that any model trains on any of them.
 
-A :class:`Model` is a differentiable model whose parameters are one flat float64
-vector: it knows its size (``n_params``), draws initial weights (``init``), lays out
+A :class:`Model` is a differentiable model whose parameters are one flat vector of
+its ``dtype`` (float64 for the kit's models): it knows its size (``n_params``), draws initial weights (``init``), lays out
 the data once (``prepare``), computes the gradient of a minibatch (rows given as an
 index array into the prepared data) into the caller's buffer (``grad``, and
 ``loss_grad`` which also returns the minibatch's loss), evaluates the loss on a whole
@@ -38,7 +38,7 @@ __all__ = ["Model", "one_blas_thread"]
 
 
 class Model(abc.ABC):
-    """The contract of a model on flat float64 weights (see the module notes).
+    """The contract of a model on flat weights of its ``dtype`` (see the module notes).
 
     Attributes: ``n_features``, ``n_outputs`` (classes), ``n_params``; ``uses_blas``
     (its kernels call BLAS: trainers then cap BLAS at one thread per worker, which
@@ -46,8 +46,8 @@ class Model(abc.ABC):
     probabilities); ``input_shape`` (None: X is a matrix of ``n_features`` columns;
     a tuple: the shape of one sample, X is an array (n, *input_shape), e.g. images
     (n, C, H, W), whose samples hold ``n_features`` values in all) and ``dtype`` (the
-    float type X is checked into: float64, or float32 for a model that computes in
-    it)."""
+    float type X is checked into and the trainers keep every buffer of a run in:
+    float64, or float32 for a model that computes in it)."""
 
     n_features: int
     n_outputs: int

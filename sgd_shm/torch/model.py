@@ -8,8 +8,9 @@ in one flat vector of ``n_params`` floats, and each gradient call
 
 1. points the parameters of this thread's replica of the module at the caller's
    weights: a float32 vector is used in place (the parameters become views of it, as
-   in DDP's ``gradient_as_bucket_view`` buckets); a float64 one (the trainers'
-   default buffers) is first rounded into the replica's own float32 vector;
+   in DDP's ``gradient_as_bucket_view`` buckets; the trainers keep float32 buffers for
+   this model, its ``dtype``); a float64 one is first rounded into the replica's own
+   float32 vector;
 2. points the parameters' ``.grad`` at the caller's gradient buffer the same way
    (float32: autograd accumulates straight into it; float64: into the replica's
    float32 buffer, then one conversion into the caller's);
