@@ -219,21 +219,28 @@ def model_X(X, model, name="X"):
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def check_float_dtype(name, value, fix) -> np.dtype:
+    """``value`` as np.float32 or np.float64 (the two float types a run's buffers
+    take); anything else is a ParameterError (a TypeError) naming ``name`` and ``fix``."""
+    try:
+        got = None if value is None else np.dtype(value)    # (np.dtype(None) is float64)
+    except TypeError:
+        got = None
+    if got is None or got not in FLOAT_DTYPES:
+        raise ParameterError(f"{name}: must be np.float32 or np.float64 (the float type of "
+                             f"the weights, gradients and messages a trainer keeps), got "
+                             f"{value!r}; {fix}")
+    return got
+
+
 def model_dtype(model) -> np.dtype:
     """The float type of ``model``'s buffers (its ``dtype``: float64 for the kit's
     models, float32 for one that computes in it, e.g. a torch module), which every
     buffer of a run takes: the weights, the gradients, the messages and the
     error-feedback memory. Anything else is a ParameterError (a TypeError)."""
-    dt = getattr(model, "dtype", np.float64)
-    try:
-        got = None if dt is None else np.dtype(dt)    # (np.dtype(None) is float64)
-    except TypeError:
-        got = None
-    if got is None or got not in FLOAT_DTYPES:
-        raise ParameterError(f"model.dtype: must be np.float32 or np.float64 (the float type "
-                             f"of the weights, gradients and messages a trainer keeps), got "
-                             f"{dt!r} on {type(model).__name__}; set dtype = np.float32 or "
-                             "np.float64 on the model's class")
+    return check_float_dtype("model.dtype", getattr(model, "dtype", np.float64),
+                             f"set dtype = np.float32 or np.float64 on "
+                             f"{type(model).__name__}'s class")
     return got
 
 

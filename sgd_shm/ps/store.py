@@ -1056,14 +1056,8 @@ def _clock_args(clock, counters, n_workers):
 
 def _dtype_arg(dtype):
     """The weights' float type: float64 or float32 (a TypeError naming the rest)."""
-    try:
-        dt = None if dtype is None else np.dtype(dtype)   # (np.dtype(None) is float64)
-    except TypeError:
-        dt = None
-    if dt is None or dt not in DTYPES:
-        raise TypeError(f"dtype: the weights' float type must be np.float64 or np.float32, "
-                        f"got {dtype!r}")
-    return dt
+    from sgd_shm.core.validation import check_float_dtype
+    return check_float_dtype("dtype", dtype, "pass np.float64 or np.float32")
 
 
 def _weight_bytes(n_params, itemsize):
