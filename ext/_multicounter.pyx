@@ -22,8 +22,9 @@ and chooses again, so two handles do not share one line for a whole run.
 
 Intended races: the two loads that pick the smaller counter are relaxed and may
 be stale; so may the sticky handle's notice of a partner (it sees the other's add
-only at its own next add); the increment itself is an atomic fetch_add, so no increment is ever
-lost (exact() is exact at quiescence). A stale choice only widens the gap.
+only at its own next add). The increment itself is an atomic fetch_add, so no
+increment is ever lost (exact() is exact at quiescence). A stale choice only
+widens the gap.
 """
 from libc.stdint cimport uint64_t, int64_t, uint32_t, int32_t, uint8_t
 from libc.math cimport log2, ceil
