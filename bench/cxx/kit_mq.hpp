@@ -140,6 +140,11 @@ class KitMultiQueue {
     // capacity: twice what the harness asks for (its hold loop keeps the size, but random
     // pushes let single queues run fuller than the mean), plus slack per queue
     KitMultiQueue(int num_threads, std::size_t initial_capacity, Settings const& settings) {
+        // numpy's BLAS would start a pool of threads that spin (and yield) on the
+        // harness's cores for a while after the import; the queue never calls BLAS
+        setenv("OPENBLAS_NUM_THREADS", "1", 0);
+        setenv("OMP_NUM_THREADS", "1", 0);
+        setenv("MKL_NUM_THREADS", "1", 0);
         if (!Py_IsInitialized()) Py_Initialize();
         PyObject* mod = PyImport_ImportModule("relaxed");
         if (mod == nullptr) { PyErr_Print(); std::abort(); }
