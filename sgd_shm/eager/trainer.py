@@ -32,6 +32,7 @@ import numpy as np
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE, check_timeout
 from sgd_shm.compress import add_packed, pack, packed_size
 from sgd_shm.core.errors import DivergenceError
+from sgd_shm.core.imbalance import sleepers
 from sgd_shm.core.model import Model, blas_limited
 from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.results import Evaluator, Result
@@ -128,15 +129,6 @@ class _Config:
     model: Model = None         # the model trained (sgd_shm.models.Linear by default)
     callbacks: tuple = ()       # called with each of rank 0's history records; True stops
     trace: bool = False         # record every rank's rounds (EagerTrace)
-
-
-def sleepers(seed, round_id, size, k):
-    """The ``k`` ranks that sleep in round ``round_id``: a draw from ``seed`` that
-    every rank computes alike (distinct ranks, uniform)."""
-    if k <= 0:
-        return ()
-    rng = np.random.default_rng([int(seed) & (2**63 - 1), int(round_id), 0xE6])
-    return tuple(int(x) for x in rng.choice(size, min(k, size), replace=False))
 
 
 def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",

@@ -5,7 +5,7 @@ Rank k's round r is the eager trainer's step (:mod:`sgd_shm.eager.trainer`):
 
 1. ``start``: if round r has already closed (the rank is behind: ``lag() > 0``) it
    skips the gradient and contributes nothing new; else it sleeps (the cluster's
-   imbalance, drawn by :func:`sgd_shm.eager.trainer.sleepers` from the run's seed, and
+   imbalance, drawn by :func:`sgd_shm.core.imbalance.sleepers` from the run's seed, and
    delay) and computes the gradient of its next minibatch at the replica's weights
    (every replica applies every round's result in the same order, so rank k's replica
    at round r is the model after rounds 0..r-1);
@@ -37,6 +37,7 @@ import numpy as np
 
 from sgd_shm.collectives.base import initiator
 from sgd_shm.compress import packed_size
+from sgd_shm.core.imbalance import sleepers
 
 START, POST, DONE, KILL = range(4)
 #: the fields of the round log (one entry per round, in order)
@@ -125,7 +126,6 @@ class EagerSim:
         pause = 0.0
         imb = cfg.cluster.imbalance
         if imb is not None and imb[0] > 0:
-            from sgd_shm.eager.trainer import sleepers
             if k in sleepers(cfg.seed, r, self.P, imb[0]):
                 pause += imb[1]
         g = np.empty(self.d)

@@ -16,7 +16,7 @@ trainers' straggler emulation, in virtual time:
 * ``delay``: ("exponential", mean) or ("pareto", mean, shape): a random delay added
   to each step, as ``eager.train(delay=...)``;
 * ``imbalance``: (k, seconds): eager-SGD's load imbalance, k ranks drawn per round
-  from the run's seed (:func:`sgd_shm.eager.trainer.sleepers`, the same draw) sleep
+  from the run's seed (:func:`sgd_shm.core.imbalance.sleepers`, the same draw) sleep
   that long;
 * ``trace``: per-worker step durations recorded from a real run, replayed in order
   (cycled when the simulation needs more steps than the trace holds) instead of
