@@ -693,3 +693,18 @@ def eager_sparse_mean_sgd_naive(w0, rounds, lr):
         up /= len(msgs)
         w -= w.dtype.type(lr) * up
     return w
+
+
+def eager_rank_batches(n, P, k, b, seed, rounds):
+    """Rank k's minibatches as the eager trainer documents them: its rows k, k + P, ...
+    in a fresh permutation of default_rng([seed, k, 0x5EED]) whenever a batch would run
+    past the end."""
+    rng = np.random.default_rng([seed, k, 0x5EED])
+    rows = np.arange(k, n, P)
+    order, pos, out = rng.permutation(rows), 0, []
+    for _ in range(rounds):
+        if pos + b > order.size:
+            order, pos = rng.permutation(rows), 0
+        out.append(order[pos:pos + b])
+        pos += b
+    return out

@@ -14,7 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_bench_all_tiny(tmp_path):
     """Every scenario, the parameter server's on shared memory and on Ray side by side
-    (shared memory alone where Ray is not installed), the plots and the page."""
+    (shared memory alone where Ray is not installed), the plots and the page; the
+    held-out reports of compress, unreliable and nonconvex (their --quick runs are
+    this run's)."""
     ray = importlib.util.find_spec("ray") is not None
     r = subprocess.run([sys.executable, "-m", "bench", "all", "--workers", "1,2", "--reps", "1",
                         "--prefill", "2000", "--iters", "2000", "--py-iters", "500",
@@ -112,6 +114,9 @@ def test_bench_all_tiny(tmp_path):
     assert all(r["speedup_vs_1"] == 1.0 for r in sc["rows"] if r["workers"] == 1)
     assert len(sc["handoff_ns"]) == sc["reps"] == len(sc["placements"])
     assert "handoff_ns_at_start" in nc["header"]
+    _check_nonconvex(nc, stdout)
+    _check_compress(cp, stdout)
+    _check_unreliable(un, stdout)
     ck = json.loads((tmp_path / "clock.json").read_text())
     assert {(r["workload"], r["processes"], r["clock"]) for r in ck["results"]} == {
         (w, p, c) for w in ("push", "clock") for p in (1, 2) for c in ("exact", "multicounter")}
@@ -398,13 +403,12 @@ def _quick(tmp_path, scenario, *extra):
     return json.loads((tmp_path / f"{scenario}.json").read_text()), r.stdout
 
 
-def test_bench_compress_quick_reports_held_out_accuracy(tmp_path):
+def _check_compress(cp, out):
     """bench compress --quick: every training run carries its final held-out accuracy
     and a held-out history; dense is its own reference (gap 0, target reached);
     error feedback is compared per ratio; the page's tables and findings say so.
     Dense reaches >= 0.9 held-out accuracy on the small problem in 2 epochs (0.935
     seen)."""
-    cp, out = _quick(tmp_path, "compress")
     runs = [r for r in cp["results"] if r["part"] == "training"]
     assert {(r["trainer"], r["config"]) for r in runs} >= {
         ("ps", "dense"), ("ps", "topk 0.001 ef"), ("ps", "topk 0.001 no-ef"),
@@ -424,11 +428,10 @@ def test_bench_compress_quick_reports_held_out_accuracy(tmp_path):
                for c in cp["claims"].values())
 
 
-def test_bench_unreliable_quick_reports_held_out_accuracy(tmp_path):
+def _check_unreliable(un, out):
     """bench unreliable --quick: every row carries the final held-out accuracies and
     their gaps to p = 0 of the same seed (0 at p = 0); the curves carry held-out
     accuracy; the findings state held-out gaps."""
-    un, out = _quick(tmp_path, "unreliable")
     for r in un["results"]:
         assert all(0.5 < a <= 1 for a in r["val_score"]), r
         base = next(b for b in un["results"] if (b["series"], b["shards"], b["drop"]) ==
@@ -462,12 +465,11 @@ def test_bench_delay_reports_held_out_accuracy(tmp_path):
     assert "held-out rows" in out and "Findings" in out
 
 
-def test_bench_nonconvex_quick_reports_held_out_accuracy(tmp_path):
+def _check_nonconvex(nc, out):
     """bench nonconvex --quick: every row carries its final held-out accuracy and its
     gap to MLPClassifier, paired by seed (0 for MLPClassifier itself); the whole fits
     of the scaling part carry held-out accuracy; the findings state each trainer
     against MLPClassifier as time to a held-out accuracy and the final gap."""
-    nc, out = _quick(tmp_path, "nonconvex")
     for r in nc["results"]:
         assert 0 < r["final_accuracy"] <= 1 and "gap_to_sklearn" in r, r
         if r["competitor"] == "sklearn":

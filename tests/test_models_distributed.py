@@ -17,7 +17,8 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from sklearn.neural_network import MLPClassifier
 
-from naive import mlp_loss_grad_naive, mlp_flat_naive, mlp_sgd_naive, mlp_unflat_naive
+from naive import (eager_rank_batches, mlp_flat_naive, mlp_loss_grad_naive, mlp_sgd_naive,
+                   mlp_unflat_naive)
 from sgd_shm import eager, ps
 from sgd_shm.models import MLP, SoftmaxRegression
 from sgd_shm.ps import worker as ps_worker
@@ -213,21 +214,6 @@ def test_ps_mlp_on_ray(digits, local_ray):
 
 
 # ---- the eager trainer against the serial oracle --------------------------------------
-def _rank_batches(n, P, k, b, seed, rounds):
-    """Rank k's minibatches as the eager trainer documents them: its rows k, k + P, ...
-    in a fresh permutation of default_rng([seed, k, 0x5EED]) whenever a batch would run
-    past the end."""
-    rng = np.random.default_rng([seed, k, 0x5EED])
-    rows = np.arange(k, n, P)
-    order, pos, out = rng.permutation(rows), 0, []
-    for _ in range(rounds):
-        if pos + b > order.size:
-            order, pos = rng.permutation(rows), 0
-        out.append(order[pos:pos + b])
-        pos += b
-    return out
-
-
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_eager_one_rank_equals_serial_sgd(small, momentum, no_shm_leak):
     X, y = small
@@ -238,7 +224,8 @@ def test_eager_one_rank_equals_serial_sgd(small, momentum, no_shm_leak):
     assert r.rounds == rounds
     w0 = model.init(np.random.default_rng(3))
     yi = np.searchsorted(np.array([3, 5, 7, 9]), y)
-    steps = [(rows, (0, model.n_params)) for rows in _rank_batches(200, 1, 0, 16, 3, rounds)]
+    steps = [(rows, (0, model.n_params))
+             for rows in eager_rank_batches(200, 1, 0, 16, 3, rounds)]
     want, _ = mlp_sgd_naive(X, yi, [64, 16, 4], w0, steps, 0.1, 1e-3, momentum=momentum,
                             nesterov=False)
     np.testing.assert_allclose(r.coef_, want, rtol=0, atol=1e-12)
@@ -260,7 +247,7 @@ def _averaged_sgd(X, yi, sizes, w, batches, lr, alpha):
 
 def _two_rank_oracle(X, y, seed, rounds, model):
     yi = np.searchsorted(np.array([3, 5, 7, 9]), y)
-    batches = [_rank_batches(200, 2, k, 8, seed, rounds) for k in range(2)]
+    batches = [eager_rank_batches(200, 2, k, 8, seed, rounds) for k in range(2)]
     return _averaged_sgd(X, yi, [64, 16, 4], model.init(np.random.default_rng(seed)),
                          batches, 0.1, 1e-3)
 

@@ -386,6 +386,7 @@ def test_calibrate_fits_the_real_runs_counts(data):
     m = max(s, 1.0)
     assert cal.slow_extra_s == pytest.approx(max(per[0] - 2.0 * cal.step_s * m, 0.0) / m)
     assert cal.wake_s >= 0.0001                    # half the shm transport's poll at least
+    assert 0.0 <= cal.start_s < 0.3 and cal.cluster().start_s == cal.start_s
     # the gated step's charge: the real BSP round's excess over the simulated one
     m_ = cal.measured
     assert cal.gate_s == pytest.approx(max(m_["bsp_round_s"] - m_["bsp_round_s_simulated"], 0))
@@ -397,6 +398,25 @@ def test_calibrate_fits_the_real_runs_counts(data):
         calibrate(X, y, n_workers=2, collective=True, slowdown="straggler")
     with pytest.raises(ValueError, match="imbalance"):
         calibrate(X, y, n_workers=2, imbalance=(1, 0.001))
+
+
+def test_calibrate_collectives_fits_the_sync_rounds(data):
+    """The collectives' calibration: the round and the start-up are the line through
+    the sync run's records, the imbalance's overrun the imbalanced run's round beyond
+    the round and the nominal sleep; the fitted cluster carries them to simulate."""
+    from sgd_shm.sim import calibrate
+    X, y = data
+    imb = (1, 0.002)
+    cal = calibrate(X, y, n_workers=2, collective=True, seconds=0.4, imbalance=imb)
+    m = cal.measured
+    assert cal.kind == "collective" and cal.step_s == m["round_s"] > 0
+    assert cal.sleep_extra_s == pytest.approx(max(m["round_s_imbalanced"] - m["round_s"]
+                                                  - imb[1], 0.0))
+    assert m["round_s_imbalanced"] > m["round_s"]          # the sleeps cost the rounds
+    c = cal.cluster(imbalance=imb)
+    assert c.start_s == cal.start_s >= 0 and c.imbalance == (1, imb[1] + cal.sleep_extra_s)
+    sim = cal.simulate(X, y, collective="solo", imbalance=imb, epochs=1)
+    assert sim.seconds > cal.start_s and sim.updates > 0
 
 
 def test_wake_seconds_delay_a_gated_worker(data):
@@ -429,6 +449,38 @@ def test_gate_seconds_charge_every_gated_step(data):
     assert runs[("asp", gate)].seconds == runs[("asp", 0.0)].seconds
     with pytest.raises(ValueError, match="gate_s"):
         Cluster(step, gate_s=-1.0)
+
+
+def test_start_seconds_shift_every_run(data):
+    """start_s holds every worker back from the run's zero: a run with it ends start_s
+    later than the same run without it, with the same updates and the same weights, on
+    the parameter server (event-driven and RPS rounds) and in eager-SGD's rounds."""
+    X, y = data
+    start = 0.05
+    for kind in ({"policy": "asp"}, {"policy": "bsp"}, {"policy": "rps"},
+                 {"collective": "solo"}):
+        a = simulate(X, y, n_workers=3, epochs=1, seed=0, cluster=Cluster(1e-3), **kind)
+        b = simulate(X, y, n_workers=3, epochs=1, seed=0,
+                     cluster=Cluster(1e-3, start_s=start), **kind)
+        assert b.seconds == pytest.approx(a.seconds + start, rel=1e-9), kind
+        assert b.updates == a.updates and np.array_equal(b.coef_, a.coef_), kind
+        assert all(h["step"] == 0 for h in b.history if h["seconds"] < start), kind
+    with pytest.raises(ValueError, match="start_s"):
+        Cluster(1e-3, start_s=-1.0)
+
+
+def test_line_fit_reads_start_and_step_off_a_history():
+    """The calibration's line: on exact records the start-up and the step come back;
+    a stall in one record moves neither (Theil-Sen); too few records is an error."""
+    import importlib
+    line_fit = importlib.import_module("sgd_shm.sim.calibrate").line_fit
+    hist = [{"step": 0, "seconds": 0.0}] + [{"step": 50 * i, "seconds": 0.04 + 2e-4 * 50 * i}
+                                            for i in range(1, 30)]
+    assert line_fit(hist) == pytest.approx((0.04, 2e-4))
+    hist[10]["seconds"] += 0.02                      # one stalled stretch
+    assert line_fit(hist) == pytest.approx((0.04, 2e-4), rel=1e-6)
+    with pytest.raises(ValueError, match="seconds"):
+        line_fit(hist[:3])
 
 
 def test_bench_sim_quick_parts(tmp_path):

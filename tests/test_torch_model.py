@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from naive import torch_sgd_naive  # noqa: E402
+from naive import eager_rank_batches, torch_sgd_naive  # noqa: E402
 
 from sgd_shm import eager, ps  # noqa: E402
 from sgd_shm.data import load_digits_split, make_digits_augmented  # noqa: E402
@@ -262,21 +262,6 @@ def test_ps_one_worker_equals_serial_torch_sgd(digits, backend, monkeypatch, tmp
     assert not np.allclose(want, TorchModel(copy.deepcopy(start)).init(None), atol=1e-3)
 
 
-def _rank_batches(n, b, seed, rounds, P=1, k=0):
-    """Rank k's minibatches as the eager trainer documents them: its rows k, k + P, ...
-    in a fresh permutation of default_rng([seed, k, 0x5EED]) whenever a batch would run
-    past the end."""
-    rng = np.random.default_rng([seed, k, 0x5EED])
-    rows = np.arange(k, n, P)
-    order, pos, out = rng.permutation(rows), 0, []
-    for _ in range(rounds):
-        if pos + b > order.size:
-            order, pos = rng.permutation(rows), 0
-        out.append(order[pos:pos + b])
-        pos += b
-    return out
-
-
 def _averaged_sgd(module, X, y, per_rank, lr):
     """Serial SGD of ``module`` on the mean of the ranks' minibatch gradients
     (autograd on a copy), as synchronous data-parallel SGD computes it. Returns the
@@ -302,7 +287,7 @@ def test_eager_one_rank_equals_serial_torch_sgd(digits, momentum, no_shm_leak):
                     batch_size=32, seed=3, momentum=momentum, sample_every=10.0,
                     progress=False)
     assert r.rounds == 19
-    want = torch_sgd_naive(start, X, y, _rank_batches(600, 32, 3, 19), lr=0.05,
+    want = torch_sgd_naive(start, X, y, eager_rank_batches(600, 1, 0, 32, 3, 19), lr=0.05,
                            momentum=momentum)
     assert r.coef_.dtype == np.float32
     np.testing.assert_allclose(r.coef_, want, rtol=0, atol=2e-6)
@@ -335,7 +320,7 @@ def test_eager_two_ranks_sync_equal_averaged_gradient_sgd(digits, no_shm_leak):
     r = eager.train(X, y, model=TorchModel(net), n_workers=2, epochs=1, lr=0.1,
                     batch_size=16, seed=4, sample_every=10.0, progress=False)
     assert r.replicas_equal and r.rounds == 10 and r.coef_.dtype == np.float32
-    per_rank = [_rank_batches(320, 16, 4, 10, P=2, k=k) for k in range(2)]
+    per_rank = [eager_rank_batches(320, 2, k, 16, 4, 10) for k in range(2)]
     np.testing.assert_allclose(r.coef_, _averaged_sgd(start, X, y, per_rank, 0.1), rtol=0,
                                atol=2e-6)
 
@@ -374,7 +359,7 @@ def test_eager_cnn_under_mpi_equals_averaged_gradient_sgd(digits, tmp_path):
     p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", MPI_SCRIPT, out],
                        capture_output=True, text=True, timeout=300, env=env, cwd=root)
     assert p.returncode == 0 and "OK True 10" in p.stdout, (p.stdout + p.stderr)[-3000:]
-    per_rank = [_rank_batches(320, 16, 4, 10, P=2, k=k) for k in range(2)]
+    per_rank = [eager_rank_batches(320, 2, k, 16, 4, 10) for k in range(2)]
     want = _averaged_sgd(DigitsCNN(seed=6), X[:320], y[:320], per_rank, 0.1)
     assert np.load(out).dtype == np.float32              # float32 through MPI's buffers
     np.testing.assert_allclose(np.load(out), want, rtol=0, atol=2e-6)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sgd_shm.core.validation import check_choice, check_int, check_positive
+from sgd_shm.core.validation import FLOAT_DTYPES, check_choice, check_int, check_positive
 
 __all__ = ["Round", "Request", "Communicator", "CollectiveError", "RankFailure",
            "CollectiveTimeout", "KINDS", "LATE", "AVERAGE", "OPS", "initiator",
@@ -49,7 +49,6 @@ KINDS = ("sync", "solo", "majority")
 LATE = ("drop", "carry")
 AVERAGE = ("size", "contributors")
 OPS = ("sum", "mean")
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 #: most ranks a communicator takes (contributor sets travel as one 64-bit mask)
 MAX_RANKS = 60
 
@@ -348,7 +347,7 @@ def check_dtype(dtype):
         dt = np.dtype(dtype)
     except TypeError:
         dt = None
-    if dt not in DTYPES:
+    if dt not in FLOAT_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {dtype!r}")
     return dt
 

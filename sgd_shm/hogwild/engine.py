@@ -38,6 +38,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sgd_shm.core.errors import DivergenceError
+from sgd_shm.core.validation import FLOAT_DTYPES
 from sgd_shm.hogwild import _kernels as K
 from sgd_shm.core.atomics import LINE_WORDS
 from sgd_shm.hogwild._mf import shuffle_part
@@ -99,14 +100,10 @@ def auto_hot_features(X, epochs, n_outputs=1, n_workers=2) -> int:
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
 _NO_CLASS_WEIGHT = np.ones((0, 2))
-#: the value types the kernels read as they are; other inputs are converted to float64
-DTYPES = (np.float64, np.float32)
-
-
 def _value_dtype(dtype):
     """float32 data stays float32 (the kernels read it as it is, without a float64
     copy); anything else is converted to float64."""
-    return np.dtype(dtype) if np.dtype(dtype) in DTYPES else np.dtype(np.float64)
+    return np.dtype(dtype) if np.dtype(dtype) in FLOAT_DTYPES else np.dtype(np.float64)
 
 
 def staleness_summary(hist):

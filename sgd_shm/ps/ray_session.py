@@ -220,16 +220,20 @@ def _use_running(ray, address, num_cpus) -> None:
             f"address=None to use the running one")
 
 
-def connect(address=None, *, timeout=30.0, num_cpus=None) -> bool:
+#: seconds within which an unreachable address fails when no ``timeout`` is given
+CONNECT_TIMEOUT = 30.0
+
+
+def connect(address=None, *, timeout=None, num_cpus=None) -> bool:
     """Connects this process to Ray by the module's rules; True when it started a new
     local instance (the caller then shuts it down when done), False when it used the
     running one or joined a cluster.
 
     ``address``: None, "auto", "host:port" or "ray://host:port"; ``timeout``: seconds
-    within which an unreachable address fails; ``num_cpus``: the CPUs of a new local
-    instance (None: the machine's)."""
+    within which an unreachable address fails (None: ``CONNECT_TIMEOUT``, 30);
+    ``num_cpus``: the CPUs of a new local instance (None: the machine's)."""
     ray = require_ray()
-    timeout = _check_timeout(timeout)
+    timeout = _check_timeout(CONNECT_TIMEOUT if timeout is None else timeout)
     _check_num_cpus(num_cpus)
     if address is not None and address != "auto":
         parse_address(address)
@@ -259,7 +263,7 @@ class RaySession:
     two workers on a CPU). :meth:`close` (also on leaving the ``with``) kills the pooled
     actors and shuts Ray down only if this session started it."""
 
-    def __init__(self, address=None, worker_cpus=1.0, *, timeout=30.0, num_cpus=None):
+    def __init__(self, address=None, worker_cpus=1.0, *, timeout=None, num_cpus=None):
         self.worker_cpus = _check_cpus("worker_cpus", worker_cpus)
         self.address = address
         self._pool: dict = {}

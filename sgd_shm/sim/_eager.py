@@ -100,7 +100,7 @@ class EagerSim:
     def run(self):
         self.record(0.0, 0)
         for k in range(self.P):
-            self.at(0.0, START, k)
+            self.at(self.cfg.cluster.start_s, START, k)   # after the run's start-up
         handlers = (self.start, self.post, self.done)
         while self.heap:
             t, _, kind, k = heapq.heappop(self.heap)

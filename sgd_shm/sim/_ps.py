@@ -209,7 +209,7 @@ class PSSim:
         cfg, tr = self.cfg, self.replay
         for k in range(self.n):
             if tr is None:
-                self.at(0.0, READY, k)
+                self.at(cfg.cluster.start_s, READY, k)   # after the run's start-up
             elif np.isfinite(tr.first[k]):
                 self.at(float(tr.first[k]), READY, k)
         for k, t in cfg.faults.items():
@@ -519,7 +519,7 @@ class RPSSim(PSSim):
         self.msgs = np.zeros((n, S, 4), np.int64)
         xs = [self.w.copy() for _ in range(n)]
         g = np.empty(self.d)
-        start = np.zeros(n)
+        start = np.full(n, cfg.cluster.start_s)        # after the run's start-up
         rounds = cfg.budget if cfg.budget is not None else math.inf
         next_sample = cfg.sample_every
         self.record(0.0)

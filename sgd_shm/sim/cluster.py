@@ -34,7 +34,10 @@ trainers' straggler emulation, in virtual time:
 * ``cores``: the cores the parameter server's workers share (None: each its own, as
   on a cluster). A step that begins while m workers (itself included) compute is
   stretched by max(1, m / cores), its sleeping part (a slowed worker's emulation)
-  alike: the one box the simulator is calibrated on runs more workers than cores.
+  alike: the one box the simulator is calibrated on runs more workers than cores;
+* ``start_s``: seconds from the run's start (its clock's zero) to the workers' first
+  steps: what a real trainer spends starting its workers and touching its buffers
+  before the first minibatch (on a cluster: its launcher's start-up; 0 by default).
 
 :class:`Network`: every message between two machines takes ``latency + bytes /
 bandwidth`` seconds. The parameter server is a star: workers talk to the
@@ -89,7 +92,8 @@ def _check_pair(name, v, what):
 @dataclass(frozen=True)
 class Cluster:
     """Cluster(step_s=1e-3, *, factors=None, classes=None, transient=None, delay=None,
-    imbalance=None, trace=None, compress_s=0.0, wake_s=0.0, gate_s=0.0, cores=None): the
+    imbalance=None, trace=None, compress_s=0.0, wake_s=0.0, gate_s=0.0, cores=None,
+    start_s=0.0): the
     compute-time model (see the module notes).
 
     ``step_s``: seconds of one step (one minibatch's pull, gradient and push on the
@@ -106,6 +110,7 @@ class Cluster:
     wake_s: float = 0.0
     cores: float | None = None
     gate_s: float = 0.0
+    start_s: float = 0.0
 
     def __post_init__(self):
         if self.cores is not None:
@@ -114,6 +119,7 @@ class Cluster:
         check_number("compress_s", self.compress_s, lo=0)
         check_number("wake_s", self.wake_s, lo=0)
         check_number("gate_s", self.gate_s, lo=0)
+        check_number("start_s", self.start_s, lo=0)
         if self.factors is not None and self.classes is not None:
             raise ValueError("classes: give factors or classes, not both")
         if self.classes is not None:
