@@ -25,9 +25,10 @@ Parts (``--sim-parts``, all by default):
 * ``speed``: the simulator's own wall time for 10 epochs of a 20,000 x 2,000 problem at
   1,024 workers, every policy and collective (the issue's target: at most 60 s).
 * ``calibrate``: the simulator against this box. At 2 and 4 workers, the compute model
-  is fitted to short real runs of another seed (:func:`sgd_shm.sim.calibrate`: ASP and
-  BSP runs of the parameter server with worker 0 slowed 4x; sync runs of eager-SGD
-  without and with the imbalance), then every
+  is fitted to short real runs of another seed before each repetition's real runs
+  (:func:`sgd_shm.sim.calibrate`: ASP and BSP runs of the parameter server with worker 0
+  slowed 4x; sync runs of eager-SGD without and with the imbalance), and the median of
+  those calibrations (:meth:`Calibration.median`) predicts every repetition: every
   policy (BSP, ASP, SSP, SaPS, worker 0 slowed 4x) and every collective (one rank a
   round sleeping 2 ms) runs for real and is simulated from the same seed; the times at
   which the training loss crosses a target (interpolated between the records around
@@ -247,32 +248,41 @@ CAL_SEED_SHIFT = 1000
 def part_calibrate(reps, seed, quick, bar):
     from sgd_shm.eager import train as eager_train
     from sgd_shm.ps import train as ps_train
-    from sgd_shm.sim import calibrate
+    from sgd_shm.sim import Calibration, calibrate
     X, y, _ = _problem(20000, 2000, 0.0015, 0, 1)
     secs = 1.0 if quick else CAL_SECONDS
     fit = 0.5 if quick else CAL_FIT_S
     rows = []
     for P in ((2,) if quick else CAL_WORKERS):
+        # each repetition: a calibration on another seed, then the real runs of this one;
+        # the predictions use the median of the calibrations, which thus sample the
+        # same stretches of the box's time as the runs they predict
+        cals, calcs, reals = [], [], []
         for rep in range(reps):
             s = seed + rep
-            # fitted on runs of another seed than the runs it predicts
-            cal = calibrate(X, y, n_workers=P, seconds=fit, seed=s + CAL_SEED_SHIFT,
-                            slowdown="straggler")
+            cals.append(calibrate(X, y, n_workers=P, seconds=fit, seed=s + CAL_SEED_SHIFT,
+                                  slowdown="straggler"))
+            calcs.append(calibrate(X, y, n_workers=P, seconds=fit, seed=s + CAL_SEED_SHIFT,
+                                   collective=True, lr=8.0, imbalance=CAL_SLEEP))
             for pol in POLICIES:
                 kw = dict(policy=pol, max_seconds=secs, seed=s, target_loss=CAL_LOSS["ps"])
-                real = ps_train(X, y, n_workers=P, slowdown="straggler", progress=False, **kw)
-                sim = cal.simulate(X, y, slowdown="straggler", window=0.5, **kw)
-                rows.append(_cal_row("ps", P, pol, s, cal, real, sim))
+                reals.append(("ps", pol, s, kw, ps_train(
+                    X, y, n_workers=P, slowdown="straggler", progress=False, **kw)))
                 bar.update()
-            calc = calibrate(X, y, n_workers=P, seconds=fit, seed=s + CAL_SEED_SHIFT,
-                             collective=True, lr=8.0, imbalance=CAL_SLEEP)
             for c in COLLECTIVES:
-                kw = dict(max_seconds=secs, seed=s, lr=8.0, target_loss=CAL_LOSS["collective"])
-                real = eager_train(X, y, n_workers=P, collective=c, imbalance=CAL_SLEEP,
-                                   progress=False, **kw)
-                sim = calc.simulate(X, y, collective=c, imbalance=CAL_SLEEP, **kw)
-                rows.append(_cal_row("collective", P, c, s, calc, real, sim))
+                kw = dict(collective=c, max_seconds=secs, seed=s, lr=8.0,
+                          target_loss=CAL_LOSS["collective"])
+                reals.append(("collective", c, s, kw, eager_train(
+                    X, y, n_workers=P, imbalance=CAL_SLEEP, progress=False, **kw)))
                 bar.update()
+        cal, calc = Calibration.median(cals), Calibration.median(calcs)
+        for kind, name, s, kw, real in reals:
+            if kind == "ps":
+                sim = cal.simulate(X, y, slowdown="straggler", window=0.5, **kw)
+                rows.append(_cal_row(kind, P, name, s, cal, real, sim))
+            else:
+                sim = calc.simulate(X, y, imbalance=CAL_SLEEP, **kw)
+                rows.append(_cal_row(kind, P, name, s, calc, real, sim))
     return rows, {"calibrate_problem": {"samples": 20000, "features": 2000,
                                         "target_loss": CAL_LOSS, "fit_seconds": fit,
                                         "max_seconds": secs, "sleep": CAL_SLEEP}}

@@ -6,6 +6,7 @@ averaging through block servers (with the real loss coins); compressors' bytes a
 the network's times add up; the collectives' rounds give the partial-allreduce
 oracle's sums; bad input."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -373,18 +374,24 @@ def test_a_callback_stops_the_run(data, kind):
 
 
 def test_calibrate_fits_the_real_runs_counts(data):
-    """The fitted step is the real run's seconds per push over each worker's factor
-    (median over the workers); the calibration's simulate runs that cluster."""
+    """The fitted step: the one-worker step times what the workers' measured stretch
+    holds beyond the box's cores' queueing at their demand; the calibration's simulate
+    runs that cluster."""
     from sgd_shm.sim import calibrate
     X, y = data
     cal = calibrate(X, y, n_workers=2, seconds=0.3, backend="threads",
                     slowdown={0: 2.0})
     per = np.array(cal.measured["step_s_per_worker"])
-    s = cal.measured["stretch"]
-    assert cal.kind == "ps" and s == pytest.approx(per[1] / cal.step_s)
-    assert cal.cores == (pytest.approx((1 / 2 + 1) / s) if s > 1 else None)
+    s, base = cal.measured["stretch"], cal.measured["step_s_alone"]
+    assert cal.kind == "ps" and s == pytest.approx(per[1] / base)
+    # the box's cores queue the workers' computing; the rest of the stretch is the step's
+    box = os.cpu_count()
+    assert cal.cores == box
+    queued = max(1.0, (1 / 2 + 1) / box)
+    assert cal.measured["contention"] == pytest.approx(s / queued)
+    assert cal.step_s == pytest.approx(base * s / queued)
     m = max(s, 1.0)
-    assert cal.slow_extra_s == pytest.approx(max(per[0] - 2.0 * cal.step_s * m, 0.0) / m)
+    assert cal.slow_extra_s == pytest.approx(max(per[0] - 2.0 * base * m, 0.0) / m)
     assert cal.wake_s >= 0.0001                    # half the shm transport's poll at least
     assert 0.0 <= cal.start_s < 0.3 and cal.cluster().start_s == cal.start_s
     # the gated step's charge: the real BSP round's excess over the simulated one
@@ -401,15 +408,17 @@ def test_calibrate_fits_the_real_runs_counts(data):
 
 
 def test_calibrate_collectives_fits_the_sync_rounds(data):
-    """The collectives' calibration: the round and the start-up are the line through
-    the sync run's records, the imbalance's overrun the imbalanced run's round beyond
-    the round and the nominal sleep; the fitted cluster carries them to simulate."""
+    """The collectives' calibration: the round and the start-up are read off the sync
+    runs' records (medians over the repeats), the imbalance's overrun the imbalanced
+    runs' round beyond the round and the nominal sleep; the fitted cluster carries them
+    to simulate."""
     from sgd_shm.sim import calibrate
     X, y = data
     imb = (1, 0.002)
-    cal = calibrate(X, y, n_workers=2, collective=True, seconds=0.4, imbalance=imb)
+    cal = calibrate(X, y, n_workers=2, collective=True, seconds=0.3, imbalance=imb,
+                    repeats=2)
     m = cal.measured
-    assert cal.kind == "collective" and cal.step_s == m["round_s"] > 0
+    assert cal.kind == "collective" and cal.step_s == m["round_s"] > 0 and m["repeats"] == 2
     assert cal.sleep_extra_s == pytest.approx(max(m["round_s_imbalanced"] - m["round_s"]
                                                   - imb[1], 0.0))
     assert m["round_s_imbalanced"] > m["round_s"]          # the sleeps cost the rounds
@@ -417,6 +426,8 @@ def test_calibrate_collectives_fits_the_sync_rounds(data):
     assert c.start_s == cal.start_s >= 0 and c.imbalance == (1, imb[1] + cal.sleep_extra_s)
     sim = cal.simulate(X, y, collective="solo", imbalance=imb, epochs=1)
     assert sim.seconds > cal.start_s and sim.updates > 0
+    with pytest.raises(ValueError, match="repeats"):
+        calibrate(X, y, n_workers=2, collective=True, repeats=0)
 
 
 def test_wake_seconds_delay_a_gated_worker(data):
@@ -469,6 +480,27 @@ def test_start_seconds_shift_every_run(data):
         Cluster(1e-3, start_s=-1.0)
 
 
+def test_calibrations_combine_by_medians():
+    """Calibration.median: each fitted quantity's median over the calibrations; cores
+    only where most found shared cores; one kind and worker count only."""
+    from sgd_shm.sim import Calibration
+    cals = [Calibration("ps", 4, step_s=s, slow_extra_s=e, wake_s=1e-4, gate_s=g,
+                        start_s=st, cores=c, measured={"i": i})
+            for i, (s, e, g, st, c) in enumerate([(1e-4, 2e-4, 0.0, 0.01, 1.5),
+                                                  (3e-4, 1e-4, 5e-4, 0.03, None),
+                                                  (2e-4, 9e-4, 1e-4, 0.02, 2.5)])]
+    m = Calibration.median(cals)
+    assert (m.kind, m.n_workers) == ("ps", 4)
+    assert (m.step_s, m.slow_extra_s, m.gate_s, m.start_s, m.wake_s) == pytest.approx(
+        (2e-4, 2e-4, 1e-4, 0.02, 1e-4))
+    assert m.cores == 2.0 and [c["i"] for c in m.measured["combined"]] == [0, 1, 2]
+    assert Calibration.median(cals[1:2] + cals[1:2] + cals[:1]).cores is None
+    with pytest.raises(ValueError, match="one kind and worker count"):
+        Calibration.median(cals + [Calibration("collective", 4, 1e-4)])
+    with pytest.raises(TypeError, match="cals"):
+        Calibration.median([])
+
+
 def test_line_fit_reads_start_and_step_off_a_history():
     """The calibration's line: on exact records the start-up and the step come back;
     a stall in one record moves neither (Theil-Sen); too few records is an error."""
@@ -507,14 +539,17 @@ def test_bench_sim_quick_parts(tmp_path):
 
 
 def test_shared_cores_stretch_concurrent_steps(data):
-    """Four equal workers on 2 cores, ASP: every step begins while all four compute, so
-    each takes twice its time; one worker alone is not stretched."""
+    """Four equal workers on 2 cores served first come, first served: under ASP every
+    step waits for a core as long as it computes, so each takes twice its time; a BSP
+    round is two waves of two steps; one worker alone is not stretched."""
     X, y = data
     step = 1e-3
     r = simulate(X, y, n_workers=4, epochs=1, cluster=Cluster(step, cores=2))
     free = simulate(X, y, n_workers=4, epochs=1, cluster=Cluster(step))
     assert r.updates == free.updates
     assert r.seconds == pytest.approx(2 * free.seconds, rel=1e-9)
+    bsp = simulate(X, y, n_workers=4, policy="bsp", epochs=1, cluster=Cluster(step, cores=2))
+    assert bsp.seconds == pytest.approx(bsp.updates // 4 * 2 * step, rel=1e-9)
     one = simulate(X, y, n_workers=1, epochs=1, cluster=Cluster(step, cores=2))
     assert one.seconds == pytest.approx(one.updates * step, rel=1e-9)
     with pytest.raises(ValueError, match="cores"):

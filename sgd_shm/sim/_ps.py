@@ -180,7 +180,10 @@ class PSSim:
         # a gated policy's step costs cluster.gate_s more (see Cluster); ASP's none
         self.gate_s = cfg.cluster.gate_s if _gated(self.policy) else 0.0
         self.in_free = self.out_free = -math.inf      # the servers' links free since
-        self.cores, self.busy = cfg.cluster.cores, []      # shared cores: computing until
+        self.cores = cfg.cluster.cores                     # shared cores: each server's
+        if self.cores is not None:                         # next free time, and speed
+            n = math.ceil(self.cores)
+            self.busy, self.core_speed = [0.0] * n, self.cores / n
         self.replay = cfg.replay                           # a real run's timeline, or None
         self.steps = [0] * n                               # steps done, per worker
         self.log = []
@@ -321,15 +324,19 @@ class PSSim:
         self.at(t_recv + dur, SEND, k)
 
     def stretch(self, k, t, dur):
-        """The stretch of a step beginning at t on shared cores: the workers computing
-        then, this one included, over the cores (at least 1); the step computes
-        ``dur / factor_k`` of it (the rest is a slowed worker's sleep)."""
-        busy = self.busy
-        while busy and busy[0] <= t:
-            heapq.heappop(busy)
-        s = max(1.0, (len(busy) + 1) / self.cores)
-        heapq.heappush(busy, t + dur * s / self.times.factors[k])
-        return s
+        """The stretch of a step whose computing is ready at t on shared cores: the
+        cores are ceil(cores) servers, each cores / ceil(cores) as fast, taking the
+        workers' computing first come, first served and to completion (a step's
+        computing, well under a millisecond, is far shorter than an operating system's
+        time slice). The step computes ``c = dur / factor_k`` of it (the rest is a
+        slowed worker's sleep, which the trainers' emulation makes a multiple of the
+        time its computing took, waiting for a core included): the stretch is the time
+        from t to the end of its computing over c."""
+        c = dur / self.times.factors[k]
+        free = heapq.heappop(self.busy)
+        end = max(t, free) + c / self.core_speed
+        heapq.heappush(self.busy, end)
+        return (end - t) / c
 
     def send(self, t, k):
         st = self.state

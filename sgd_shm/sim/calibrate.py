@@ -3,20 +3,26 @@
 :func:`calibrate` runs the real trainer briefly and fits the :class:`Cluster` that
 makes the simulator reproduce it:
 
-Every rate is read off a run's history by :func:`line_fit`: the robust (Theil-Sen) line
-through its records' (updates, seconds), whose slope is a step of the run and whose
-intercept, ``start_s``, the run's start-up before its steady stepping (starting the
-workers, first touches of the buffers), which a short run to a target pays in full.
+Every rate is read off a run's history by :func:`line_fit`: the slope of the robust
+(Theil-Sen) line through its records' (updates, seconds); how late its first records
+come against that rate is ``start_s``, the run's start-up before its workers step
+(starting them, first touches of the buffers), which a short run to a target pays in
+full. With ``repeats`` > 1 every calibrating run is made that many times, on successive
+seeds, and each fitted quantity is the median over them: on a shared virtual machine a
+run's speed moves from one run to the next.
 
 * parameter server: two asynchronous runs (``ps.train(policy="asp")``: the gate
   never closes, so every worker steps back to back), one of a single worker, whose
-  step is ``step_s``, a step with a core of its own; and one of ``n_workers`` with
-  the ``slowdown`` of the runs to predict (its intercept is ``start_s``; worker k's
+  step is a step with a core of its own; and one of ``n_workers`` with
+  the ``slowdown`` of the runs to predict (its start-up is ``start_s``; worker k's
   step is the run's seconds per update over k's share of the pushes). There the
-  full-speed workers' steps are longer by a stretch s: the workers computing at once
-  (on average the sum of 1 / factor_k) share the box's ``cores`` = that sum / s
-  (fewer than the box's own when other jobs run; None when s <= 1). A slowed worker's
-  step is longer than ``factor * s * step_s`` by what its emulation's sleep overran (a
+  full-speed workers' steps are longer by a stretch s. The box's ``cores`` (its CPU
+  count) serve the workers' computing first come, first served (:class:`Cluster`),
+  which alone stretches a full-speed step by max(1, demand / cores) at the workers'
+  demand (the sum of 1 / factor_k); the rest of s, ``contention`` (the workers
+  slowing each other while they compute at once: caches, memory, the hypervisor), is
+  charged to the step: ``step_s`` = the one-worker step times it. A slowed worker's
+  step is longer than ``factor * s`` one-worker steps by what its emulation's sleep overran (a
   process that sleeps waits for a core to wake on): ``slow_extra_s``, the mean
   overrun, is added to every slowed step of the predictions. ``wake_s``: how long a
   worker waiting at a closed gate (BSP, SSP) takes to notice it opened: half the
@@ -46,13 +52,14 @@ Example::
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from sgd_shm.core.validation import check_positive, resolve_workers
+from sgd_shm.core.validation import check_int, check_positive, resolve_workers
 from sgd_shm.sim.cluster import Cluster, Network
 from sgd_shm.sim.simulate import simulate
 
@@ -93,6 +100,27 @@ class Calibration:
         return Cluster(self.step_s, factors=f, imbalance=imbalance, wake_s=self.wake_s,
                        gate_s=self.gate_s, cores=self.cores, start_s=self.start_s)
 
+    @classmethod
+    def median(cls, cals) -> "Calibration":
+        """One calibration from several of the same kind and workers (e.g. made at
+        different times, between the runs they are to predict): each fitted quantity's
+        median; ``cores`` the median of those that found shared cores (None when fewer
+        than half did); ``measured`` holds each one's."""
+        cals = list(cals)
+        if not cals or any(not isinstance(c, Calibration) for c in cals):
+            raise TypeError(f"cals: expected one or more Calibration objects, got {cals!r}")
+        kinds = {(c.kind, c.n_workers) for c in cals}
+        if len(kinds) != 1:
+            raise ValueError(f"cals: every calibration must be of one kind and worker count, "
+                             f"got {sorted(kinds)}; combine each group on its own")
+        med = {f: _median([getattr(c, f) for c in cals])
+               for f in ("step_s", "slow_extra_s", "wake_s", "sleep_extra_s", "gate_s",
+                         "start_s")}
+        shared = [c.cores for c in cals if c.cores is not None]
+        cores = _median(shared) if 2 * len(shared) > len(cals) else None
+        return cls(cals[0].kind, cals[0].n_workers, cores=cores,
+                   measured={"combined": [c.measured for c in cals]}, **med)
+
     def simulate(self, X, y, *, slowdown=None, imbalance=None, **kw):
         """:func:`sgd_shm.sim.simulate` with this cluster, a free network, this many
         workers and the trainer's sampling period (unless given)."""
@@ -114,110 +142,135 @@ def sleep_overrun(seconds, n=50):
 
 
 def calibrate(X, y, *, n_workers, collective=False, seconds=1.0, seed=0, slowdown=None,
-              imbalance=None, **train_kw) -> Calibration:
+              imbalance=None, repeats=1, **train_kw) -> Calibration:
     """Fit the compute model to real runs of ``seconds`` on this box (see the module
     notes): the parameter server's ASP (``collective=False``, with ``slowdown`` as
     ``ps.train`` takes it) or eager-SGD's synchronous allreduce (``collective=True``,
-    with ``imbalance`` as ``eager.train`` takes it). ``train_kw`` go to the trainer
-    (``lr``, ``batch_size``, ``model``, ``eval_set``, ...)."""
+    with ``imbalance`` as ``eager.train`` takes it). ``repeats``: how many times each
+    calibrating run is made (seeds ``seed``, ``seed + 1``, ...); each fitted quantity is
+    the median over them, which a box whose speed moves from run to run needs.
+    ``train_kw`` go to the trainer (``lr``, ``batch_size``, ``model``, ``eval_set``,
+    ...)."""
     n_workers = resolve_workers(n_workers)
     seconds = check_positive("seconds", seconds)
+    repeats = check_int("repeats", repeats, lo=1)
+    seeds = [seed + i for i in range(repeats)]
     if collective:
         if slowdown is not None:
             raise ValueError("slowdown: a parameter-server setting; the collectives' runs "
                              "take imbalance= instead")
-        return _calibrate_eager(X, y, n_workers, seconds, seed, imbalance, train_kw)
+        return _calibrate_eager(X, y, n_workers, seconds, seeds, imbalance, train_kw)
     if imbalance is not None:
         raise ValueError("imbalance: a collectives' setting; the parameter server's runs "
                          "take slowdown= instead")
-    return _calibrate_ps(X, y, n_workers, seconds, seed, slowdown, train_kw)
+    return _calibrate_ps(X, y, n_workers, seconds, seeds, slowdown, train_kw)
 
 
-def line_fit(history):
-    """(start, seconds per step) of a run: the robust (Theil-Sen) line through its
-    records' (step, seconds) once steps are being applied. The intercept is the run's
-    start-up (its clock's zero to where its steady stepping begins); the slope, a step
-    of the whole run (its transient stalls, which a mean over the run would spread over
-    every step, weigh as little as one record each)."""
+def line_fit(history, first=3):
+    """(start, seconds per step) of a run. The step is the slope of the robust
+    (Theil-Sen) line through its records' (step, seconds) once steps are being applied:
+    a transient stall weighs as one record instead of being spread over every step.
+    The start is how late the run's first ``first`` records with steps come against that
+    step (the median of ``seconds - step * slope`` over them, at least 0): the start-up
+    before the workers step (spawning, first touches), read where it happens rather
+    than as the line's intercept, which a run whose speed drifts later would move."""
     from scipy.stats import theilslopes
     pts = [(h["step"], h["seconds"]) for h in history if h["step"] > 0]
     if len(pts) < 3:
         raise ValueError(f"seconds: the calibration's run recorded {len(pts)} samples with "
                          f"steps, at least 3 are needed; give it longer")
     steps, secs = np.array(pts, np.float64).T
-    slope, icpt, _, _ = theilslopes(secs, steps)
-    return max(float(icpt), 0.0), float(slope)
+    slope = float(theilslopes(secs, steps)[0])
+    start = float(np.median(secs[:first] - steps[:first] * slope))
+    return max(start, 0.0), slope
 
 
-def _calibrate_ps(X, y, n_workers, seconds, seed, slowdown, train_kw):
+def _median(xs):
+    return float(np.median(np.asarray(xs, np.float64)))
+
+
+def _calibrate_ps(X, y, n_workers, seconds, seeds, slowdown, train_kw):
     from sgd_shm.ps import train as ps_train
     from sgd_shm.ps.config import factors_of
     from sgd_shm.ps.shm_backend import ShmLink
 
-    def asp(n, slow):
+    def asp(n, slow, seed):
         r = ps_train(X, y, n_workers=n, policy="asp", max_seconds=seconds, seed=seed,
                      slowdown=slow, progress=False, **train_kw)
         start, per_update = line_fit(r.history)
         pushes = np.array([max(w["pushes"], 1) for w in r.workers], np.float64)
         share = pushes / pushes.sum()            # worker k's share of the updates
         return per_update / share, start, r
-    alone, start, _ = asp(1, None)               # one worker: a step with a core of its own
-    base = float(alone[0])
-    per, start_n, r = asp(n_workers, slowdown)
+    # one worker: a step with a core of its own
+    base = _median([asp(1, None, s)[0][0] for s in seeds])
+    runs = [asp(n_workers, slowdown, s) for s in seeds]
+    per = np.median(np.array([p for p, _, _ in runs]), axis=0)
+    start = _median([st for _, st, _ in runs])
     factors = factors_of(slowdown, n_workers)
     full = factors == 1
     stretch = float(np.median(per[full] if full.any() else per / factors)) / base
-    cores = None
-    if stretch > 1.0:                            # the workers shared fewer cores than them
-        cores = float(np.sum(1.0 / factors)) / stretch
+    # the box's cores serve the workers' computing first come, first served (Cluster):
+    # at the workers' demand (the sum of 1 / factor_k) they stretch a full-speed step
+    # by max(1, demand / cores) by waiting alone; the rest of the measured stretch is
+    # what the workers slow each other by while computing at once (caches, memory, the
+    # hypervisor), charged to the step itself
+    box = float(os.cpu_count() or 1)
+    queued = max(1.0, float(np.sum(1.0 / factors)) / box)
+    contention = stretch / queued
+    step = base * contention
     slow = ~full
     extra = float(np.mean(per[slow] - factors[slow] * base * max(stretch, 1.0))) \
         if slow.any() else 0.0
     poll = ShmLink.poll_s
     wake = poll / 2 + max(sleep_overrun(poll), 0.0)
-    cal = Calibration("ps", n_workers, base, max(extra, 0.0) / max(stretch, 1.0), wake,
-                      cores=cores, start_s=start_n,
+    r = runs[-1][2]
+    cal = Calibration("ps", n_workers, step, max(extra, 0.0) / max(stretch, 1.0), wake,
+                      cores=box if n_workers > 1 else None, start_s=start,
                       measured={"seconds": r.seconds, "updates": r.updates, "step_s_alone": base,
-                                "start_s_alone": start, "stretch": stretch,
-                                "step_s_per_worker": per.tolist()})
-    cal.gate_s = _fit_gate(X, y, cal, seconds, seed, slowdown, train_kw)
+                                "stretch": stretch, "contention": contention,
+                                "step_s_per_worker": per.tolist(), "repeats": len(seeds)})
+    cal.gate_s = _fit_gate(X, y, cal, seconds, seeds, slowdown, train_kw)
     return cal
 
 
-def _fit_gate(X, y, cal, seconds, seed, slowdown, train_kw):
-    """``gate_s``: a real synchronous run (BSP) against the same run simulated with the
+def _fit_gate(X, y, cal, seconds, seeds, slowdown, train_kw):
+    """``gate_s``: real synchronous runs (BSP) against the same run simulated with the
     model fitted so far; the real round's excess over the simulated one (a round of BSP
     is one gated step of its slowest worker, so each step of a gated policy is charged
-    that much). Both rounds are the slopes of :func:`line_fit` (times the workers)."""
+    that much). Both rounds are the slopes of :func:`line_fit` (times the workers), the
+    real one the median over the seeds."""
     import inspect
 
     from sgd_shm.ps import train as ps_train
-    kw = dict(policy="bsp", max_seconds=seconds, seed=seed, slowdown=slowdown, **train_kw)
-    real = ps_train(X, y, n_workers=cal.n_workers, progress=False, **kw)
-    takes = inspect.signature(simulate).parameters       # (not the trainer's backend, ...)
-    sim = cal.simulate(X, y, **{k: v for k, v in kw.items() if k in takes or k == "slowdown"})
     P = cal.n_workers
-    real_round = P * line_fit(real.history)[1]
+    kw = dict(policy="bsp", max_seconds=seconds, slowdown=slowdown, **train_kw)
+    real_round = _median([P * line_fit(ps_train(X, y, n_workers=P, progress=False, seed=s,
+                                                **kw).history)[1] for s in seeds])
+    takes = inspect.signature(simulate).parameters       # (not the trainer's backend, ...)
+    sim = cal.simulate(X, y, seed=seeds[0],
+                       **{k: v for k, v in kw.items() if k in takes or k == "slowdown"})
     sim_round = P * line_fit(sim.history)[1]
     cal.measured.update(bsp_round_s=real_round, bsp_round_s_simulated=sim_round)
     return max(real_round - sim_round, 0.0)
 
 
-def _calibrate_eager(X, y, n_workers, seconds, seed, imbalance, train_kw):
+def _calibrate_eager(X, y, n_workers, seconds, seeds, imbalance, train_kw):
     from sgd_shm.eager import train as eager_train
 
-    def round_s(imb):
+    def round_s(imb, seed):
         r = eager_train(X, y, n_workers=n_workers, collective="sync", max_seconds=seconds,
                         seed=seed, progress=False, imbalance=imb, **train_kw)
         start, per_round = line_fit(r.history)
         return per_round, start, r
-    step, start, r = round_s(None)
-    measured = {"seconds": r.seconds, "rounds": r.rounds, "round_s": step}
+    runs = [round_s(None, s) for s in seeds]
+    step, start = _median([a for a, _, _ in runs]), _median([b for _, b, _ in runs])
+    r = runs[-1][2]
+    measured = {"seconds": r.seconds, "rounds": r.rounds, "round_s": step,
+                "repeats": len(seeds)}
     extra = 0.0
     if imbalance is not None and imbalance[0] > 0 and imbalance[1] > 0:
-        slept, start_imb, r2 = round_s(imbalance)
+        slept = _median([round_s(imbalance, s)[0] for s in seeds])
         extra = max(slept - step - imbalance[1], 0.0)
-        measured.update(round_s_imbalanced=slept, rounds_imbalanced=r2.rounds,
-                        start_s_imbalanced=start_imb)
+        measured.update(round_s_imbalanced=slept)
     return Calibration("collective", n_workers, step, sleep_extra_s=extra, start_s=start,
                        measured=measured)

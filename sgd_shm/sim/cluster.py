@@ -32,9 +32,12 @@ trainers' straggler emulation, in virtual time:
   calibrated on spends per gated step (its workers' polling and sleeping, the
   processes' hand-offs) that a free-running ASP step does not; on a cluster, 0;
 * ``cores``: the cores the parameter server's workers share (None: each its own, as
-  on a cluster). A step that begins while m workers (itself included) compute is
-  stretched by max(1, m / cores), its sleeping part (a slowed worker's emulation)
-  alike: the one box the simulator is calibrated on runs more workers than cores;
+  on a cluster): ceil(cores) servers, each cores / ceil(cores) as fast, run the
+  workers' computing first come, first served and to completion (a step's computing
+  is far shorter than an operating system's time slice). A step waiting for a core is
+  stretched by its wait, its sleeping part (a slowed worker's emulation, a multiple of
+  the time its computing took) alike: the one box the simulator is calibrated on runs
+  more workers than cores;
 * ``start_s``: seconds from the run's start (its clock's zero) to the workers' first
   steps: what a real trainer spends starting its workers and touching its buffers
   before the first minibatch (on a cluster: its launcher's start-up; 0 by default).
