@@ -370,13 +370,15 @@ def cmd_mf(args):
 
 def cmd_ps(args):
     def measure(ps):
-        # --quick: one repetition of runs of at most 1 s, short transport loops
+        # --quick: one repetition of runs of at most 1 s without the warm-up, short
+        # transport loops
         rows, extra = ps.run(args.ps_workers, 1 if args.quick else args.reps, args.seed,
                              samples=args.ps_samples, features=args.ps_features,
                              seconds=min(args.ps_seconds, 1.0) if args.quick else args.ps_seconds,
                              target=args.ps_target, tight=args.ps_tight, loose=args.ps_loose,
                              backends=ps.backends_of(args.backend),
-                             transport_seconds=0.3 if args.quick else 1.0)
+                             transport_seconds=0.3 if args.quick else 1.0,
+                             warmup=not args.quick)
         return rows, {**extra, "ratios": ps.ratios(rows)}
     try:
         _scenario(args, "ps", measure)

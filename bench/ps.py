@@ -186,7 +186,7 @@ def _policy_row(pol, backend, rs, n_workers, slow, targets):
 
 def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
         target=0.935, tight=0.94, loose=0.93, slow=4.0, backends=("shm",),
-        transport_seconds=1.0, progress=True, holdout=5_000):
+        transport_seconds=1.0, progress=True, holdout=5_000, warmup=True):
     backends = list(backends)
     X, y = make_rcv1_like(samples + holdout, features, random_state=seed)
     X, y, held = X[:samples], y[:samples], (X[samples:], y[samples:])
@@ -199,9 +199,10 @@ def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
     calls = []
     rates = {(b, n): [] for b in backends for n in sorted({2, n_workers})}
     first = {b: {} for b in backends}
-    bar = tqdm(total=(reps + 1) * len(backends) * (len(POLICIES) + 1 + len(counts)),
+    first_rep = 0 if warmup else 1                   # rep 0 is the warm-up
+    bar = tqdm(total=(reps + 1 - first_rep) * len(backends) * (len(POLICIES) + 1 + len(counts)),
                desc="ps", leave=False, disable=not progress)
-    for rep in range(reps + 1):                      # rep 0 is the warm-up
+    for rep in range(first_rep, reps + 1):
         order = backends if rep % 2 else backends[::-1]
         for pol in POLICIES:
             for b in order:

@@ -473,7 +473,8 @@ def _findings_calibrate(rows):
             within = sum(abs(r["error"]) <= CAL_BAR for r in both)
             text = f"calibrate, {P} workers, {name}: "
             if both:
-                real, sim = _med([r["time_real"] for r in both]), _med([r["time_sim"] for r in both])
+                real = _med([r["time_real"] for r in both])
+                sim = _med([r["time_sim"] for r in both])
                 err = sim / real - 1.0
                 text += (f"median simulated time to the target {sim:.3f} s against the "
                          f"measured {real:.3f} s ({100 * err:+.0f}%: "
@@ -559,7 +560,8 @@ def summary_markdown(d):
             e = f"{100 * r['error']:+.0f}%" if r["error"] is not None else "-"
             lines.append(f"| {r['workers']} | {r['name']} | {r['seed']} | "
                          f"{1e3 * r['step_s']:.3f} | {1e3 * r.get('start_s', 0.0):.1f} | "
-                         f"{1e3 * r.get('gate_s', 0.0):.3f} | {f(r['time_real'])} | {f(r['time_sim'])} "
+                         f"{1e3 * r.get('gate_s', 0.0):.3f} | {f(r['time_real'])} | "
+                         f"{f(r['time_sim'])} "
                          f"| {e} | {r['updates_real']} / {r['updates_sim']} |")
     lines += ["", "Findings:", "", *[f"- {f}" for f in d.get("findings", findings(d))]]
     return "\n".join(lines)
