@@ -177,7 +177,8 @@ class PSSim:
         self.stamp = 0                             # state changes so far (gate memo)
         self.memo = {}
         self.known_gate = type(self.policy).may_step in _KNOWN_GATES
-        # a gated policy's step costs cluster.gate_s more (see Cluster); ASP's none
+        # a gated policy's step costs cluster.gate_s more, before its push (see
+        # Cluster); ASP's none
         self.gate_s = cfg.cluster.gate_s if _gated(self.policy) else 0.0
         self.in_free = self.out_free = -math.inf      # the servers' links free since
         self.cores = cfg.cluster.cores                     # shared cores: each server's
@@ -268,7 +269,7 @@ class PSSim:
         if not self.gate(k, self.state.pushes_[k]):
             self.blocked[k] = self.state.pushes_[k]
             return
-        self.begin(t + self.gate_s, k)
+        self.begin(t, k)
 
     def begin(self, t, k):
         """The gate is open: claim a ticket, take a minibatch, send the pull."""
@@ -321,7 +322,9 @@ class PSSim:
         dur = self.times.of(k, t_recv) + extra
         if self.cores is not None:
             dur *= self.stretch(k, t_recv, dur)
-        self.at(t_recv + dur, SEND, k)
+        # a gated policy's charge ends the step: it delays the push (and with it the
+        # round), not the step's claim on a core
+        self.at(t_recv + dur + self.gate_s, SEND, k)
 
     def stretch(self, k, t, dur):
         """The stretch of a step whose computing is ready at t on shared cores: the

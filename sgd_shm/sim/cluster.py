@@ -30,7 +30,9 @@ trainers' straggler emulation, in virtual time:
 * ``gate_s``: seconds a parameter-server step costs beyond its work under a policy
   with a gate (BSP, SSP), even when the gate is open: what the box the simulator is
   calibrated on spends per gated step (its workers' polling and sleeping, the
-  processes' hand-offs) that a free-running ASP step does not; on a cluster, 0;
+  processes' hand-offs) that a free-running ASP step does not, charged before the
+  step's push (so it lengthens a round without changing which step gets a core
+  first); on a cluster, 0;
 * ``cores``: the cores the parameter server's workers share (None: each its own, as
   on a cluster): ceil(cores) servers, each cores / ceil(cores) as fast, run the
   workers' computing first come, first served and to completion (a step's computing
