@@ -100,6 +100,8 @@ def auto_hot_features(X, epochs, n_outputs=1, n_workers=2) -> int:
 _EMPTY_I = np.empty(0, dtype=np.int64)
 _EMPTY_I32 = np.empty(0, dtype=np.int32)
 _NO_CLASS_WEIGHT = np.ones((0, 2))
+
+
 def _value_dtype(dtype):
     """float32 data stays float32 (the kernels read it as it is, without a float64
     copy); anything else is converted to float64."""

@@ -3,14 +3,6 @@
 :func:`calibrate` runs the real trainer briefly and fits the :class:`Cluster` that
 makes the simulator reproduce it:
 
-Every rate is read off a run's history by :func:`line_fit`: the slope of the robust
-(Theil-Sen) line through its records' (updates, seconds); how late its first records
-come against that rate is ``start_s``, the run's start-up before its workers step
-(starting them, first touches of the buffers), which a short run to a target pays in
-full. With ``repeats`` > 1 every calibrating run is made that many times, on successive
-seeds, and each fitted quantity is the median over them: on a shared virtual machine a
-run's speed moves from one run to the next.
-
 * parameter server: two asynchronous runs (``ps.train(policy="asp")``: the gate
   never closes, so every worker steps back to back), one of a single worker, whose
   step is a step with a core of its own; and one of ``n_workers`` with
@@ -22,8 +14,8 @@ run's speed moves from one run to the next.
   demand (the sum of 1 / factor_k); the rest of s, ``contention`` (the workers
   slowing each other while they compute at once: caches, memory, the hypervisor), is
   charged to the step: ``step_s`` = the one-worker step times it. A slowed worker's
-  step is longer than ``factor * s`` one-worker steps by what its emulation's sleep overran (a
-  process that sleeps waits for a core to wake on): ``slow_extra_s``, the mean
+  step is longer than ``factor * s`` one-worker steps by what its emulation's sleep
+  overran (a process that sleeps waits for a core to wake on): ``slow_extra_s``, the mean
   overrun, is added to every slowed step of the predictions. ``wake_s``: how long a
   worker waiting at a closed gate (BSP, SSP) takes to notice it opened: half the
   transport's polling period plus the mean time a sleep of that period overran,
@@ -39,6 +31,14 @@ run's speed moves from one run to the next.
   plus rank 0's samples, and ``start_s``; with ``imbalance`` given, a second
   synchronous run with it gives what the sleeps cost a round beyond their nominal
   seconds (``sleep_extra_s``), added to the predictions' imbalance.
+
+Every rate is read off a run's history by :func:`line_fit`: the slope of the robust
+(Theil-Sen) line through its records' (updates, seconds); how late its first records
+come against that rate is ``start_s``, the run's start-up before its workers step
+(starting them, first touches of the buffers), which a short run to a target pays in
+full. With ``repeats`` > 1 every calibrating run is made that many times, on successive
+seeds, and each fitted quantity is the median over them: on a shared virtual machine a
+run's speed moves from one run to the next.
 
 ``Calibration.simulate(X, y, **kw)`` runs the simulator with the fitted cluster (and
 the trainer's sampling period, so times to a target are read at the same
@@ -71,7 +71,8 @@ PS_SAMPLE_EVERY, EAGER_SAMPLE_EVERY = 0.02, 0.05
 
 @dataclass
 class Calibration:
-    """A fitted compute model: ``step_s`` (seconds of a step at factor 1 on this box),
+    """A fitted compute model: ``step_s`` (seconds of a step at factor 1 on this box,
+    with the calibrated workers' contention), ``cores`` (the cores they share),
     ``slow_extra_s`` (what a slowed step overran its factor), ``wake_s`` (a gate's
     wake-up), ``gate_s`` (what a gated policy's step costs beyond its work),
     ``sleep_extra_s`` (what an imbalance sleep overran, a round), ``start_s`` (the
