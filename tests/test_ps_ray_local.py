@@ -157,4 +157,4 @@ def test_bad_address_fails_fast_naming_it(data, monkeypatch):
     t = time.perf_counter()
     with pytest.raises(ConnectionError, match="127.0.0.1:9.*within 3 s"):
         train(X, y, backend="ray", address="127.0.0.1:9", epochs=1, progress=False)
-    assert 3.0 <= time.perf_counter() - t < 8
+    assert 3.0 <= time.perf_counter() - t < 20         # the setting governs, not the 30 s
