@@ -241,7 +241,6 @@ def model_dtype(model) -> np.dtype:
     return check_float_dtype("model.dtype", getattr(model, "dtype", np.float64),
                              f"set dtype = np.float32 or np.float64 on "
                              f"{type(model).__name__}'s class")
-    return got
 
 
 def eval_pair(eval_set):
