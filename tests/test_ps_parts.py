@@ -6,8 +6,8 @@ import pytest
 
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import BSP, SSP, Policy, SaPS, train
-from sgd_shm.ps.policies import make_policy
-from sgd_shm.ps.store import DEAD, FLAGGED
+from sgd_shm.core.policies import make_policy
+from sgd_shm.core.status import DEAD, FLAGGED
 
 
 class FakeLink:

@@ -14,7 +14,7 @@ import pytest
 from sgd_shm.collectives.base import initiator
 from sgd_shm.compress import TopK
 from sgd_shm.data import make_rcv1_like
-from sgd_shm.ps.policies import SSP, Policy
+from sgd_shm.core.policies import SSP, Policy
 from sgd_shm.ps.worker import Losses
 from sgd_shm.sim import Cluster, Network, SimResult, simulate
 from tests.naive import (asp_order_naive, data_parallel_sgd_naive, fixed_gradient_model,

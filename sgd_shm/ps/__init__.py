@@ -25,7 +25,7 @@ default with worker 0 slowed 4x.
 """
 from sgd_shm.ps.checkpoint import load_checkpoint, save_checkpoint
 from sgd_shm.ps.plots import curves_of, plot_losses
-from sgd_shm.ps.policies import ASP, BSP, POLICIES, RPS, SSP, Policy, SaPS
+from sgd_shm.core.policies import ASP, BSP, POLICIES, RPS, SSP, Policy, SaPS
 from sgd_shm.ps.store import ParameterStore, PushResult, WaitPolicy
 from sgd_shm.ps.ray_session import RaySession
 from sgd_shm.ps.trainer import TrainResult, train

@@ -17,7 +17,7 @@ from sgd_shm.core.model import Model
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_int, check_number,
                                      check_positive, check_seed, model_dtype,
                                      resolve_workers, stopping_rule)
-from sgd_shm.ps.policies import Policy, make_policy
+from sgd_shm.core.policies import Policy, make_policy
 from sgd_shm.ps.store import CLOCKS, WaitPolicy
 from sgd_shm.ps.transport import TRANSPORTS
 

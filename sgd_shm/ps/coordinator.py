@@ -18,7 +18,7 @@ import numpy as np
 
 from sgd_shm.core.errors import DivergenceError
 from sgd_shm.ps.checkpoint import save_checkpoint
-from sgd_shm.ps.store import DEAD, FLAGGED
+from sgd_shm.core.status import DEAD, FLAGGED
 
 
 @dataclass

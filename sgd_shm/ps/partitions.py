@@ -33,6 +33,7 @@ import numpy as np
 from relaxed import MultiQueue
 from sgd_shm.core.atomics import cas_py, fetch_add_py
 from sgd_shm.core.launcher import shared_arrays
+from sgd_shm.core.status import written_off_lag
 from sgd_shm.ps.store import LINE
 
 
@@ -121,7 +122,7 @@ class Partitions:
     def write_off(self, q, unflagged_live):
         """q was flagged or died: set lag_q to the smallest epoch of the other
         partitions whose workers are live and unflagged, minus q's (see
-        :class:`sgd_shm.ps.policies.SaPS`)."""
+        :class:`sgd_shm.core.policies.SaPS`)."""
         lag = written_off_lag(self.all_epochs(), q, unflagged_live)
         if lag is not None:
             self.lag_words[q * LINE] = lag
@@ -213,14 +214,6 @@ class Partitions:
         if getattr(self, "_seg", None) is not None:
             self._seg.close()
             self._seg = None
-
-
-def written_off_lag(epochs, q, unflagged_live):
-    """The lag of partition q when its worker is flagged or dies: the smallest epoch of
-    the other partitions whose workers are live and unflagged, minus q's (never below
-    0); None when there is no such partition. The rule of every transport."""
-    others = [int(epochs[p]) for p in unflagged_live if p != q]
-    return max(0, min(others) - int(epochs[q])) if others else None
 
 
 def tally(taken, queued, epochs, epoch0, nb, boff):

@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 import ray
 
-from sgd_shm.ps.policies import server_average
+from sgd_shm.core.policies import server_average
 from sgd_shm.ps.server import ServerState
 from sgd_shm.ps.shm_backend import warm_up
 from sgd_shm.ps.transport import Refill

@@ -76,7 +76,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from relaxed.shm import live_segment_names, unlink_orphan
 from sgd_shm.core.launcher import Shipment, pid_alive
-from sgd_shm.ps.partitions import written_off_lag
+from sgd_shm.core.status import written_off_lag
 from sgd_shm.ps.ray_backend import _outcome, release, warm_actor
 from sgd_shm.ps.shm_backend import LocalState, ShmLink, warm_up
 from sgd_shm.ps.worker import Diverged, run_worker

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from sgd_shm.ps.partitions import Partitions
-from sgd_shm.ps.store import DEAD, ParameterStore
+from sgd_shm.core.status import DEAD
+from sgd_shm.ps.store import ParameterStore
 from sgd_shm.ps.transport import Refill, StateSnapshot
 
 #: the counters ``report`` adds to: the store's driver counters and the compute time

@@ -45,7 +45,7 @@ import numpy as np
 from sgd_shm.core.atomics import cas_py, store_release_py
 from sgd_shm.core.launcher import Shipment, check_start_method, exit_now, shared_arrays
 from sgd_shm.ps.partitions import Partitions
-from sgd_shm.ps.policies import server_average
+from sgd_shm.core.policies import server_average
 from sgd_shm.ps.server import ServerState
 from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy
 from sgd_shm.ps.worker import (EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, PSTrace, TraceBuffer,

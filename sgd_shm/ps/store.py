@@ -96,6 +96,7 @@ from relaxed import shm as _shm
 from sgd_shm.core.atomics import (LINE_WORDS, cas_acquire, fetch_add, fetch_add_py,
                                   load_relaxed, store_release)
 from sgd_shm.core.atomics import cas_py as _cas_py
+from sgd_shm.core.status import HIST_BINS
 from sgd_shm.core.atomics import store_release_py as _store_release_py
 from sgd_shm.core.launcher import pid_alive as _pid_alive
 from sgd_shm.core.validation import check_int, check_number
@@ -113,12 +114,9 @@ _PULLED, _PUSHES, _COMPUTE, _HEARTBEAT, _STATUS, _STALENESS, _DEFERRED = range(7
 _BYTES_SENT, _BYTES_DENSE = SLOT_INDEX["bytes_sent"], SLOT_INDEX["bytes_dense"]
 #: counters of a slot that the training driver adds to (:meth:`ParameterStore.add`)
 DRIVER_COUNTERS = ("staleness_sum", "dropped", "stolen", "spells")
-#: values of a slot's status word (set by the coordinator)
-RUNNING, FLAGGED, DEAD = 0, 1, 2
 F_APPLIED = len(SLOT_FIELDS)     # float64 slot field: sum of the scales of the pushes
 #: int64 words per worker slot: its fields, padded to whole lines
 SLOT = -(-(F_APPLIED + 1) // LINE) * LINE
-HIST_BINS = 32                   # staleness histogram bins per worker
 META = _shm.HEADER_SIZE          # the store's own header (8 int64) follows the common one:
                                  # n_params, n_shards, n_workers, LINE, clock, dtype code
 HEADER = 256                     # where the weights start

@@ -3,7 +3,7 @@
 
 The parts, each a module with one job: :mod:`~sgd_shm.ps.config` (validated
 arguments), :mod:`~sgd_shm.ps.partitions` (rows, minibatches and their queues),
-:mod:`~sgd_shm.ps.policies` (BSP, ASP, SSP, SaPS, or a user's policy object),
+:mod:`~sgd_shm.core.policies` (BSP, ASP, SSP, SaPS, or a user's policy object),
 :mod:`~sgd_shm.ps.worker` (the worker loop), :mod:`~sgd_shm.ps.coordinator`
 (sampling, detection, faults, checkpoints, stop), :mod:`~sgd_shm.ps.checkpoint`,
 the transports (:mod:`~sgd_shm.ps.transport`: :mod:`~sgd_shm.ps.shm_backend`,
@@ -319,7 +319,7 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         ``.messages``. Needs n_shards <= the number of features.
     policy "rps" : the Robust Parameter Server of Yu et al. (ICML 2019): every
         worker keeps a replica, takes a local step and averages its blocks through
-        the n_shards servers each round (:class:`sgd_shm.ps.policies.RPS`); with
+        the n_shards servers each round (:class:`sgd_shm.core.policies.RPS`); with
         ``epochs=E`` it runs E times the largest partition's minibatches rounds.
     epochs [None: 5 when max_seconds is None] : a work budget, to compare runs at
         equal work (and the default stopping rule): the run stops

@@ -47,7 +47,7 @@ every shard is not applied at all; its minibatch counts as done, since the worke
 cannot know). The worker is not told what was lost, so nothing is re-sent and error
 feedback (with ``compress=``) keeps no memory of it.
 
-A replicated policy (``policy="rps"``, :class:`sgd_shm.ps.policies.RPS`) runs
+A replicated policy (``policy="rps"``, :class:`sgd_shm.core.policies.RPS`) runs
 :func:`run_rounds` instead: every worker keeps a full replica and each step is a
 round of model averaging through the servers (the paper's rule, with the same
 losses).
@@ -81,7 +81,7 @@ import numpy as np
 from sgd_shm.compress import Channel
 from sgd_shm.core.launcher import shared_arrays
 from sgd_shm.core.validation import model_dtype
-from sgd_shm.ps.store import FLAGGED
+from sgd_shm.core.status import FLAGGED
 from sgd_shm.ps.transport import Push
 
 #: a worker's exit code when its gradient is NaN or inf (the coordinator reports it)
@@ -553,7 +553,7 @@ def _wait_round(link, job, k, sent):
 
 def run_rounds(link, job, k, seed):
     """Worker k's rounds of model averaging under a replicated policy
-    (:class:`sgd_shm.ps.policies.RPS`, Yu et al., ICML 2019): a local SGD step on
+    (:class:`sgd_shm.core.policies.RPS`, Yu et al., ICML 2019): a local SGD step on
     its replica with its own partition's next minibatch, its blocks sent to the
     servers, the round's barrier, the servers' averages taken where they arrive.
     The replica starts at the store's weights. With a budget (``epochs=``),

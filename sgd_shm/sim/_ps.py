@@ -27,11 +27,11 @@ The coordinator samples every ``sample_every`` virtual seconds: a history record
 (the same :class:`~sgd_shm.core.results.Evaluator` as the trainers), then
 ``policy.on_sample(view)`` with a view of the same counters (SaPS flags there; a
 flag writes the partition's deficit off with the real rule,
-:func:`sgd_shm.ps.partitions.written_off_lag`). Events at equal times run in the
+:func:`sgd_shm.core.status.written_off_lag`). Events at equal times run in the
 order they were scheduled, so a run is deterministic given its seed.
 
 Gates are asked again after every state change. For the gates of
-:class:`~sgd_shm.ps.policies.Policy` and :class:`~sgd_shm.ps.policies.SSP` (BSP,
+:class:`~sgd_shm.core.policies.Policy` and :class:`~sgd_shm.core.policies.SSP` (BSP,
 SSP, SaPS, which do not override them), whose answer depends on the worker only
 through its push count and opens for smaller counts first, the waiting workers are
 asked in ascending order of their counts until one is refused, and one answer per
@@ -45,9 +45,9 @@ import math
 
 import numpy as np
 
-from sgd_shm.ps.partitions import written_off_lag
-from sgd_shm.ps.policies import SSP, Policy, server_average
-from sgd_shm.ps.store import DEAD, FLAGGED, HIST_BINS, RUNNING
+from sgd_shm.core.status import written_off_lag
+from sgd_shm.core.policies import SSP, Policy, server_average
+from sgd_shm.core.status import DEAD, FLAGGED, HIST_BINS, RUNNING
 from sgd_shm.ps.worker import Losses
 
 READY, PULL, SEND, APPLY, SAMPLE, KILL = range(6)
@@ -519,7 +519,7 @@ class RPSSim(PSSim):
     worker takes a local step on its replica (its own partition's next minibatch),
     sends block j to server j (lost with probability ``drop``, the real coins); the
     round's barrier is the policy's gate; server j averages the blocks it received
-    (:func:`sgd_shm.ps.policies.server_average`) and answers (each answer lost with
+    (:func:`sgd_shm.core.policies.server_average`) and answers (each answer lost with
     probability ``drop``). A round ends when the last live worker's blocks have
     arrived; each worker starts its next round when the answers reach it."""
 

@@ -37,7 +37,7 @@ import itertools
 
 import numpy as np
 
-from sgd_shm.ps.store import FLAGGED, HIST_BINS, RUNNING
+from sgd_shm.core.status import FLAGGED, HIST_BINS, RUNNING
 from sgd_shm.sim._ps import LOG_FIELDS, PSSim, SimSampleView
 
 __all__ = ["DECISIONS", "PSReplay", "eager_replay_class", "eager_timeline", "least_times",

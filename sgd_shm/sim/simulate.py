@@ -1,7 +1,7 @@
 """``simulate``: a run of the parameter server or of eager-SGD's collectives at any
 number of workers, in virtual time, on this one box.
 
-The parts are the kit's own: the policy objects of :mod:`sgd_shm.ps.policies`, the
+The parts are the kit's own: the policy objects of :mod:`sgd_shm.core.policies`, the
 collectives' rules (:mod:`sgd_shm.collectives.base`), the compressors and their
 error feedback (:mod:`sgd_shm.compress`), the models (:mod:`sgd_shm.models`), the
 loss coins of :class:`sgd_shm.ps.worker.Losses` and the trainers' evaluation
@@ -37,7 +37,7 @@ from sgd_shm.core.validation import (check_callbacks, check_choice, check_eval_s
                                      n_columns, resolve_workers, stopping_rule)
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.ps.partitions import Batches
-from sgd_shm.ps.policies import make_policy
+from sgd_shm.core.policies import make_policy
 from sgd_shm.sim.cluster import Cluster, Network, StepTimes
 
 __all__ = ["simulate", "SimResult"]

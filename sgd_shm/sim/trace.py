@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sgd_shm.ps.policies import Policy
+from sgd_shm.core.policies import Policy
 
 __all__ = ["Recorder", "Trace"]
 
@@ -72,7 +72,7 @@ class Recorder(Policy):
     uses_staleness = True
 
     def __init__(self, policy, **kw):
-        from sgd_shm.ps.policies import make_policy
+        from sgd_shm.core.policies import make_policy
         self.inner = make_policy(policy, **kw)
         self.name = self.inner.name
         self.tolerates_loss = self.inner.tolerates_loss

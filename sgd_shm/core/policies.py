@@ -1,4 +1,5 @@
-"""Training policies of the parameter server, as objects.
+"""Training policies of the parameter server, as objects (the parameter server's
+transports and the simulator both run them).
 
 Every policy answers the same few questions, so the worker loop and the coordinator
 never compare policy names:
@@ -46,7 +47,7 @@ import math
 
 import numpy as np
 
-from sgd_shm.ps.store import DEAD, FLAGGED
+from sgd_shm.core.status import DEAD, FLAGGED
 
 __all__ = ["Policy", "ASP", "BSP", "SSP", "SaPS", "RPS", "POLICIES", "make_policy",
            "server_average"]
