@@ -13,7 +13,7 @@ import pytest
 
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import ParameterStore, load_checkpoint, train
-from sgd_shm.ps.worker import LOSS_STREAM
+from sgd_shm.core.status import LOSS_STREAM
 from tests.naive import fixed_gradient_model, model_averaging_naive
 
 P, S, ROUNDS, SEED, LR, ALPHA = 3, 4, 12, 5, 0.5, 1e-4

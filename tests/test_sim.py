@@ -15,7 +15,7 @@ from sgd_shm.collectives.base import initiator
 from sgd_shm.compress import TopK
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.core.policies import SSP, Policy
-from sgd_shm.ps.worker import Losses
+from sgd_shm.core.status import Losses
 from sgd_shm.sim import Cluster, Network, SimResult, simulate
 from tests.naive import (asp_order_naive, data_parallel_sgd_naive, fixed_gradient_model,
                          logistic_grad_naive, model_averaging_naive,
@@ -110,7 +110,7 @@ def test_saps_flags_the_slow_class(data):
 
 def test_rps_is_model_averaging_with_the_real_coins(data):
     """RPS: the servers' model after the rounds is the naive model averaging of the
-    same minibatches with the same lost messages (the coins of ps.worker.Losses)."""
+    same minibatches with the same lost messages (the coins of core.status.Losses)."""
     X, y = data
     n, S, lr, p = 3, 4, 0.5, 0.2
     r = simulate(X, y, n_workers=n, policy="rps", epochs=1, drop=p, n_shards=S, lr=lr,

@@ -46,9 +46,10 @@ from sgd_shm.core.atomics import cas_py, store_release_py
 from sgd_shm.core.launcher import Shipment, check_start_method, exit_now, shared_arrays
 from sgd_shm.ps.partitions import Partitions
 from sgd_shm.core.policies import server_average
+from sgd_shm.core.status import MESSAGE_FIELDS
 from sgd_shm.ps.server import ServerState
 from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy
-from sgd_shm.ps.worker import (EXIT_DIVERGED, MESSAGE_FIELDS, Diverged, PSTrace, TraceBuffer,
+from sgd_shm.ps.worker import (EXIT_DIVERGED, Diverged, PSTrace, TraceBuffer,
                                run_worker, warm)
 
 
@@ -85,7 +86,7 @@ class Mailbox:
     segment: ``box[r % 2][k]``: worker k's replica as sent in round r (only the blocks
     that arrived are written), ``stamps[r % 2][k, j] = r + 1`` where its block j
     arrived; ``counts[k, j]``: worker k's messages with server j (columns
-    :data:`sgd_shm.ps.worker.MESSAGE_FIELDS`), written by worker k only. ``dtype``:
+    :data:`sgd_shm.core.status.MESSAGE_FIELDS`), written by worker k only. ``dtype``:
     the weights' float type (the replicas')."""
 
     def __init__(self, n_params, n_shards, n_workers, replicas, shared=True,
@@ -353,7 +354,7 @@ class LocalState:
 
     def messages(self):
         """(n_workers, n_shards, 4) message counts (columns
-        :data:`sgd_shm.ps.worker.MESSAGE_FIELDS`), or None without message loss."""
+        :data:`sgd_shm.core.status.MESSAGE_FIELDS`), or None without message loss."""
         return self.server.messages()
 
     def close(self):

@@ -28,7 +28,8 @@ from sgd_shm.models.linear import model_or_linear
 from sgd_shm.ps.config import make_config
 from sgd_shm.ps.coordinator import Coordinator
 from sgd_shm.ps.partitions import Batches
-from sgd_shm.ps.worker import MESSAGE_FIELDS, Job, warm
+from sgd_shm.core.status import MESSAGE_FIELDS
+from sgd_shm.ps.worker import Job, warm
 
 __all__ = ["train", "TrainResult"]
 
@@ -70,7 +71,7 @@ class TrainResult(Result):
 
     Message loss (``drop=``, and every RPS run): drop: the probability p, or None
     for reliable links; messages: {"drop", "seed" (the loss coins' seed, see
-    :class:`sgd_shm.ps.worker.Losses`), "per_worker" and "per_shard": dicts of
+    :class:`sgd_shm.core.status.Losses`), "per_worker" and "per_shard": dicts of
     up_sent / up_lost (worker -> server messages, of them lost) and down_sent /
     down_lost (server -> worker answers, of them lost)}; the per-worker counts are
     also in ``workers``. Under RPS ``updates`` counts rounds.
@@ -313,7 +314,7 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         against the weights' bytes per push (equal when compress is None).
     drop [None] : message loss: every message between a worker and a shard's
         server (both directions) is lost independently with this probability in
-        [0, 1), with coins seeded from ``seed`` (:class:`sgd_shm.ps.worker.Losses`);
+        [0, 1), with coins seeded from ``seed`` (:class:`sgd_shm.core.status.Losses`);
         policy "asp" (a lost push is not applied on that shard; a lost answer to a
         pull leaves the worker's block as last received) or "rps". Counted in
         ``.messages``. Needs n_shards <= the number of features.

@@ -34,7 +34,7 @@ messages=None)``                   ``spells``, ``compute_ns``), record minibatch
                                    ``applied`` = (p, j) as applied by k, put
                                    ``requeue`` = (p, key, j) back, add ``messages``
                                    (an (n_shards, 4) count, :data:`MESSAGE_FIELDS
-                                   <sgd_shm.ps.worker.MESSAGE_FIELDS>`)
+                                   <sgd_shm.core.status.MESSAGE_FIELDS>`)
 ``average_round(k, r, x, up,       RPS: send block j of replica ``x`` to server j where
 down, barrier)``                   ``up[j]`` (round r, one push of k), call
                                    ``barrier()`` (the round's gate; False: stop), then

@@ -81,7 +81,7 @@ import numpy as np
 from sgd_shm.compress import Channel
 from sgd_shm.core.launcher import shared_arrays
 from sgd_shm.core.validation import model_dtype
-from sgd_shm.core.status import FLAGGED
+from sgd_shm.core.status import FLAGGED, Losses
 from sgd_shm.ps.transport import Push
 
 #: a worker's exit code when its gradient is NaN or inf (the coordinator reports it)
@@ -232,47 +232,6 @@ def warm(job):
     rows = job.batches.rows_of(0, 0)
     w = np.zeros(job.n_params, job.dtype)
     job.model.grad(w, job.data, rows, np.empty_like(w))
-
-
-#: the stream of worker k's loss coins: ``np.random.default_rng([loss_seed, k, LOSS_STREAM])``
-LOSS_STREAM = 0x1055
-#: the columns of a message count: worker -> server messages, of them lost; server ->
-#: worker answers, of them lost
-MESSAGE_FIELDS = ("up_sent", "up_lost", "down_sent", "down_lost")
-
-
-class Losses:
-    """Message loss of worker k: its coins and its counts per shard.
-
-    Each step (ASP) or round (RPS), worker k draws ``u = rng.random(2 * S)`` from
-    ``np.random.default_rng([loss_seed, k, LOSS_STREAM])``: its message to server j
-    gets through iff ``u[j] >= p``, server j's answer to it iff ``u[S + j] >= p``.
-    The servers' coins are drawn in the worker so that each worker's stream is its
-    own (they are independent of everything else all the same), and a run is
-    reproducible from its seed on any transport."""
-
-    def __init__(self, p, loss_seed, k, n_shards):
-        self.p, self.S = float(p), int(n_shards)
-        self.rng = np.random.default_rng([int(loss_seed), int(k), LOSS_STREAM])
-
-    def draw(self):
-        """(up, down): boolean arrays of length S, True where the message to server j
-        (up) or server j's answer (down) gets through."""
-        u = self.rng.random(2 * self.S)
-        return u[:self.S] >= self.p, u[self.S:] >= self.p
-
-    def counts(self, up=None, down=None, answered=None):
-        """The (S, 4) counts of messages (columns: :data:`MESSAGE_FIELDS`): ``up``
-        the worker's messages (None: none sent), ``down`` the servers' answers (None:
-        none), of which only the servers in ``answered`` had one to send (default
-        all)."""
-        c = np.zeros((self.S, len(MESSAGE_FIELDS)), np.int64)
-        if up is not None:
-            c[:, 0], c[:, 1] = 1, ~up
-        if down is not None:
-            ans = np.ones(self.S, bool) if answered is None else np.asarray(answered, bool)
-            c[:, 2], c[:, 3] = ans, ans & ~down
-        return c
 
 
 def _take(link, job, k, rng, state, claim=False):

@@ -45,10 +45,9 @@ import math
 
 import numpy as np
 
-from sgd_shm.core.status import written_off_lag
 from sgd_shm.core.policies import SSP, Policy, server_average
-from sgd_shm.core.status import DEAD, FLAGGED, HIST_BINS, RUNNING
-from sgd_shm.ps.worker import Losses
+from sgd_shm.core.status import (DEAD, FLAGGED, HIST_BINS, RUNNING, Losses,
+                                 written_off_lag)
 
 READY, PULL, SEND, APPLY, SAMPLE, KILL = range(6)
 _KNOWN_GATES = (Policy.may_step, SSP.may_step)

@@ -4,7 +4,7 @@ number of workers, in virtual time, on this one box.
 The parts are the kit's own: the policy objects of :mod:`sgd_shm.core.policies`, the
 collectives' rules (:mod:`sgd_shm.collectives.base`), the compressors and their
 error feedback (:mod:`sgd_shm.compress`), the models (:mod:`sgd_shm.models`), the
-loss coins of :class:`sgd_shm.ps.worker.Losses` and the trainers' evaluation
+loss coins of :class:`sgd_shm.core.status.Losses` and the trainers' evaluation
 (:class:`sgd_shm.core.results.Evaluator`). Only time is modelled: how long each
 worker's step takes (:class:`~sgd_shm.sim.cluster.Cluster`) and each message
 (:class:`~sgd_shm.sim.cluster.Network`). Gradients are computed on the real data at
