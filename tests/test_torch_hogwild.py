@@ -113,12 +113,12 @@ def test_block_workers_write_only_their_own_blocks(digits):
 def test_two_workers_reach_095_held_out(augmented, backend, no_shm_leak):
     X, Xte, y, yte = augmented
     clf = HogwildNetClassifier(DigitsCNN(seed=0), n_workers=2, backend=backend,
-                               max_epochs=5, lr=0.02, momentum=0.9, batch_size=32,
+                               max_epochs=8, lr=0.02, momentum=0.9, batch_size=32,
                                random_state=0)
     clf.fit(X, y, eval_set=(Xte, yte))
     assert clf.history_[-1]["val_score"] >= 0.95, clf.history_
     assert clf.score(Xte, yte) == pytest.approx(clf.history_[-1]["val_score"])
-    assert [h["step"] for h in clf.history_] == [1, 2, 3, 4, 5] == list(
+    assert [h["step"] for h in clf.history_] == list(range(1, 9)) == list(
         range(1, clf.n_iter_ + 1))
     secs = [h["seconds"] for h in clf.history_]
     assert secs == sorted(secs) and secs[0] > 0
