@@ -132,8 +132,12 @@ def test_worker_sigkilled_mid_run(data, policy, no_shm_leak):
     ref = train(X, y, n_workers=3, policy=policy, max_seconds=1.2, seed=3)
     r = train(X, y, n_workers=3, policy=policy, max_seconds=1.2, seed=3, faults={1: when})
     assert r.killed == [1], f"killed at {when:.3f} s"
+    # the survivors kept going: the version grew long after the kill (a survivor's own
+    # push count may stay below the killed worker's when SaPS flags it on a busy box)
+    before = max(h["step"] for h in r.history if h["seconds"] <= when)
+    assert r.history[-1]["step"] - before > 100, (when, r.history)
     pushes = [w["pushes"] for w in r.workers]
-    assert min(pushes[0], pushes[2]) > pushes[1]        # the survivors kept going
+    assert pushes[0] + pushes[2] > pushes[1]
     assert r.final_loss < ref.final_loss + 0.02
     assert r.final_loss < 0.6
     # at most the batch it held, or the unqueued rest of an epoch it was enqueueing
