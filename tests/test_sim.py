@@ -7,6 +7,8 @@ the network's times add up; the collectives' rounds give the partial-allreduce
 oracle's sums; bad input."""
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -295,6 +297,26 @@ def test_bad_models():
     assert Network.gbps(8).bandwidth == 1e9
     c = Cluster(classes=[(0.75, 1.0), (0.25, 4.0)])
     assert c.worker_factors(8).tolist() == [1.0] * 6 + [4.0] * 2
+
+
+def test_the_simulator_runs_on_the_shared_core_alone():
+    """Simulating imports none of the trainers: the policies, statuses, minibatch cut,
+    straggler model, traces and the drop rule it shares with them live in
+    sgd_shm.core (only sgd_shm.sim.calibrate runs a real trainer, by design)."""
+    code = ("import sys\n"
+            "from sgd_shm.data import make_rcv1_like\n"
+            "from sgd_shm.sim import Cluster, simulate\n"
+            "X, y = make_rcv1_like(400, 50, random_state=0)\n"
+            "for kw in ({'policy': 'saps'}, {'policy': 'rps', 'drop': 0.1},\n"
+            "           {'collective': 'majority'}):\n"
+            "    simulate(X, y, n_workers=3, epochs=1, cluster=Cluster(0.001, transient="
+            "(1.0, 2.0, 0.01)), seed=0, **kw)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('sgd_shm.ps', "
+            "'sgd_shm.eager', 'sgd_shm.hogwild'))))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
 
 
 # ---- the command line ---------------------------------------------------------------------

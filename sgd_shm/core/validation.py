@@ -290,3 +290,28 @@ def stopping_rule(epochs, max_seconds, check_epochs):
     epochs = None if epochs is None else check_epochs("epochs", epochs)
     return epochs, math.inf if max_seconds is None else check_positive("max_seconds",
                                                                       max_seconds)
+
+
+def check_drop(drop, pol, compress):
+    """The message-loss probability of a parameter-server run (``drop=``) under policy
+    ``pol`` (a :class:`sgd_shm.core.policies.Policy`) and compressor ``compress``, as
+    the trainer and the simulator accept it: None (reliable, the plain path) or a float
+    in [0, 1); RPS always counts its messages (drop None -> 0.0)."""
+    if drop is not None:
+        if isinstance(drop, bool) or not isinstance(drop, (int, float, np.integer,
+                                                           np.floating)) \
+                or not 0 <= drop < 1:
+            raise ValueError(f"drop: the probability that a message is lost must be a number "
+                             f"in [0, 1) (1 would lose every message), got {drop!r}; e.g. "
+                             "drop=0.1")
+        if not pol.tolerates_loss:
+            raise ValueError(f"drop: policy {pol.name!r} cannot lose messages (its gate counts "
+                             "pushes, and a lost push would stall it); use policy='rps' "
+                             "(model averaging that tolerates loss) or 'asp', or leave "
+                             "drop=None")
+    if pol.replicated:
+        if compress is not None:
+            raise ValueError(f"compress: policy {pol.name!r} sends model blocks, not gradients, "
+                             "and error feedback does not apply to them; leave compress=None")
+        return 0.0 if drop is None else float(drop)
+    return None if drop is None else float(drop)

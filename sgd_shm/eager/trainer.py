@@ -36,6 +36,7 @@ from sgd_shm.core.imbalance import sleepers
 from sgd_shm.core.model import Model, blas_limited
 from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.results import Evaluator, Result
+from sgd_shm.core.traces import ROUND_FLOATS, ROUND_INTS, EagerTrace
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, check_int,
                                      check_eval_set, check_momentum, check_number,
@@ -272,37 +273,6 @@ def _trace(trace, backend, n_workers):
         raise ValueError(f"trace: records each round's contributors as a bit mask of at most "
                          f"62 ranks, got n_workers={n_workers}")
     return bool(trace)
-
-
-#: the columns of a traced round of one rank (:class:`EagerTrace`): the round id;
-#: ``skipped`` (1: its round had closed, it contributed nothing new); ``contributed``
-#: (1: its contribution is in the round's result); ``mask`` (the round's contributors,
-#: bit k for rank k); ``lag0``, ``lag1``: ``time.perf_counter()`` before and after its
-#: look at the lag (``comm.lag()``, whether the round had closed); ``post0``, ``post1``:
-#: before and after its round (start, arrival and wait), seconds since rank 0's start
-ROUND_INTS = ("round", "skipped", "contributed", "mask")
-ROUND_FLOATS = ("lag0", "lag1", "post0", "post1")
-
-
-@dataclass
-class EagerTrace:
-    """``EagerResult.trace``: per rank (``ranks[k]``), {column: array} of its rounds in
-    order (columns :data:`ROUND_INTS`, :data:`ROUND_FLOATS`), and the run's
-    ``collective``, ``late``, ``average``, ``seed`` and ``n_workers``."""
-    n_workers: int
-    collective: str
-    late: str
-    average: str
-    seed: int
-    ranks: list
-
-    def contributors(self):
-        """{round: the contributors (sorted tuple)}, as the ranks saw them."""
-        out = {}
-        for st in self.ranks:
-            for r, m in zip(st["round"], st["mask"]):
-                out[int(r)] = tuple(j for j in range(self.n_workers) if int(m) >> j & 1)
-        return out
 
 
 class _RoundRecord:

@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sgd_shm.core.imbalance import PROFILES, factors_of, transient_of  # noqa: F401 (exported)
 from sgd_shm.core.launcher import check_start_method
 from sgd_shm.core.model import Model
-from sgd_shm.core.validation import (check_bool, check_callbacks, check_int, check_number,
-                                     check_positive, check_seed, model_dtype,
-                                     resolve_workers, stopping_rule)
+from sgd_shm.core.validation import (check_bool, check_callbacks, check_drop, check_int,
+                                     check_number, check_positive, check_seed,
+                                     model_dtype, resolve_workers, stopping_rule)
 from sgd_shm.core.policies import Policy, make_policy
 from sgd_shm.ps.store import CLOCKS, WaitPolicy
 from sgd_shm.ps.transport import TRANSPORTS
 
-PROFILES = ("none", "straggler", "hetero")
 BACKENDS = TRANSPORTS                   # "shm", "ray", "threads"
 PARTITIONS = (None, "blocks")
 
@@ -64,46 +64,6 @@ class TrainConfig:
         return self.drop is not None
 
 
-def factors_of(slowdown, n_workers):
-    """Per-worker compute-time factors from ``slowdown`` (see :func:`train`)."""
-    factors = np.ones(n_workers)
-    if isinstance(slowdown, str):
-        if slowdown not in PROFILES:
-            raise ValueError(f"slowdown: profile must be one of {PROFILES}, got {slowdown!r}")
-        if slowdown == "straggler":
-            factors[0] = 4.0
-        elif slowdown == "hetero" and n_workers > 1:
-            factors = 4.0 ** (1.0 - np.arange(n_workers) / (n_workers - 1))
-    elif isinstance(slowdown, dict):
-        for k, f in slowdown.items():
-            if not isinstance(k, (int, np.integer)) or not 0 <= k < n_workers:
-                raise ValueError(f"slowdown: worker {k!r} is not in [0, {n_workers})")
-            factors[k] = f
-    elif slowdown is not None:
-        factors = np.asarray(slowdown, dtype=float)
-        if factors.shape != (n_workers,):
-            raise ValueError(f"slowdown: expected {n_workers} factors, got shape "
-                             f"{factors.shape}")
-    if (factors < 1).any() or not np.isfinite(factors).all():
-        raise ValueError("slowdown: factors must be finite and >= 1 (1 = full speed)")
-    return factors
-
-
-def transient_of(transient):
-    if transient is None:
-        return None
-    try:
-        rate, factor, length = (float(x) for x in transient)
-    except (TypeError, ValueError):
-        raise ValueError("transient: expected (spells per second, factor, seconds), got "
-                         f"{transient!r}") from None
-    if not (rate > 0 and factor >= 1 and length > 0) or not all(
-            map(np.isfinite, (rate, factor, length))):
-        raise ValueError("transient: need spells per second > 0, factor >= 1 and seconds > 0, "
-                         f"got {transient!r}")
-    return rate, factor, length
-
-
 def _faults(faults, n_workers):
     faults = dict(faults or {})
     for k, t in faults.items():
@@ -134,29 +94,6 @@ def _compress(compress):
             raise
         raise type(e)(f"compress: {e}") from None
     return comp
-
-
-def _drop(drop, pol, compress):
-    """The message-loss probability of a run: None (reliable, the plain path) or a
-    float in [0, 1); RPS always counts its messages (drop None -> 0.0)."""
-    if drop is not None:
-        if isinstance(drop, bool) or not isinstance(drop, (int, float, np.integer,
-                                                           np.floating)) \
-                or not 0 <= drop < 1:
-            raise ValueError(f"drop: the probability that a message is lost must be a number "
-                             f"in [0, 1) (1 would lose every message), got {drop!r}; e.g. "
-                             "drop=0.1")
-        if not pol.tolerates_loss:
-            raise ValueError(f"drop: policy {pol.name!r} cannot lose messages (its gate counts "
-                             "pushes, and a lost push would stall it); use policy='rps' "
-                             "(model averaging that tolerates loss) or 'asp', or leave "
-                             "drop=None")
-    if pol.replicated:
-        if compress is not None:
-            raise ValueError(f"compress: policy {pol.name!r} sends model blocks, not gradients, "
-                             "and error feedback does not apply to them; leave compress=None")
-        return 0.0 if drop is None else float(drop)
-    return None if drop is None else float(drop)
 
 
 def _wait(wait):
@@ -204,7 +141,7 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
         seed=check_seed("seed", seed), progress=_progress(progress), backend=backend,
         address=address, session=session, compress=_compress(compress),
         epochs=epochs,
-        drop=_drop(drop, pol, compress), start_method=start_method, model=model,
+        drop=check_drop(drop, pol, compress), start_method=start_method, model=model,
         partition=partition, callbacks=check_callbacks(callbacks), clock=_clock(clock),
         trace=_trace(trace, backend, pol, clock))
 

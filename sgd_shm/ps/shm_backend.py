@@ -321,7 +321,7 @@ class LocalState:
         self.writes.append((t, time.perf_counter(), int(k), int(status)))
 
     def trace(self, t0, policy, samples):
-        """The run's :class:`~sgd_shm.ps.worker.PSTrace` (times minus ``t0``, the
+        """The run's :class:`~sgd_shm.core.traces.PSTrace` (times minus ``t0``, the
         workers' release), or None when not traced. Call before :meth:`close`."""
         buf = self.tracebuf
         if buf is None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sgd_shm.core.batches import Batches
 from sgd_shm.core.model import blas_limited
 from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.progress import seconds_bar
@@ -27,7 +28,6 @@ from sgd_shm.ps.checkpoint import load_checkpoint
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.ps.config import make_config
 from sgd_shm.ps.coordinator import Coordinator
-from sgd_shm.ps.partitions import Batches
 from sgd_shm.core.status import MESSAGE_FIELDS
 from sgd_shm.ps.worker import Job, warm
 
@@ -64,7 +64,7 @@ class TrainResult(Result):
 
     ``partition`` is "blocks" or None.
 
-    ``trace`` (``train(trace=True)``): a :class:`sgd_shm.ps.worker.PSTrace`, every
+    ``trace`` (``train(trace=True)``): a :class:`sgd_shm.core.traces.PSTrace`, every
     push's minibatch, the versions it read and was applied at, its scale and the
     brackets of its calls, and the coordinator's counter reads and status writes;
     ``sgd_shm.sim.simulate(..., replay=result.trace)`` replays it. None otherwise.

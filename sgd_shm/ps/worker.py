@@ -82,6 +82,7 @@ from sgd_shm.compress import Channel
 from sgd_shm.core.launcher import shared_arrays
 from sgd_shm.core.validation import model_dtype
 from sgd_shm.core.status import FLAGGED, Losses
+from sgd_shm.core.traces import TRACE_FLOATS, TRACE_INTS, PSTrace  # noqa: F401 (exported)
 from sgd_shm.ps.transport import Push
 
 #: a worker's exit code when its gradient is NaN or inf (the coordinator reports it)
@@ -119,19 +120,6 @@ class Job:
         return model_dtype(self.model)
 
 
-#: the integer columns of a traced push (``train(trace=True)``, :class:`TraceBuffer`):
-#: its minibatch (partition, batch); the version its pull read (``pulled``); the
-#: version its staleness check read (``decided``, -1 for a policy that reads none) and
-#: the worker's status flag then (``flagged``: 1 flagged, 0 not, -1 not read);
-#: ``dropped`` (1: the policy dropped it); the global version the store read when the
-#: push began (``read``: staleness = read - pulled) and the version once it was counted
-#: (``applied``: its place in the order of pushes); both -1 when not pushed
-TRACE_INTS = ("partition", "batch", "pulled", "decided", "flagged", "dropped", "read",
-              "applied")
-#: the float columns: ``time.perf_counter()`` before and after the pull (pull0, pull1),
-#: the staleness check (decide0, decide1; nan without one) and the push (push0,
-#: push1; for a dropped push, the report that counted it), and the push's ``scale``
-TRACE_FLOATS = ("pull0", "pull1", "decide0", "decide1", "push0", "push1", "scale")
 
 
 class TraceBuffer:
@@ -187,42 +175,6 @@ class TraceBuffer:
         if self._seg is not None:
             self._seg.close()
             self._seg = None
-
-
-@dataclass
-class PSTrace:
-    """``TrainResult.trace`` of ``ps.train(..., trace=True)``: what a replay needs to
-    make the real run's decisions again (``sgd_shm.sim.simulate(replay=trace)``).
-    Times are seconds since the workers were released (the history's clock).
-
-    * ``steps``: per worker, {column: array} of its pushes in order, applied or
-      dropped (columns :data:`TRACE_INTS` and :data:`TRACE_FLOATS`).
-    * ``reads``: the coordinator's reads of the counters (SaPS's samples), each
-      (t0, t1, staleness sums, pushes tried) with the per-worker arrays it read.
-    * ``status``: the coordinator's status writes, each (t0, t1, worker, status).
-    * ``samples``: the times of the coordinator's samples (the history's, without
-      the final record).
-    * ``decided``: per worker, the pushes it decided (more than its rows when the
-      trace was truncated: ``truncated`` is then True).
-    """
-    n_workers: int
-    policy: str
-    steps: list
-    reads: list
-    status: list
-    samples: list
-    decided: list
-    truncated: bool = False
-
-    def pushes(self):
-        """The applied pushes in the order of their versions: (applied version,
-        worker, partition, batch, pulled version, scale)."""
-        out = []
-        for k, st in enumerate(self.steps):
-            for i in np.flatnonzero(st["applied"] >= 0):
-                out.append((int(st["applied"][i]), k, int(st["partition"][i]),
-                            int(st["batch"][i]), int(st["pulled"][i]), float(st["scale"][i])))
-        return sorted(out)
 
 
 def warm(job):

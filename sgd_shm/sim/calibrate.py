@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sgd_shm.core.imbalance import factors_of
 from sgd_shm.core.validation import check_int, check_positive, resolve_workers
 from sgd_shm.sim.cluster import Cluster, Network
 from sgd_shm.sim.simulate import simulate
@@ -93,7 +94,6 @@ class Calibration:
     def cluster(self, slowdown=None, imbalance=None) -> Cluster:
         """The cluster of the fitted step with the trainers' ``slowdown`` (parameter
         server) or ``imbalance`` (collectives), their overruns added."""
-        from sgd_shm.ps.config import factors_of
         f = factors_of(slowdown, self.n_workers)
         f = np.where(f > 1, f + self.slow_extra_s / self.step_s, 1.0)
         if imbalance is not None:
@@ -192,7 +192,6 @@ def _median(xs):
 
 def _calibrate_ps(X, y, n_workers, seconds, seeds, slowdown, train_kw):
     from sgd_shm.ps import train as ps_train
-    from sgd_shm.ps.config import factors_of
     from sgd_shm.ps.shm_backend import ShmLink
 
     def asp(n, slow, seed):

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sgd_shm.core.imbalance import factors_of, transient_of
 from sgd_shm.core.validation import check_number, check_positive
 
 __all__ = ["Cluster", "Network", "TOPOLOGIES"]
@@ -131,7 +132,6 @@ class Cluster:
             self._classes()
         object.__setattr__(self, "delay", _check_delay(self.delay))
         if self.transient is not None:
-            from sgd_shm.ps.config import transient_of
             object.__setattr__(self, "transient", transient_of(self.transient))
         if self.imbalance is not None:
             k, s = _check_pair("imbalance", self.imbalance, "(k ranks, seconds)")
@@ -169,7 +169,6 @@ class Cluster:
                 out[lo:hi] = x
                 lo = hi
             return out
-        from sgd_shm.ps.config import factors_of
         return factors_of(self.factors, n_workers)
 
     def check_workers(self, n_workers):

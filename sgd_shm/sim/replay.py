@@ -124,7 +124,7 @@ DROPPED_EVENTS = ("sum", "count")
 
 
 def ps_timeline(trace):
-    """The replay's timeline of a :class:`~sgd_shm.ps.worker.PSTrace`: (rows, samples,
+    """The replay's timeline of a :class:`~sgd_shm.core.traces.PSTrace`: (rows, samples,
     writes, beyond): per worker, per row, the virtual times of its events (those the
     row has: "pull", "decide", "flag", then :data:`APPLIED_EVENTS` or
     :data:`DROPPED_EVENTS`); per sample, the times of its reads of the staleness sums
@@ -444,7 +444,7 @@ class PSReplay(PSSim):
 
 # ---- eager-SGD ----------------------------------------------------------------------------------
 def eager_timeline(trace):
-    """The replay's timeline of an :class:`~sgd_shm.eager.trainer.EagerTrace`: per
+    """The replay's timeline of an :class:`~sgd_shm.core.traces.EagerTrace`: per
     rank, per round, the virtual times {"lag", "post"} of its look at the lag and of
     its arrival, and the most seconds any event left its bracket. Orders: a rank's
     calls follow one another; a round closes at its closer's arrival (solo: its one

@@ -30,14 +30,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE
+from sgd_shm.core.batches import Batches
 from sgd_shm.core.model import blas_limited
 from sgd_shm.core.results import Evaluator, Result
-from sgd_shm.core.validation import (check_callbacks, check_choice, check_eval_set,
-                                     check_int, check_number, check_positive, model_data,
-                                     n_columns, resolve_workers, stopping_rule)
-from sgd_shm.models.linear import model_or_linear
-from sgd_shm.ps.partitions import Batches
+from sgd_shm.core.traces import EagerTrace, PSTrace
 from sgd_shm.core.policies import make_policy
+from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop,
+                                     check_eval_set, check_int, check_number,
+                                     check_positive, model_data, n_columns,
+                                     resolve_workers, stopping_rule)
+from sgd_shm.models.linear import model_or_linear
 from sgd_shm.sim.cluster import Cluster, Network, StepTimes
 
 __all__ = ["simulate", "SimResult"]
@@ -65,7 +67,7 @@ class SimResult(Result):
     and ``events`` (SaPS's flags), ``killed``, ``log``: every applied push, in order,
     as lists under the names of :data:`sgd_shm.sim._ps.LOG_FIELDS` (seconds, worker,
     partition, batch, pulled version, version it was applied at, scale);
-    ``batches``: the :class:`sgd_shm.ps.partitions.Batches` (``batches.rows_of(p,
+    ``batches``: the :class:`sgd_shm.core.batches.Batches` (``batches.rows_of(p,
     j)``: the rows of a logged push's minibatch).
 
     Collective: ``rounds``, ``participation``, ``late``, ``skipped`` (per rank),
@@ -262,7 +264,7 @@ def _config(n_workers, policy, collective, epochs, cluster, network, compress, d
         check_positive("window", window)
         cfg.policy = make_policy(pol, staleness=staleness, window=window,
                                  detect_factor=detect_factor).bind(n_workers)
-        cfg.drop = _drop(drop, cfg.policy, cfg.compress)
+        cfg.drop = check_drop(drop, cfg.policy, cfg.compress)
     elif drop is not None:
         raise ValueError("drop: message loss is simulated for the parameter server ('asp' or "
                          "'rps'); a collective's rounds do not lose messages; leave drop=None")
@@ -272,8 +274,6 @@ def _config(n_workers, policy, collective, epochs, cluster, network, compress, d
 def _replay(replay, cfg):
     if replay is None:
         return None
-    from sgd_shm.eager.trainer import EagerTrace
-    from sgd_shm.ps.worker import PSTrace
     from sgd_shm.sim.trace import Trace
     if isinstance(replay, PSTrace):
         return _exact_replay(replay, cfg)
@@ -293,7 +293,7 @@ def _replay(replay, cfg):
 
 
 def _exact_replay(trace, cfg):
-    """A traced parameter-server run (:class:`sgd_shm.ps.worker.PSTrace`) to replay
+    """A traced parameter-server run (:class:`sgd_shm.core.traces.PSTrace`) to replay
     exactly (:mod:`sgd_shm.sim.replay`)."""
     if cfg.collective is not None or cfg.policy.replicated:
         raise ValueError("replay: the trace of a parameter-server run replays a "
@@ -311,7 +311,7 @@ def _exact_replay(trace, cfg):
 
 
 def _eager_replay(trace, cfg):
-    """A traced eager-SGD run (:class:`sgd_shm.eager.trainer.EagerTrace`) to replay
+    """A traced eager-SGD run (:class:`sgd_shm.core.traces.EagerTrace`) to replay
     exactly: the same collective, rules, seed and ranks."""
     want = {"collective": trace.collective, "late": trace.late, "average": trace.average,
             "seed": trace.seed, "n_workers": trace.n_workers}
@@ -336,11 +336,6 @@ def _compressor(compress):
         return None
     from sgd_shm.compress import make_compressor
     return make_compressor(compress)
-
-
-def _drop(drop, pol, compress):
-    from sgd_shm.ps.config import _drop as ps_drop        # the trainer's own rule
-    return ps_drop(drop, pol, compress)
 
 
 def _faults(faults, n_workers, collective):
@@ -430,7 +425,6 @@ def _estimate(cfg, prob):
 
 # ---- running and the result ------------------------------------------------------------------
 def _run_ps(prob, cfg):
-    from sgd_shm.ps.worker import PSTrace
     from sgd_shm.sim._ps import LOG_FIELDS, PSSim, RPSSim
     if isinstance(cfg.replay, PSTrace):
         from sgd_shm.sim.replay import PSReplay

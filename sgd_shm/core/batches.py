@@ -1,0 +1,37 @@
+"""The minibatches of a parameter-server run: which rows make minibatch j of partition p.
+
+The trainer's workers and the simulator cut the data alike from the same seeded draw,
+so both take the cut from here (the queues that hand the minibatches out at run time
+are :class:`sgd_shm.ps.partitions.Partitions`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Batches"]
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Which rows make minibatch j of partition p: a seeded permutation of the rows cut
+    into one contiguous partition per worker, each into minibatches of ``size`` rows.
+    Small and picklable: every worker computes its minibatches' rows itself."""
+    rows: np.ndarray
+    part_lo: np.ndarray
+    part_hi: np.ndarray
+    size: int
+
+    @classmethod
+    def draw(cls, n_rows, n_workers, batch_size, rng):
+        bounds = np.linspace(0, n_rows, n_workers + 1).astype(np.int64)
+        return cls(rng.permutation(n_rows), bounds[:-1], bounds[1:], int(batch_size))
+
+    @property
+    def n_batches(self) -> np.ndarray:
+        """Minibatches per partition (at least one)."""
+        return np.maximum(1, -(-(self.part_hi - self.part_lo) // self.size))
+
+    def rows_of(self, p, j):
+        lo = int(self.part_lo[p]) + j * self.size
+        return self.rows[lo:min(lo + self.size, int(self.part_hi[p]))]
