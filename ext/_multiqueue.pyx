@@ -1046,7 +1046,9 @@ cdef class MultiQueue(ShmStructure):
           1 (done), 0 (every queue full / empty) or 2 (busy: call again);
         * ``handles``: a uint8 array holding ``n`` private handles (each its own RNG
           stream, as a bulk call's), the k-th at byte ``offset + k * stride`` of it
-          (``stride``: a multiple of the cache line, so that handles share no line).
+          (``stride``: a multiple of the padded cache line of ``rlx_cache_line``, so
+        that handles share no line and no pair of lines that the adjacent-line
+        prefetcher pulls together: every operation writes its handle).
 
         The queue and the array must outlive every call made through them; the
         driver must not touch them after ``close()``. int64 keys only."""
@@ -1054,7 +1056,7 @@ cdef class MultiQueue(ShmStructure):
         if self.key_kind != KEY_INT64:
             raise ValueError("_native_handles: int64-key queues only")
         cdef int64_t count = _check_int("n", n, 1, "ask for at least one handle")
-        cdef int64_t line = 64
+        cdef int64_t line = rlx_cache_line()
         cdef int64_t stride = _round_up(sizeof(Handle), line)
         buf = np.zeros(count * stride + line, dtype=np.uint8)
         cdef uint8_t[::1] b = buf

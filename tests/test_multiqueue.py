@@ -16,6 +16,7 @@ from conftest import scaled
 from naive import NaivePQ, rank_errors
 from test_crash import killed_in_child
 from relaxed import MultiQueue, QueueFull
+from relaxed._base import CACHE_LINE
 
 
 # -- smoke, empty, len -------------------------------------------------------
@@ -735,7 +736,7 @@ def test_native_handles_drive_the_compiled_core_from_c(no_shm_leak):
     with MultiQueue(4096, n_queues=4, seed=3) as mq:
         nat = mq._native_handles(3)
         base = nat["handles"].ctypes.data + nat["offset"]
-        assert base % 64 == 0 and nat["stride"] % 64 == 0     # handles share no line
+        assert base % CACHE_LINE == 0 and nat["stride"] % CACHE_LINE == 0   # no shared line
         push = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, Elem)(nat["push"])
         pop = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.POINTER(Elem))(nat["pop"])
