@@ -130,13 +130,14 @@ def test_block_partitioned_workers_learn(augmented, no_shm_leak):
     """Block partitioning moves each layer less often per epoch (here worker 0 owns
     fc1 alone, worker 1 the three other layers, a third of its steps each): it learns,
     more slowly per epoch (held-out accuracy and training loss well past chance: 0.1 and
-    log 10)."""
+    log 10). At lr 0.05 with momentum 0.9 about half the runs fell back to chance in
+    the second or third epoch; 0.02 is the step the benchmark's block runs take."""
     X, Xte, y, yte = augmented
     clf = HogwildNetClassifier(DigitsCNN(seed=0), n_workers=2, backend="processes",
-                               partition="blocks", max_epochs=3, lr=0.05, momentum=0.9,
+                               partition="blocks", max_epochs=3, lr=0.02, momentum=0.9,
                                random_state=0).fit(X, y)
     assert [o.tolist() for o in clf.block_owners_] == [[2], [0, 1, 3]]
-    assert clf.score(Xte, yte) > 0.3
+    assert clf.score(Xte, yte) > 0.5
     assert clf.loss_curve_[-1] < 0.8 * np.log(10)
 
 
