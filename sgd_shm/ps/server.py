@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sgd_shm.ps.partitions import Partitions
 from sgd_shm.core.status import DEAD
+from sgd_shm.ps.partitions import Partitions
 from sgd_shm.ps.store import ParameterStore
 from sgd_shm.ps.transport import Refill, StateSnapshot
 

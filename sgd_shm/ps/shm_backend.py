@@ -44,13 +44,13 @@ import numpy as np
 
 from sgd_shm.core.atomics import cas_py, store_release_py
 from sgd_shm.core.launcher import Shipment, check_start_method, exit_now, shared_arrays
-from sgd_shm.ps.partitions import Partitions
 from sgd_shm.core.policies import server_average
 from sgd_shm.core.status import MESSAGE_FIELDS
+from sgd_shm.core.traces import PSTrace
+from sgd_shm.ps.partitions import Partitions
 from sgd_shm.ps.server import ServerState
 from sgd_shm.ps.store import LINE, ParameterStore, WaitPolicy
-from sgd_shm.ps.worker import (EXIT_DIVERGED, Diverged, PSTrace, TraceBuffer,
-                               run_worker, warm)
+from sgd_shm.ps.worker import EXIT_DIVERGED, Diverged, TraceBuffer, run_worker, warm
 
 
 def warm_up(compressor=None, n_features=4, dtype=np.float64):

@@ -96,9 +96,9 @@ from relaxed import shm as _shm
 from sgd_shm.core.atomics import (LINE_WORDS, cas_acquire, fetch_add, fetch_add_py,
                                   load_relaxed, store_release)
 from sgd_shm.core.atomics import cas_py as _cas_py
-from sgd_shm.core.status import HIST_BINS
 from sgd_shm.core.atomics import store_release_py as _store_release_py
 from sgd_shm.core.launcher import pid_alive as _pid_alive
+from sgd_shm.core.status import HIST_BINS
 from sgd_shm.core.validation import check_int, check_number
 
 KIND_PS = 4

@@ -21,14 +21,14 @@ import numpy as np
 
 from sgd_shm.core.batches import Batches
 from sgd_shm.core.model import blas_limited
-from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.progress import seconds_bar
+from sgd_shm.core.results import Evaluator, Result
+from sgd_shm.core.status import MESSAGE_FIELDS
 from sgd_shm.core.validation import check_eval_set, model_data, model_dtype, n_columns
-from sgd_shm.ps.checkpoint import load_checkpoint
 from sgd_shm.models.linear import model_or_linear
+from sgd_shm.ps.checkpoint import load_checkpoint
 from sgd_shm.ps.config import make_config
 from sgd_shm.ps.coordinator import Coordinator
-from sgd_shm.core.status import MESSAGE_FIELDS
 from sgd_shm.ps.worker import Job, warm
 
 __all__ = ["train", "TrainResult"]

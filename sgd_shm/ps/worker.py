@@ -82,7 +82,8 @@ from sgd_shm.compress import Channel
 from sgd_shm.core.launcher import shared_arrays
 from sgd_shm.core.validation import model_dtype
 from sgd_shm.core.status import FLAGGED, Losses
-from sgd_shm.core.traces import TRACE_FLOATS, TRACE_INTS, PSTrace  # noqa: F401 (exported)
+from sgd_shm.core.traces import TRACE_FLOATS, TRACE_INTS
+from sgd_shm.core.traces import PSTrace  # noqa: F401 (its old path, still exported)
 from sgd_shm.ps.transport import Push
 
 #: a worker's exit code when its gradient is NaN or inf (the coordinator reports it)
