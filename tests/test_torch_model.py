@@ -295,9 +295,12 @@ def test_eager_one_rank_equals_serial_torch_sgd(digits, momentum, no_shm_leak):
 
 # ---- held-out accuracy on the digits -------------------------------------------------------
 def test_ps_trains_the_cnn_to_095(augmented, no_shm_leak):
+    """Asynchronous workers on a busy box push stale gradients in bursts, and a burst
+    near the end can pull the last model down a few points: a small step (0.02, for 12
+    epochs) keeps those late dips small."""
     X, Xte, y, yte = augmented
     r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, policy="asp",
-                 epochs=8, lr=0.05, batch_size=32, seed=0, eval_set=(Xte, yte),
+                 epochs=12, lr=0.02, batch_size=32, seed=0, eval_set=(Xte, yte),
                  sample_every=0.5, progress=False)
     assert r.val_score >= 0.95, r.history[-1]
     assert r.score(Xte, yte) == pytest.approx(r.val_score)
