@@ -195,7 +195,7 @@ def run(n_workers, reps, seed, *, samples=20_000, features=2_000, seconds=4.0,
     g = np.random.default_rng(seed).standard_normal(features)
     acc = {(b, p): [] for b in backends for p in POLICIES}
     control = {b: [] for b in backends}
-    tr = {("shm", n): [] for n in counts}
+    tr = {("shm", n): [] for n in counts if "shm" in backends}    # (Ray: see ray_calls)
     calls = []
     rates = {(b, n): [] for b in backends for n in sorted({2, n_workers})}
     first = {b: {} for b in backends}
@@ -407,7 +407,7 @@ def _transport_panels(a_l, a_r, tr, backends):
 def plot(d, path):
     r0 = d["results"][0]
     backends, curves, _, _ = _normalised(d)
-    if not d.get("transport"):                   # a single-backend file of the old layout
+    if "transport" not in d:                     # a single-backend file of the old layout
         plot_losses(curves["shm"], d["problem"]["target"], path,
                     f"parameter server, {r0['workers']} workers, worker 0 slowed "
                     f"{r0['slowdown_worker0']:g}x (dotted: SaPS detection; first "
@@ -421,7 +421,13 @@ def plot(d, path):
     a_h, a_l, a_r = fig.add_subplot(gs[1, :2]), fig.add_subplot(gs[1, 2]), \
         fig.add_subplot(gs[1, 3])
     _loss_panels(a_t, a_u, a_h, backends, curves, p)
-    _transport_panels(a_l, a_r, d["transport"], backends)
+    if d["transport"]:
+        _transport_panels(a_l, a_r, d["transport"], backends)
+    else:                                        # a Ray-only run: Ray's calls are in the text
+        for ax in (a_l, a_r):
+            ax.text(0.5, 0.5, "shared-memory transport not run", ha="center", va="center",
+                    fontsize=8, transform=ax.transAxes)
+            ax.set_axis_off()
     a_l.set_title(f"transport: d = {p['features']:,}, {p.get('n_shards', N_SHARDS)} shards",
                   fontsize=9)
     fig.suptitle(f"parameter server, {r0['workers']} workers, worker 0 slowed "
