@@ -116,6 +116,8 @@ def test_bench_all_tiny(tmp_path):
     assert {(r["workload"], r["processes"], r["clock"]) for r in ck["results"]} == {
         (w, p, c) for w in ("push", "clock") for p in (1, 2) for c in ("exact", "multicounter")}
     assert all(r["median"] > 0 for r in ck["results"]) and len(ck["ratios"]) == 4
+    if torch:
+        _check_torch_nets(json.loads((tmp_path / "torch_nets.json").read_text()))
     from bench import report
     from bench.__main__ import SCENARIOS as RUN_BY_ALL      # (mq-harness needs checkouts)
     ran = [sc for sc in report.SCENARIOS if (tmp_path / f"{sc.name}.json").exists()]
@@ -128,6 +130,21 @@ def test_bench_all_tiny(tmp_path):
                 "hogwild.png", "mis.png", "conflict.png", "stm.png", "mf.png", "ps.png",
                 "delay.png", "compress.png", "unreliable.png", "nonconvex.png", "clock.png"):
         assert (tmp_path / png).stat().st_size > 1000
+
+
+def _check_torch_nets(d):
+    """``bench torch_nets``: every competitor (the kit's and the mnist_hogwild-style
+    loop) trains above chance (0.1) on held-out digits, and the paired ratios and
+    findings are filled in."""
+    from bench import torch_nets
+    rows = d["results"]
+    assert [r["competitor"] for r in rows] == [c[0] for c in torch_nets.COMPETITORS]
+    for r in rows:
+        assert r["samples_per_s_median"] > 0 and len(r["runs"]) == 1
+        assert 0.2 < r["val_score_median"] <= 1.0, r
+    assert set(d["ratios"]) == {p[0] for p in torch_nets.PAIRS}
+    assert len(d["findings"]) == 6
+    assert "mnist_hogwild-2" in torch_nets.summary_markdown(d)
 
 
 def _check_ps(ps, stdout, backends):

@@ -219,21 +219,3 @@ def test_spawned_workers_train(digits, no_shm_leak):
                                start_method="spawn", max_epochs=3, lr=0.05, momentum=0.9,
                                random_state=0).fit(X, y)
     assert clf.score(Xte, yte) > 0.8
-
-
-# ---- the bench scenario --------------------------------------------------------------------
-def test_bench_torch_nets_reports_every_competitor(no_shm_leak):
-    """``python -m bench torch_nets`` on a tiny set: every competitor (the kit's and the
-    mnist_hogwild-style loop) trains, and the paired ratios and findings are filled in
-    (speed is the bench's to report, not a test's)."""
-    from bench import torch_nets
-    rows, extra = torch_nets.run(1, 0, n_samples=1500, epochs=2, warmup=False,
-                                 progress=False)
-    assert [r["competitor"] for r in rows] == [c[0] for c in torch_nets.COMPETITORS]
-    for r in rows:
-        assert r["samples_per_s_median"] > 0 and len(r["runs"]) == 1
-        assert 0.2 < r["val_score_median"] <= 1.0, r          # chance: 0.1
-    assert set(extra["ratios"]) == {p[0] for p in torch_nets.PAIRS}
-    assert len(extra["findings"]) == 6
-    d = {"header": {"reps": 1, "cpu": "x", "cpu_count": 2}, "results": rows, **extra}
-    assert "mnist_hogwild-2" in torch_nets.summary_markdown(d)
