@@ -231,8 +231,9 @@ SCENARIOS = (
         "-march=native`); `kit-harness`: the same harness source with only its queue swapped "
         "for the kit's compiled core (`bench/cxx/kit_mq.hpp`), called from the harness's "
         "threads. Needs checkouts of both (`--harness`, `--mq-lib`); not part of `all`. On a "
-        "small VM, each two-thread process lands in a fast or a slow regime (the host's "
-        "placement of the vCPUs) that slows both threads evenly and both queues alike; the "
+        "small VM, each two-thread process lands in a fast or a slow regime that slows both "
+        "threads evenly and both queues alike (the cache-line handoff between the vCPUs, "
+        "their steal time, huge pages and the data's seed do not tell the two apart); the "
         "per-round ratios show which rounds drew the slow one.")),
     Scenario("pq-processes", "Hold model, processes sharing one queue (operations/s)", (
         "The hold model with worker processes attached to one shared MultiQueue; "
