@@ -16,11 +16,12 @@ buffer's largest, then into the deletion buffer. So most operations touch the
 guard's line and one buffer line instead of a path through the heap, and fewer
 lines move between cores. Each queue has a guard in its own cache line: a
 test-and-test-and-set try-lock whose word holds the owner's pid, the cached top
-key (the deletion buffer's first) and largest (which a push compares its key with,
-so a push that goes to the insertion buffer reads no deletion-buffer line), one counts word that packs the heap size, the
-insertion count and the deletion buffer's window, and a small journal of the
-step in flight. Push locks a random queue whose lock is free; pop reads the
-cached tops of two distinct random queues and pops from the smaller. With
+key (the deletion buffer's first) and largest (which a push compares its key
+with, so a push that goes to the insertion buffer reads no deletion-buffer
+line), one counts word that packs the heap size, the insertion count and the
+deletion buffer's window, and a small journal of the step in flight. Push locks
+a random queue whose lock is free; pop reads the cached tops of two distinct
+random queues and pops from the smaller. With
 stickiness s (the StickRandom policy of the ESA 2021 MultiQueue) a handle keeps
 one random pair for s operations, popping the smaller top of the two and pushing
 to either, then draws a new pair. A pop that reports "empty" has
