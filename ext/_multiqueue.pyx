@@ -16,12 +16,10 @@ buffer's largest, then into the deletion buffer. So most operations touch the
 guard's line and one buffer line instead of a path through the heap, and fewer
 lines move between cores. Each queue has a guard in its own cache line: a
 test-and-test-and-set try-lock whose word holds the owner's pid, the cached top
-key (the deletion buffer's first) and largest (which a push compares its key
-with, so a push that goes to the insertion buffer reads no deletion-buffer
-line), one counts word that packs the heap size, the insertion count and the
-deletion buffer's window, and a small journal of the step in flight. Push locks
-a random queue whose lock is free; pop reads the cached tops of two distinct
-random queues and pops from the smaller. With
+key (the deletion buffer's first), one counts word that packs the heap size, the
+insertion count and the deletion buffer's window, and a small journal of the
+step in flight. Push locks a random queue whose lock is free; pop reads the
+cached tops of two distinct random queues and pops from the smaller. With
 stickiness s (the StickRandom policy of the ESA 2021 MultiQueue) a handle keeps
 one random pair for s operations, popping the smaller top of the two and pushing
 to either, then draws a new pair. A pop that reports "empty" has
@@ -91,9 +89,6 @@ ctypedef struct Guard:
     int64_t hole       # journal: the free slot of the step in flight
     uint64_t op_cnt    # journal: the counts the step in flight commits
     Elem pending       # journal: the element being placed
-    uint64_t dmax      # the deletion buffer's largest key while its window is not empty
-                       # (read and written under the lock only: a push compares with it
-                       # in the guard's line instead of reading the buffer's last line)
 
 ctypedef struct Header:         # at offset 0
     ShmHead head               # magic ... handle_counter (ext/_common.pxd)
@@ -337,18 +332,10 @@ cdef void refill(Core *c, Guard *g, int64_t q) noexcept nogil:
             finish_sift_down(g, h)
         hs -= 1
         de += 1
-    if de > 0:
-        g.dmax = d[de - 1].key
 
 cdef inline void set_top(Core *c, Guard *g, int64_t q) noexcept nogil:
     cdef uint64_t k = g.cnt
     rlx_store_relaxed_u64(&g.top, D(c, q)[C_DS(k)].key if C_DE(k) > C_DS(k) else EMPTY_TOP)
-
-cdef inline void set_dmax(Core *c, Guard *g, int64_t q) noexcept nogil:
-    # after a step that changed the deletion window's end or its last item (lock held)
-    cdef uint64_t k = g.cnt
-    if C_DE(k) > C_DS(k):
-        g.dmax = D(c, q)[C_DE(k) - 1].key
 
 cdef void recover(Core *c, int64_t q) noexcept nogil:
     """Repair queue q after taking over the lock of a dead holder (lock held).
@@ -375,7 +362,6 @@ cdef void recover(Core *c, int64_t q) noexcept nogil:
             commit(g, MK(C_HS(k), C_NI(k), 0, 0))
         refill(c, g, q)
     set_top(c, g, q)
-    set_dmax(c, g, q)
 
 cdef int lock_spin(Core *c, int64_t q, int32_t pid, int64_t max_yields) noexcept nogil:
     """Blocking acquire with a budget: 1 = acquired, 0 = gave up after max_yields
@@ -443,16 +429,14 @@ cdef inline void buffered_push(Core *c, Guard *g, int64_t q, Elem e) noexcept no
     cdef uint64_t k = g.cnt
     cdef int64_t hs = C_HS(k), ni = C_NI(k), ds = C_DS(k), de = C_DE(k)
     cdef Elem *d = D(c, q)
-    if de > ds and e.key < g.dmax:
+    if de > ds and e.key < d[de - 1].key:
         del_insert(c, g, q, e)
         set_top(c, g, q)
-        set_dmax(c, g, q)
         return
     if hs == 0 and ni == 0 and de < BUF:
         d[de] = e                      # not smaller than any item: appended in order
         CP()
         commit(g, MK(0, 0, ds, de + 1))
-        g.dmax = e.key
         if de == ds:
             set_top(c, g, q)
         return
@@ -1145,9 +1129,6 @@ cdef class MultiQueue(ShmStructure):
         want = d[ds].key if de > ds else EMPTY_TOP
         if g.top != want:
             problems.append(f"cached top {g.top} != smallest key {want}")
-        if de > ds and g.dmax != d[de - 1].key:
-            problems.append(f"cached largest {g.dmax} of the deletion buffer != "
-                            f"{d[de - 1].key}")
         return problems
 
     def _dump(self, q):
