@@ -566,8 +566,23 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
                     return R_OK
                 unlock(g)
             hd.left = 0
-    # scan: one pass over every queue; empty only if each was seen empty
+    # scan, first without waiting: the first queue (from a random one on) that has an
+    # item and a free lock. A held lock is passed by: its holder may be refilling that
+    # queue, and a waiter that spins on the guard's line makes each of the holder's
+    # journal stores a transfer between cores, so the refill (and the wait) stretch.
     start = rlx_rand_below(&hd.rng, <uint32_t>n)
+    for t in range(n):
+        q = start + t if start + t < n else start + t - n
+        g = G(c, q)
+        if qsize(g) == 0 or not try_lock(g, hd.pid):
+            continue
+        if C_DE(g.cnt) > C_DS(g.cnt):
+            out[0] = buffered_pop(c, g, q)
+            log_op(hd, 2, out[0])
+            unlock(g)
+            return R_OK
+        unlock(g)
+    # then waiting for each lock in turn: "empty" only if each queue was seen empty
     for t in range(n):
         q = start + t if start + t < n else start + t - n
         g = G(c, q)
@@ -1130,6 +1145,17 @@ cdef class MultiQueue(ShmStructure):
         if g.top != want:
             problems.append(f"cached top {g.top} != smallest key {want}")
         return problems
+
+    def _pop_once(self):
+        """Test hook: one call of the core's pop, without the retry that pop() makes
+        when the core gave up waiting on a held lock: (key, value), "busy" (it waited
+        WAIT_YIELDS yields on a lock and gave up) or "empty"."""
+        cdef Elem e
+        self._check_open()
+        cdef int r = mq_pop(&self.core, &self.h, &e)
+        if r == R_OK:
+            return (self._key_out(e.key), e.value)
+        return "busy" if r == R_BUSY else "empty"
 
     def _dump(self, q):
         """The state of queue q (lock, journal, counts, buffers, first heap items),

@@ -725,6 +725,49 @@ def test_signal_interrupts_a_wait_on_a_live_stuck_holder(no_shm_leak):
         mq._check()
 
 
+def test_pop_passes_by_a_held_queue_to_one_it_can_take(no_shm_leak):
+    """A live process holds queue 0's lock (a long refill, a stopped holder): each pop
+    takes queue 1's smallest item at its first call, without waiting for queue 0, even
+    when queue 0's cached top is the smaller of the two (the choice fails, and the scan
+    that follows passes the held lock by before it waits on any); queue 0's items are
+    all there once the holder is gone."""
+    ctx = mp.get_context("fork")
+
+    class Alarm(Exception):
+        pass
+
+    def on_alarm(signum, frame):
+        raise Alarm()
+    with MultiQueue(64, n_queues=2, shared=True, seed=0) as mq:
+        for k in range(1, 41):
+            mq.push(k, k)
+        q1 = mq._dump(1)                  # keys in the core's order-preserving uint64 form
+        mine = sorted(k - (1 << 63) for k, _ in q1["deletion"] + q1["insertion"]
+                      + q1["heap_head"])
+        assert 0 < len(mine) == q1["heap_size"] + len(q1["deletion"]) + len(
+            q1["insertion"]) < 40
+        ready = ctx.Event()
+        p = ctx.Process(target=workers.hold_queue_lock_and_sleep, args=(mq, 0, ready),
+                        daemon=True)
+        p.start()
+        old = signal.signal(signal.SIGALRM, on_alarm)
+        try:
+            assert ready.wait(30)
+            signal.setitimer(signal.ITIMER_REAL, 10.0)      # a guard: a wait never ends
+            got = [mq._pop_once()[0] for _ in mine]       # "busy" would be a wait
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
+        assert got == mine
+        assert mq.recover_dead_locks() == 1
+        mq._check()
+        rest = sorted(mq.pop_many(64)[0].tolist())
+        assert rest == sorted(set(range(1, 41)) - set(mine))
+
+
 def test_native_handles_drive_the_compiled_core_from_c(no_shm_leak):
     """_native_handles hands out the core for C/C++ drivers (bench/cxx/kit_mq.hpp): its
     push and pop, called through their addresses on their handles (here with ctypes),

@@ -81,6 +81,12 @@ def hold_lock_and_sleep(mq, ready):
     time.sleep(120)
 
 
+def hold_queue_lock_and_sleep(mq, q, ready):
+    mq._debug_partial(q, 1, 0, 1 << 40, 0)   # a key above every item: the lock, no write
+    ready.set()
+    time.sleep(120)
+
+
 def bank(stm, n_tx, seed, audit_every=0, crash_after=-1, crash_in="writing"):
     """Random TL2 transfers in a worker process; returns the driver's counts."""
     return stm._bank(n_tx, audit_every=audit_every, seed=seed, crash_after=crash_after,
