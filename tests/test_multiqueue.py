@@ -746,6 +746,7 @@ def test_pop_passes_by_a_held_queue_to_one_it_can_take(no_shm_leak):
                       + q1["heap_head"])
         assert 0 < len(mine) == q1["heap_size"] + len(q1["deletion"]) + len(
             q1["insertion"]) < 40
+        assert mq._dump(0)["top"] < q1["top"]      # so every two-choice try picks queue 0
         ready = ctx.Event()
         p = ctx.Process(target=workers.hold_queue_lock_and_sleep, args=(mq, 0, ready),
                         daemon=True)
@@ -754,14 +755,15 @@ def test_pop_passes_by_a_held_queue_to_one_it_can_take(no_shm_leak):
         try:
             assert ready.wait(30)
             signal.setitimer(signal.ITIMER_REAL, 10.0)      # a guard: a wait never ends
-            got = [mq._pop_once()[0] for _ in mine]       # "busy" would be a wait
+            got = [mq._pop_once() for _ in mine]
             signal.setitimer(signal.ITIMER_REAL, 0)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
             os.kill(p.pid, signal.SIGKILL)
             p.join()
-        assert got == mine
+        assert "busy" not in got, got                    # a pop that waited and gave up
+        assert [k for k, _ in got] == mine
         assert mq.recover_dead_locks() == 1
         mq._check()
         rest = sorted(mq.pop_many(64)[0].tolist())
