@@ -530,6 +530,17 @@ cdef int mq_push(Core *c, Handle *hd, Elem e) noexcept nogil:
         rlx_yield()
     return R_EMPTY_OR_FULL
 
+cdef inline bint pop_unlock(Core *c, Guard *g, int64_t q, Handle *hd, Elem *out) noexcept nogil:
+    """With queue q's lock held: pop its smallest item into out (1), or find its
+    deletion buffer empty (0); then unlock."""
+    if C_DE(g.cnt) > C_DS(g.cnt):
+        out[0] = buffered_pop(c, g, q)
+        log_op(hd, 2, out[0])
+        unlock(g)
+        return 1
+    unlock(g)
+    return 0
+
 cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
     """R_OK = popped into out, R_EMPTY_OR_FULL = a full scan found every queue
     empty, R_BUSY = retry."""
@@ -557,14 +568,9 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
             if C_TOTAL(k) == 0:
                 hd.left = 0
                 break                      # both looked empty: scan
-            if try_lock(g, hd.pid):
-                if C_DE(g.cnt) > C_DS(g.cnt):
-                    out[0] = buffered_pop(c, g, q)
-                    log_op(hd, 2, out[0])
-                    unlock(g)
-                    hd.left -= 1
-                    return R_OK
-                unlock(g)
+            if try_lock(g, hd.pid) and pop_unlock(c, g, q, hd, out):
+                hd.left -= 1
+                return R_OK
             hd.left = 0
     # scan, first without waiting: the first queue (from a random one on) that has an
     # item and a free lock. A held lock is passed by: its holder may be refilling that
@@ -574,14 +580,8 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
     for t in range(n):
         q = start + t if start + t < n else start + t - n
         g = G(c, q)
-        if qsize(g) == 0 or not try_lock(g, hd.pid):
-            continue
-        if C_DE(g.cnt) > C_DS(g.cnt):
-            out[0] = buffered_pop(c, g, q)
-            log_op(hd, 2, out[0])
-            unlock(g)
+        if qsize(g) > 0 and try_lock(g, hd.pid) and pop_unlock(c, g, q, hd, out):
             return R_OK
-        unlock(g)
     # then waiting for each lock in turn: "empty" only if each queue was seen empty
     for t in range(n):
         q = start + t if start + t < n else start + t - n
@@ -590,12 +590,8 @@ cdef int mq_pop(Core *c, Handle *hd, Elem *out) noexcept nogil:
             continue
         if not lock_spin(c, q, hd.pid, WAIT_YIELDS):
             return R_BUSY
-        if C_DE(g.cnt) > C_DS(g.cnt):
-            out[0] = buffered_pop(c, g, q)
-            log_op(hd, 2, out[0])
-            unlock(g)
+        if pop_unlock(c, g, q, hd, out):
             return R_OK
-        unlock(g)
     return R_EMPTY_OR_FULL
 
 cdef int check_signals() except -1 with gil:

@@ -1,5 +1,6 @@
 """MultiQueue: a ladder from smoke tests to many-producer many-consumer conservation,
 each against an oracle from naive.py."""
+import contextlib
 import os
 import pickle
 import signal
@@ -693,34 +694,44 @@ def test_fork_while_a_bulk_call_runs_in_another_thread():
     mq.close()
 
 
+class _Alarm(Exception):
+    """Raised by SIGALRM while a test waits on a live holder's lock."""
+
+
+@contextlib.contextmanager
+def _live_holder(mq, target, *args):
+    """A forked process that takes a lock of ``mq`` (``target(mq, *args, ready)``) and
+    sleeps; meanwhile SIGALRM raises _Alarm. On exit: the timer off, the old handler
+    back, the holder SIGKILLed (its lock then belongs to a dead process)."""
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    p = ctx.Process(target=target, args=(mq, *args, ready), daemon=True)
+    p.start()
+
+    def on_alarm(signum, frame):
+        raise _Alarm()
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        assert ready.wait(30)
+        yield p
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+
+
 def test_signal_interrupts_a_wait_on_a_live_stuck_holder(no_shm_leak):
     """A live process holds the only queue's lock forever (stopped, in a debugger...):
     pop() keeps waiting but stays interruptible; once the holder dies it recovers."""
-    ctx = mp.get_context("fork")
-
-    class Alarm(Exception):
-        pass
-
-    def on_alarm(signum, frame):
-        raise Alarm()
     with MultiQueue(10, n_queues=1, shared=True, seed=0) as mq:
         mq.push(1, 1)
-        ready = ctx.Event()
-        p = ctx.Process(target=workers.hold_lock_and_sleep, args=(mq, ready), daemon=True)
-        p.start()
-        old = signal.signal(signal.SIGALRM, on_alarm)
-        try:
-            assert ready.wait(30)
+        with _live_holder(mq, workers.hold_lock_and_sleep):
             signal.setitimer(signal.ITIMER_REAL, 0.3)
             t0 = time.time()
-            with pytest.raises(Alarm):
+            with pytest.raises(_Alarm):
                 mq.pop()
             assert time.time() - t0 < 10
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-            os.kill(p.pid, signal.SIGKILL)
-            p.join()
         assert mq.pop() == (1, 1)
         mq._check()
 
@@ -731,13 +742,6 @@ def test_pop_passes_by_a_held_queue_to_one_it_can_take(no_shm_leak):
     when queue 0's cached top is the smaller of the two (the choice fails, and the scan
     that follows passes the held lock by before it waits on any); queue 0's items are
     all there once the holder is gone."""
-    ctx = mp.get_context("fork")
-
-    class Alarm(Exception):
-        pass
-
-    def on_alarm(signum, frame):
-        raise Alarm()
     with MultiQueue(64, n_queues=2, shared=True, seed=0) as mq:
         for k in range(1, 41):
             mq.push(k, k)
@@ -747,21 +751,9 @@ def test_pop_passes_by_a_held_queue_to_one_it_can_take(no_shm_leak):
         assert 0 < len(mine) == q1["heap_size"] + len(q1["deletion"]) + len(
             q1["insertion"]) < 40
         assert mq._dump(0)["top"] < q1["top"]      # so every two-choice try picks queue 0
-        ready = ctx.Event()
-        p = ctx.Process(target=workers.hold_queue_lock_and_sleep, args=(mq, 0, ready),
-                        daemon=True)
-        p.start()
-        old = signal.signal(signal.SIGALRM, on_alarm)
-        try:
-            assert ready.wait(30)
+        with _live_holder(mq, workers.hold_queue_lock_and_sleep, 0):
             signal.setitimer(signal.ITIMER_REAL, 10.0)      # a guard: a wait never ends
             got = [mq._pop_once() for _ in mine]
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-            os.kill(p.pid, signal.SIGKILL)
-            p.join()
         assert "busy" not in got, got                    # a pop that waited and gave up
         assert [k for k, _ in got] == mine
         assert mq.recover_dead_locks() == 1
