@@ -26,7 +26,7 @@ Parts (``--sim-parts``, all by default):
   1,024 workers, every policy and collective (the issue's target: at most 60 s).
 * ``calibrate``: the simulator against this box. At 2 and 4 workers, the compute model
   is fitted to short real runs of another seed before each repetition's real runs
-  (:func:`sgd_shm.sim.calibrate`: ASP and BSP runs of the parameter server with worker 0
+  (:func:`sgd_shm.calibrate.calibrate`: ASP and BSP runs of the parameter server with worker 0
   slowed 4x; sync runs of eager-SGD without and with the imbalance), and the median of
   those calibrations (:meth:`Calibration.median`) predicts every repetition: every
   policy (BSP, ASP, SSP, SaPS, worker 0 slowed 4x) and every collective (one rank a
@@ -248,7 +248,7 @@ CAL_SEED_SHIFT = 1000
 def part_calibrate(reps, seed, quick, bar):
     from sgd_shm.eager import train as eager_train
     from sgd_shm.ps import train as ps_train
-    from sgd_shm.sim import Calibration, calibrate
+    from sgd_shm.calibrate import Calibration, calibrate
     X, y, _ = _problem(20000, 2000, 0.0015, 0, 1)
     secs = 1.0 if quick else CAL_SECONDS
     fit = 0.5 if quick else CAL_FIT_S

@@ -18,9 +18,9 @@ Subpackages: ``sgd_shm.ps`` (parameter server on shared memory or Ray),
 ``sgd_shm.eager`` (data-parallel SGD over those collectives), ``sgd_shm.compress``
 (gradient compressors with error feedback), ``sgd_shm.sim`` (the same policies,
 collectives and compressors in virtual time at 16-1,024 workers: ``simulate``,
-``Cluster``, ``Network``), ``sgd_shm.torch`` (optional, the ``torch`` extra: PyTorch
-models on every trainer, Hogwild on an ``nn.Module``, DDP communication hooks),
-``sgd_shm.data``.
+``Cluster``, ``Network``), ``sgd_shm.calibrate`` (the simulator's compute model fitted
+to short real runs), ``sgd_shm.torch`` (optional, the ``torch`` extra: PyTorch models on
+every trainer, Hogwild on an ``nn.Module``, DDP communication hooks), ``sgd_shm.data``.
 
 Example::
 

@@ -50,7 +50,13 @@ import numpy as np
 from sgd_shm.core.status import DEAD, FLAGGED
 
 __all__ = ["Policy", "ASP", "BSP", "SSP", "SaPS", "RPS", "POLICIES", "make_policy",
-           "server_average"]
+           "server_average", "SHM_POLL_S"]
+
+#: seconds a shared-memory worker sleeps between looks at a closed gate
+#: (``ShmLink.poll_s``): a look at the gate is a few loads, so it can be frequent. Here,
+#: not in the transport, because the calibration reads it too (a waiting worker
+#: notices an opened gate half a period late on average)
+SHM_POLL_S = 0.0002
 
 
 class Policy:

@@ -44,7 +44,7 @@ import numpy as np
 
 from sgd_shm.core.atomics import cas_py, store_release_py
 from sgd_shm.core.launcher import Shipment, check_start_method, exit_now, shared_arrays
-from sgd_shm.core.policies import server_average
+from sgd_shm.core.policies import SHM_POLL_S, server_average
 from sgd_shm.core.status import MESSAGE_FIELDS
 from sgd_shm.core.traces import PSTrace
 from sgd_shm.ps.partitions import Partitions
@@ -143,7 +143,7 @@ class ShmLink:
     """A worker's link on shared memory (:class:`sgd_shm.ps.transport.Link`): every
     verb is a call of the :class:`ServerState` mapped into this process."""
 
-    poll_s = 0.0002                  # a look at the gate is a few loads
+    poll_s = SHM_POLL_S              # a look at the gate is a few loads
     trace = None                     # train(trace=True): the workers' TraceBuffer
 
     def __init__(self, server, lr, wait, parent, mail=None):

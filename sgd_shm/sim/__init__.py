@@ -14,8 +14,10 @@ al., ISPASS 2020, and SimGrid, Casanova et al. 2014).
   (a :class:`sgd_shm.core.results.Result`, its history in virtual seconds).
 * :class:`Cluster`: compute times (heterogeneous classes, the trainers' straggler
   emulation, traces of real runs); :class:`Network`: latency, bandwidth, topology.
-* :func:`calibrate`: the compute model fitted to a short real run on this box (a
-  :class:`Calibration`, whose ``simulate`` predicts other runs).
+* ``calibrate``, ``Calibration`` (moved to :mod:`sgd_shm.calibrate`): the compute
+  model fitted to short real runs on this box. Calibrating runs the real trainers, so
+  it sits above them and the simulator, which imports no trainer; the names still
+  resolve here, with a DeprecationWarning, until the next release.
 * ``simulate(..., replay=result.trace)``: the exact replay of a run traced by
   ``ps.train(..., trace=True)`` or ``eager.train(..., trace=True)``
   (:mod:`sgd_shm.sim.replay`): the simulator makes the run's decisions again.
@@ -33,10 +35,25 @@ Example::
 
 See docs/sim.md for the model, its assumptions and its limits.
 """
-from sgd_shm.sim.calibrate import Calibration, calibrate
+import importlib
+import warnings
+
 from sgd_shm.sim.cluster import TOPOLOGIES, Cluster, Network
 from sgd_shm.sim.simulate import SimResult, simulate
 from sgd_shm.sim.trace import Recorder, Trace
 
-__all__ = ["simulate", "SimResult", "Cluster", "Network", "calibrate", "Calibration",
-           "Recorder", "Trace", "TOPOLOGIES"]
+__all__ = ["simulate", "SimResult", "Cluster", "Network", "Recorder", "Trace",
+           "TOPOLOGIES"]
+
+#: names that moved to sgd_shm.calibrate, resolved on use (PEP 562) so that importing
+#: the simulator imports no trainer
+_MOVED = ("calibrate", "Calibration")
+
+
+def __getattr__(name):
+    if name not in _MOVED:
+        raise AttributeError(f"module 'sgd_shm.sim' has no attribute {name!r}")
+    warnings.warn("sgd_shm.sim.calibrate/Calibration moved to sgd_shm.calibrate; import "
+                  "from there (the sim re-export goes in the next release)",
+                  DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module("sgd_shm.calibrate"), name)

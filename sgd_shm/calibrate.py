@@ -1,7 +1,11 @@
 """Calibration: the simulator's compute model fitted to short real runs on this box.
 
-:func:`calibrate` runs the real trainer briefly and fits the :class:`Cluster` that
-makes the simulator reproduce it:
+:func:`calibrate` runs the real trainer briefly and fits the
+:class:`~sgd_shm.sim.Cluster` that makes the simulator reproduce it. It sits above
+both the trainers and the simulator (it runs the one to fit the other), so the
+simulator itself imports no trainer; ``sgd_shm.sim.calibrate`` and
+``sgd_shm.sim.Calibration`` still resolve here, with a DeprecationWarning, for one
+release.
 
 * parameter server: two asynchronous runs (``ps.train(policy="asp")``: the gate
   never closes, so every worker steps back to back), one of a single worker, whose
@@ -19,7 +23,8 @@ makes the simulator reproduce it:
   overrun, is added to every slowed step of the predictions. ``wake_s``: how long a
   worker waiting at a closed gate (BSP, SSP) takes to notice it opened: half the
   transport's polling period plus the mean time a sleep of that period overran,
-  measured on the calibrating machine. ``gate_s``: a third run, synchronous
+  measured on the calibrating machine (the period is
+  :data:`sgd_shm.core.policies.SHM_POLL_S`). ``gate_s``: a third run, synchronous
   (``policy="bsp"``, the same slowdown), and the same run simulated with the model
   fitted so far: the real round's excess over the simulated one is what a step under
   a gated policy costs on this box beyond its work (polling, sleeping and waking
@@ -46,12 +51,14 @@ granularity).
 
 Example::
 
+    from sgd_shm.calibrate import calibrate
     cal = calibrate(X, y, n_workers=4, seconds=1.0, slowdown="straggler")
     sim = cal.simulate(X, y, policy="bsp", slowdown="straggler", max_seconds=3.0,
                        eval_set=(Xv, yv))
 """
 from __future__ import annotations
 
+import inspect
 import os
 import statistics
 import time
@@ -60,7 +67,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sgd_shm.core.imbalance import factors_of
+from sgd_shm.core.policies import SHM_POLL_S
 from sgd_shm.core.validation import check_int, check_positive, resolve_workers
+from sgd_shm.eager import train as eager_train
+from sgd_shm.ps import train as ps_train
 from sgd_shm.sim.cluster import Cluster, Network
 from sgd_shm.sim.simulate import simulate
 
@@ -191,9 +201,6 @@ def _median(xs):
 
 
 def _calibrate_ps(X, y, n_workers, seconds, seeds, slowdown, train_kw):
-    from sgd_shm.ps import train as ps_train
-    from sgd_shm.ps.shm_backend import ShmLink
-
     def asp(n, slow, seed):
         r = ps_train(X, y, n_workers=n, policy="asp", max_seconds=seconds, seed=seed,
                      slowdown=slow, progress=False, **train_kw)
@@ -221,8 +228,7 @@ def _calibrate_ps(X, y, n_workers, seconds, seeds, slowdown, train_kw):
     slow = ~full
     extra = float(np.mean(per[slow] - factors[slow] * base * max(stretch, 1.0))) \
         if slow.any() else 0.0
-    poll = ShmLink.poll_s
-    wake = poll / 2 + max(sleep_overrun(poll), 0.0)
+    wake = SHM_POLL_S / 2 + max(sleep_overrun(SHM_POLL_S), 0.0)
     r = runs[-1][2]
     cal = Calibration("ps", n_workers, step, max(extra, 0.0) / max(stretch, 1.0), wake,
                       cores=box if n_workers > 1 else None, start_s=start,
@@ -239,9 +245,6 @@ def _fit_gate(X, y, cal, seconds, seeds, slowdown, train_kw):
     is one gated step of its slowest worker, so each step of a gated policy is charged
     that much). Both rounds are the slopes of :func:`line_fit` (times the workers), the
     real one the median over the seeds."""
-    import inspect
-
-    from sgd_shm.ps import train as ps_train
     P = cal.n_workers
     kw = dict(policy="bsp", max_seconds=seconds, slowdown=slowdown, **train_kw)
     real_round = _median([P * line_fit(ps_train(X, y, n_workers=P, progress=False, seed=s,
@@ -255,8 +258,6 @@ def _fit_gate(X, y, cal, seconds, seeds, slowdown, train_kw):
 
 
 def _calibrate_eager(X, y, n_workers, seconds, seeds, imbalance, train_kw):
-    from sgd_shm.eager import train as eager_train
-
     def round_s(imb, seed):
         r = eager_train(X, y, n_workers=n_workers, collective="sync", max_seconds=seconds,
                         seed=seed, progress=False, imbalance=imb, **train_kw)
