@@ -73,6 +73,31 @@ def test_one_queue_matches_naive_pq(ops):
     mq.close()
 
 
+def test_deep_heap_with_ties_pops_in_order():
+    """One queue whose heap is several levels of full 8-child nodes and whose keys
+    repeat a lot (the sift-down's choice among equal children): every pop is the naive
+    queue's smallest key, and the heap stays a heap through the refills."""
+    rng = np.random.default_rng(7)
+    mq = MultiQueue(6000, n_queues=1, seed=0)
+    ref = NaivePQ()
+    for i, k in enumerate(rng.integers(0, 50, 5000).tolist()):
+        mq.push(k, i)
+        ref.push(k, i)
+    for step in range(20000):
+        if rng.random() < 0.5 and len(ref) < 6000:
+            k = int(rng.integers(0, 50))
+            mq.push(k, step)
+            ref.push(k, step)
+        elif len(ref):
+            assert mq.pop()[0] == ref.pop()[0]
+        if step % 2000 == 0:
+            mq._check()
+    while len(ref):
+        assert mq.pop()[0] == ref.pop()[0]
+    mq._check()
+    mq.close()
+
+
 def test_float_keys_order_negative_inf_and_zero():
     keys = [3.5, -0.0, 0.0, -1e300, float("inf"), float("-inf"), 2.0, -2.5, 1e-300]
     mq = MultiQueue(20, n_queues=1, key_dtype="float64", seed=0)
