@@ -299,51 +299,6 @@ def test_bad_models():
     assert c.worker_factors(8).tolist() == [1.0] * 6 + [4.0] * 2
 
 
-TRAINERS = ("sgd_shm.ps", "sgd_shm.eager", "sgd_shm.hogwild")
-
-
-def _is_trainer(name):
-    return any(name == t or name.startswith(t + ".") for t in TRAINERS)
-
-
-def _imported_names(path, package):
-    """Every module a source file names in an import, at any depth (function bodies
-    too), relative imports resolved against ``package``, and the string arguments of
-    ``importlib.import_module`` and ``__import__`` calls."""
-    import ast
-    tree = ast.parse(path.read_text(), str(path))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
-            mod = ".".join(p for p in (base, node.module) if p)
-            yield mod
-            yield from (f"{mod}.{a.name}" for a in node.names)
-        elif (isinstance(node, ast.Call) and node.args
-              and isinstance(node.args[0], ast.Constant)
-              and getattr(node.func, "attr", getattr(node.func, "id", None))
-              in ("import_module", "__import__")):
-            yield str(node.args[0].value)
-
-
-def test_no_simulator_module_imports_a_trainer():
-    """The layering, read off the sources: no module of sgd_shm.sim names a trainer in
-    any import, even a deferred one (the calibration, which runs the real trainers,
-    lives above both in sgd_shm.calibrate)."""
-    import pathlib
-
-    import sgd_shm.sim
-    root = pathlib.Path(sgd_shm.sim.__file__).parent
-    files = sorted(root.rglob("*.py"))
-    assert len(files) >= 5
-    bad = {f"{f.relative_to(root)}: {name}" for f in files
-           for name in _imported_names(f, ".".join(("sgd_shm", "sim")
-                                                   + f.relative_to(root).parent.parts))
-           if _is_trainer(name)}
-    assert not bad, sorted(bad)
-
-
 def test_the_simulator_runs_on_the_shared_core_alone():
     """Simulating imports none of the trainers: the policies, statuses, minibatch cut,
     straggler model, traces and the drop rule it shares with them live in

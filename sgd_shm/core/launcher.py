@@ -11,6 +11,10 @@ is left in /dev/shm after training, an exception in a worker, or a worker killed
 signal; a worker that dies is reported (:class:`WorkerError`) instead of hanging the
 caller. The trainers' own pools are in :mod:`sgd_shm.hogwild._pool`.
 
+:func:`run_workers` is the threads' counterpart: worker 0 in the caller, the others on
+threads, the first worker's exception re-raised (Hogwild's engine, its MF and MLP, and
+the PyTorch Hogwild share it).
+
 Start methods (``start_method``, :data:`START_METHODS`):
 
 * ``"fork"`` (the default, fastest): the workers are forked and inherit the
@@ -85,6 +89,34 @@ def check_start_method(start_method) -> str:
             "unavailable, 'forkserver' or 'spawn' (the data then goes through shared "
             "memory and each worker takes about a second to start)")
     return start_method
+
+
+def run_workers(work, n_workers):
+    """Run ``work(w)`` for w = 0..n_workers-1, worker 0 in the calling thread and the
+    others on new threads (the kernels release the GIL; the caller would only wait),
+    and re-raise the first worker's exception in the caller once all have ended."""
+    if n_workers == 1:
+        work(0)
+        return
+    errors = [None] * n_workers
+
+    def guarded(w):
+        try:
+            work(w)
+        except BaseException as e:        # re-raised in the caller's thread below
+            errors[w] = e
+    threads = [threading.Thread(target=guarded, args=(w,)) for w in range(1, n_workers)]
+    try:
+        for th in threads:
+            th.start()
+        guarded(0)
+    finally:
+        for th in threads:
+            if th.ident is not None:      # (started)
+                th.join()
+    for e in errors:
+        if e is not None:
+            raise e
 
 
 def _layout(shapes):

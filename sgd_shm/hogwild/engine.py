@@ -38,6 +38,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sgd_shm.core.errors import DivergenceError
+from sgd_shm.core.launcher import run_workers
 from sgd_shm.core.validation import FLOAT_DTYPES
 from sgd_shm.hogwild import _kernels as K
 from sgd_shm.core.atomics import LINE_WORDS
@@ -114,34 +115,6 @@ def staleness_summary(hist):
     h = np.asarray(hist)
     total = max(int(h.sum()), 1)
     return float((np.arange(len(h)) * h).sum() / total), float(h[0] / total)
-
-
-def run_workers(work, n_workers):
-    """Run ``work(w)`` for w = 0..n_workers-1, worker 0 in the calling thread and the
-    others on new threads (the kernels release the GIL; the caller would only wait),
-    and re-raise the first worker's exception in the caller once all have ended."""
-    if n_workers == 1:
-        work(0)
-        return
-    errors = [None] * n_workers
-
-    def guarded(w):
-        try:
-            work(w)
-        except BaseException as e:        # re-raised in the caller's thread below
-            errors[w] = e
-    threads = [threading.Thread(target=guarded, args=(w,)) for w in range(1, n_workers)]
-    try:
-        for th in threads:
-            th.start()
-        guarded(0)
-    finally:
-        for th in threads:
-            if th.ident is not None:      # (started)
-                th.join()
-    for e in errors:
-        if e is not None:
-            raise e
 
 
 @dataclass

@@ -51,7 +51,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from sgd_shm.core.errors import DivergenceError
-from sgd_shm.core.launcher import check_start_method
+from sgd_shm.core.launcher import check_start_method, run_workers
 from sgd_shm.core.validation import (
     check_choice,
     check_eval_set,
@@ -195,7 +195,6 @@ class NetHogwild:
             outs = self._pool.run(lambda k: (int(cuts[k]), int(cuts[k + 1]), self.lr,
                                              self.momentum, int(seeds[k])))
         else:
-            from sgd_shm.hogwild.engine import run_workers
             outs = [None] * nw
 
             def work(k):
