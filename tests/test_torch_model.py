@@ -295,14 +295,15 @@ def test_eager_one_rank_equals_serial_torch_sgd(digits, momentum, no_shm_leak):
 
 # ---- held-out accuracy on the digits -------------------------------------------------------
 def test_ps_trains_the_cnn_to_095(augmented, no_shm_leak):
-    """Asynchronous workers on a busy box push stale gradients in bursts, and a burst
-    near the end can pull the last model down a few points: a small step (0.02, for 12
-    epochs) keeps those late dips small."""
+    """Asynchronous workers on a busy box push stale gradients in bursts, and under
+    plain ASP a burst near the end can pull the last model down a few points. SaPS
+    scales a push staler than its bound down by bound / staleness, so a burst cannot
+    undo the run; a small step (0.02, for 12 epochs) keeps the rest of the noise small."""
     X, Xte, y, yte = augmented
-    r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, policy="asp",
+    r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, policy="saps",
                  epochs=12, lr=0.02, batch_size=32, seed=0, eval_set=(Xte, yte),
                  sample_every=0.5, progress=False)
-    assert r.val_score >= 0.95, r.history[-1]
+    assert r.val_score >= 0.95, (r.history[-1], r.staleness_hist)
     assert r.score(Xte, yte) == pytest.approx(r.val_score)
 
 
@@ -402,11 +403,13 @@ def test_eager_collectives_and_compressors_train_the_cnn(digits, kw, no_shm_leak
 
 
 def test_ps_cnn_on_ray(digits, local_ray):
-    """The model travels to Ray actors (pickled with its weights) and trains there."""
+    """The model travels to Ray actors (pickled with its weights) and trains there.
+    (8 epochs: after 3, asynchronous runs of the same seed still spread from a tenth of
+    the first loss to a third on shared memory, and past half on Ray.)"""
     X, Xte, y, yte = digits
     r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, policy="asp",
-                 backend="ray", lr=0.1, batch_size=32, epochs=3, seed=0,
+                 backend="ray", lr=0.1, batch_size=32, epochs=8, seed=0,
                  eval_set=(Xte, yte), progress=False)
-    assert r.backend == "ray" and r.updates == 3 * 46     # 2 x 23 minibatches an epoch
+    assert r.backend == "ray" and r.updates == 8 * 46     # 2 x 23 minibatches an epoch
     assert r.coef_.dtype == np.float32
     assert r.final_loss < 0.5 * r.history[0]["loss"] and r.val_score > 0.6
