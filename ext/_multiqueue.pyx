@@ -73,6 +73,8 @@ cdef enum:
     HEAD_OFFSET = 48   # element 1 of every heap starts a 64-byte line
     BUF = 16           # elements in each insertion and each deletion buffer
     BUF_BYTES = 2 * BUF * 16
+    HOT_CHILDREN = 4096  # sift-down: children below this slot (64 KiB) are chosen without
+    SMALL_HEAP = 16384   # branches, as are all of a heap this small (256 KiB); see min_child8
 
 cdef uint64_t EMPTY_TOP = 0xFFFFFFFFFFFFFFFFULL
 
@@ -227,6 +229,43 @@ cdef void finish_sift_up(Guard *g, Elem *h) noexcept nogil:
     commit(g, g.op_cnt)
     jbegin(g, OP_NONE)
 
+# The sift-down picks the first smallest of a node's children in one of two ways
+# (the same child either way). Where the children are likely cached (a slot below
+# HOT_CHILDREN, or any slot of a heap of at most SMALL_HEAP items), min_child8
+# selects without branches: a branch per child on random keys is mispredicted
+# about as often as not. Deeper in a large heap, min_child_scan branches: the
+# predicted path lets the core start the next level's loads before this level's
+# have arrived, which a select's data dependence forbids (Khuong and Morin, "Array
+# layouts for comparison-based searching", ACM JEA 2017, on branch-free search in
+# and out of cache).
+cdef inline int64_t min_child8(const Elem *h, int64_t c, uint64_t *km) noexcept nogil:
+    """The first smallest of the full node h[c:c + 8] (its key into km), by
+    compare-and-select steps."""
+    cdef int64_t m = c, t
+    cdef uint64_t best = h[c].key, k
+    cdef bint lt
+    for t in range(1, HEAP_ARITY):
+        k = h[c + t].key
+        lt = k < best
+        best = k if lt else best
+        m = c + t if lt else m
+    km[0] = best
+    return m
+
+cdef inline int64_t min_child_scan(const Elem *h, int64_t c, int64_t e,
+                                   uint64_t *km) noexcept nogil:
+    """The first smallest of h[c:e] (its key into km), by a branch per child."""
+    cdef int64_t m = c
+    cdef uint64_t best = h[c].key
+    c += 1
+    while c < e:
+        if h[c].key < best:
+            best = h[c].key
+            m = c
+        c += 1
+    km[0] = best
+    return m
+
 cdef void finish_sift_down(Guard *g, Elem *h) noexcept nogil:
     cdef int64_t n = C_HS(g.op_cnt), i = g.hole, c, m, e
     cdef uint64_t km
@@ -236,16 +275,10 @@ cdef void finish_sift_down(Guard *g, Elem *h) noexcept nogil:
         if c >= n:
             break
         e = c + HEAP_ARITY
-        if e > n:
-            e = n
-        m = c
-        km = h[c].key
-        c += 1
-        while c < e:
-            if h[c].key < km:
-                km = h[c].key
-                m = c
-            c += 1
+        if e <= n and (c < HOT_CHILDREN or n <= SMALL_HEAP):
+            m = min_child8(h, c, &km)
+        else:
+            m = min_child_scan(h, c, e if e < n else n, &km)
         if km >= x.key:
             break
         h[i] = h[m]

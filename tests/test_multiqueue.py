@@ -73,18 +73,22 @@ def test_one_queue_matches_naive_pq(ops):
     mq.close()
 
 
-def test_deep_heap_with_ties_pops_in_order():
+@pytest.mark.parametrize("size", [5000, 40000])
+def test_deep_heap_with_ties_pops_in_order(size):
     """One queue whose heap is several levels of full 8-child nodes and whose keys
     repeat a lot (the sift-down's choice among equal children): every pop is the naive
-    queue's smallest key, and the heap stays a heap through the refills."""
+    queue's smallest key, and the heap stays a heap through the refills. (40,000: a
+    heap past SMALL_HEAP, whose sift-downs select among the upper levels' children
+    without branches and among the deeper ones with them.)"""
     rng = np.random.default_rng(7)
-    mq = MultiQueue(6000, n_queues=1, seed=0)
+    cap = size + 1000
+    mq = MultiQueue(cap, n_queues=1, seed=0)
     ref = NaivePQ()
-    for i, k in enumerate(rng.integers(0, 50, 5000).tolist()):
+    for i, k in enumerate(rng.integers(0, 50, size).tolist()):
         mq.push(k, i)
         ref.push(k, i)
     for step in range(20000):
-        if rng.random() < 0.5 and len(ref) < 6000:
+        if rng.random() < 0.5 and len(ref) < cap:
             k = int(rng.integers(0, 50))
             mq.push(k, step)
             ref.push(k, step)
