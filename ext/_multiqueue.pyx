@@ -232,12 +232,12 @@ cdef void finish_sift_up(Guard *g, Elem *h) noexcept nogil:
 # The sift-down picks the first smallest of a node's children in one of two ways
 # (the same child either way). Where the children are likely cached (a slot below
 # HOT_CHILDREN, or any slot of a heap of at most SMALL_HEAP items), min_child8
-# selects without branches: a branch per child on random keys is mispredicted
-# about as often as not. Deeper in a large heap, min_child_scan branches: the
-# predicted path lets the core start the next level's loads before this level's
-# have arrived, which a select's data dependence forbids (Khuong and Morin, "Array
-# layouts for comparison-based searching", ACM JEA 2017, on branch-free search in
-# and out of cache).
+# selects without branches: the branch per child ("a new smallest?") follows
+# random keys and is often mispredicted. Deeper in a large heap, min_child_scan
+# branches: the predicted path lets the core start the next level's loads before
+# this level's have arrived, which a select's data dependence forbids (Khuong and
+# Morin, "Array layouts for comparison-based searching", ACM JEA 2017, on
+# branch-free search in and out of cache).
 cdef inline int64_t min_child8(const Elem *h, int64_t c, uint64_t *km) noexcept nogil:
     """The first smallest of the full node h[c:c + 8] (its key into km), by
     compare-and-select steps."""
