@@ -297,8 +297,8 @@ def test_eager_one_rank_equals_serial_torch_sgd(digits, momentum, no_shm_leak):
 def test_ps_trains_the_cnn_to_095(augmented, no_shm_leak):
     """Asynchronous workers on a busy box push stale gradients in bursts, and under
     plain ASP a burst near the end can pull the last model down a few points. SaPS
-    scales a push staler than its bound down by bound / staleness, so a burst cannot
-    undo the run; a small step (0.02, for 12 epochs) keeps the rest of the noise small."""
+    scales a push staler than its bound down by bound / staleness, so a burst weighs
+    little; a small step (0.02, for 12 epochs) keeps the rest of the noise small."""
     X, Xte, y, yte = augmented
     r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, policy="saps",
                  epochs=12, lr=0.02, batch_size=32, seed=0, eval_set=(Xte, yte),
