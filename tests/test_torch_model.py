@@ -404,8 +404,8 @@ def test_eager_collectives_and_compressors_train_the_cnn(digits, kw, no_shm_leak
 
 def test_ps_cnn_on_ray(digits, local_ray):
     """The model travels to Ray actors (pickled with its weights) and trains there.
-    (8 epochs: after 3, asynchronous runs of the same seed still spread from a tenth of
-    the first loss to a third on shared memory, and past half on Ray.)"""
+    (8 epochs: after 3 the loss still falls steeply, so asynchronous runs of the same
+    seed still differ widely, and some end above the test's bound.)"""
     X, Xte, y, yte = digits
     r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, policy="asp",
                  backend="ray", lr=0.1, batch_size=32, epochs=8, seed=0,
