@@ -237,12 +237,13 @@ SCENARIOS = (
         "per-round ratios show which rounds drew the slow one. A heap that stays in cache "
         "(`incache16k`: `--prefill-total 16384`) shows the regimes without the heap's misses: "
         "there, two threads of either queue run anywhere from under half to 1.7 times one thread's "
-        "rate. On a 16-CPU Intel Xeon VM "
-        "(the runs kept as `device16`, `device16w8`, made before the kit's sift-down chose "
-        "among cached children without branches) the kit's core trails the C++ already at "
-        "one thread, and both scale from one thread to two by well under 1.8x; neither a "
-        "`-march=native` build of the kit (`RELAXED_NATIVE=1`) nor transparent huge pages "
-        "switched off for both binaries moved that gap.")),
+        "rate. On a 16-CPU Intel Xeon VM (`device16c`: 21 rounds; `device16cw8`: 1 to 8 "
+        "threads, 7 rounds; both made before the kit moved its journal out of the guard's "
+        "line) the two-thread rounds are steady: the kit's core is level with the C++ at one "
+        "thread and trails it at two in nearly every round, and both scale from one thread "
+        "to two by well under 1.8x; a `-march=native` build of the kit (`RELAXED_NATIVE=1`) "
+        "and transparent huge pages switched off for both binaries did not move that gap in "
+        "earlier runs.")),
     Scenario("pq-processes", "Hold model, processes sharing one queue (operations/s)", (
         "The hold model with worker processes attached to one shared MultiQueue; "
         "`manager-pq`: a `queue.PriorityQueue` served by a `multiprocess` Manager (10k "

@@ -16,10 +16,12 @@ buffer's largest, then into the deletion buffer. So most operations touch the
 guard's line and one buffer line instead of a path through the heap, and fewer
 lines move between cores. Each queue has a guard in its own cache line: a
 test-and-test-and-set try-lock whose word holds the owner's pid, the cached top
-key (the deletion buffer's first), one counts word that packs the heap size, the
-insertion count and the deletion buffer's window, and a small journal of the
-step in flight. Push locks a random queue whose lock is free; pop reads the
-cached tops of two distinct random queues and pops from the smaller. With
+key (the deletion buffer's first) and one counts word that packs the heap size,
+the insertion count and the deletion buffer's window. A small journal of the
+step in flight follows in a line pair of its own, which only the lock's holder
+touches: a refill's 16 sift-downs write it, not the line other threads read.
+Push locks a random queue whose lock is free; pop reads the cached tops of two
+distinct random queues and pops from the smaller. With
 stickiness s (the StickRandom policy of the ESA 2021 MultiQueue) a handle keeps
 one random pair for s operations, popping the smaller top of the two and pushing
 to either, then draws a new pair. A pop that reports "empty" has
@@ -67,6 +69,8 @@ cdef enum:
     OP_SIFT_UP = 2     # journal: a heap sift-up (an insertion buffer flush) is in flight
     OP_SIFT_DOWN = 3   # journal: a heap sift-down (a deletion buffer refill) is in flight
     OP_DINS_DOWN = 4   # journal: as OP_DINS, growing the deletion window downwards
+    OP_REFILL = 5      # journal: no step in flight, but the counts are rcnt, not cnt (a
+                       # buffer flush or refill publishes its steps there; see settle)
     KEY_INT64 = 0
     KEY_FLOAT64 = 1
     HEAP_ARITY = 8
@@ -83,13 +87,19 @@ ctypedef struct Elem:
     int64_t value
 
 ctypedef struct Guard:
+    # the guard's line: what other threads read without the lock
     int32_t lock       # 0 = free, else the holder's pid
-    int32_t op         # journal: OP_NONE or the multi-store step in flight
+    int32_t _pad0
     uint64_t top       # cached smallest key, EMPTY_TOP when empty (a hint)
     uint64_t cnt       # packed counts (heap size, insertion count, deletion window):
                        # the one word whose store commits a change of membership
+    char _gap[104]     # the journal starts at byte 128, a line pair of its own: only
+                       # the holder writes it, so its stores move no line another core reads
+    int32_t op         # journal: OP_NONE or the multi-store step in flight
+    int32_t _pad1
     int64_t hole       # journal: the free slot of the step in flight
     uint64_t op_cnt    # journal: the counts the step in flight commits
+    uint64_t rcnt      # journal: the counts while op is OP_REFILL
     Elem pending       # journal: the element being placed
 
 ctypedef struct Header:         # at offset 0
@@ -213,7 +223,38 @@ cdef inline void journal(Guard *g, int32_t op, Elem x, int64_t hole, uint64_t op
     CP()
     jbegin(g, op)
 
-cdef void finish_sift_up(Guard *g, Elem *h) noexcept nogil:
+# A buffer flush or a refill is a run of up to 32 steps. Committing each one to the
+# guard's cnt would make each a store to the line that other threads' pops read for
+# the top; each such store after one of those reads moves the line back (a transfer
+# between cores), and the run stretches. So a run publishes its steps in the journal
+# instead: a step's counts go to rcnt under OP_REFILL (the queue's counts while that
+# op is set), and settle() stores the run's final counts to cnt once. The total
+# count, all that a lock-free reader takes from cnt, is the same before and after.
+cdef inline void end_step(Guard *g, bint defer) noexcept nogil:
+    # the step in flight is done: its counts become the queue's
+    if defer:
+        jset(<int64_t*>&g.rcnt, <int64_t>g.op_cnt)    # not yet read: op is the step's
+        jbegin(g, OP_REFILL)
+    else:
+        commit(g, g.op_cnt)
+        jbegin(g, OP_NONE)
+
+cdef inline void publish(Guard *g, uint64_t cnt, bint defer) noexcept nogil:
+    # a change of membership in one store (between steps: op is OP_NONE or OP_REFILL)
+    if not defer:
+        commit(g, cnt)
+        return
+    jset(<int64_t*>&g.rcnt, <int64_t>cnt)             # under OP_REFILL this is the change
+    if g.op != OP_REFILL:
+        jbegin(g, OP_REFILL)
+
+cdef inline void settle(Guard *g) noexcept nogil:
+    # a deferred run is over: its counts go to the guard's cnt in one store
+    if g.op == OP_REFILL:
+        commit(g, g.rcnt)
+        jbegin(g, OP_NONE)
+
+cdef void finish_sift_up(Guard *g, Elem *h, bint defer) noexcept nogil:
     cdef int64_t i = g.hole, p
     cdef Elem x = g.pending
     while i > 0:
@@ -226,8 +267,7 @@ cdef void finish_sift_up(Guard *g, Elem *h) noexcept nogil:
         i = p
     h[i] = x
     CP()
-    commit(g, g.op_cnt)
-    jbegin(g, OP_NONE)
+    end_step(g, defer)
 
 # The sift-down picks the first smallest of a node's children in one of two ways
 # (the same child either way). Where the children are likely cached (a slot below
@@ -266,7 +306,7 @@ cdef inline int64_t min_child_scan(const Elem *h, int64_t c, int64_t e,
     km[0] = best
     return m
 
-cdef void finish_sift_down(Guard *g, Elem *h) noexcept nogil:
+cdef void finish_sift_down(Guard *g, Elem *h, bint defer) noexcept nogil:
     cdef int64_t n = C_HS(g.op_cnt), i = g.hole, c, m, e
     cdef uint64_t km
     cdef Elem x = g.pending
@@ -287,8 +327,7 @@ cdef void finish_sift_down(Guard *g, Elem *h) noexcept nogil:
         i = m
     h[i] = x
     CP()
-    commit(g, g.op_cnt)
-    jbegin(g, OP_NONE)
+    end_step(g, defer)
 
 cdef void finish_del_insert(Guard *g, Elem *d) noexcept nogil:
     """Finish placing ``pending`` into the ascending deletion buffer: larger items
@@ -302,8 +341,7 @@ cdef void finish_del_insert(Guard *g, Elem *d) noexcept nogil:
         i -= 1
     d[i] = x
     CP()
-    commit(g, g.op_cnt)
-    jbegin(g, OP_NONE)
+    end_step(g, False)
 
 cdef void finish_del_insert_down(Guard *g, Elem *d) noexcept nogil:
     """As finish_del_insert, for a window that grows down: smaller items below
@@ -317,54 +355,58 @@ cdef void finish_del_insert_down(Guard *g, Elem *d) noexcept nogil:
         i += 1
     d[i] = x
     CP()
-    commit(g, g.op_cnt)
-    jbegin(g, OP_NONE)
+    end_step(g, False)
 
-cdef void heap_add(Guard *g, Elem *h, Elem x, uint64_t new_cnt) noexcept nogil:
+cdef void heap_add(Guard *g, Elem *h, Elem x, uint64_t new_cnt, bint defer) noexcept nogil:
     """Move x (still counted in a buffer) into the heap; new_cnt counts it there
-    and no longer in the buffer. A key that stays at the bottom needs one commit;
-    otherwise the sift-up is journaled."""
-    cdef int64_t s = C_HS(g.cnt)
+    and no longer in the buffer. A key that stays at the bottom needs one store of
+    the counts; otherwise the sift-up is journaled. defer: publish (see settle)."""
+    cdef int64_t s = C_HS(new_cnt) - 1
     h[s] = x
     CP()
     if s == 0 or h[(s - 1) // HEAP_ARITY].key <= x.key:
-        commit(g, new_cnt)
+        publish(g, new_cnt, defer)
         return
     journal(g, OP_SIFT_UP, x, s, new_cnt)
-    finish_sift_up(g, h)
+    finish_sift_up(g, h, defer)
 
-cdef void flush_insertions(Core *c, Guard *g, int64_t q) noexcept nogil:
+cdef uint64_t flush_deferred(Core *c, Guard *g, int64_t q, uint64_t k) noexcept nogil:
+    """Move the insertion buffer into the heap, publishing each step (see settle);
+    k: the queue's counts. Returns the counts after."""
     cdef Elem *ins = I(c, q)
     cdef Elem *h = H(c, q)
-    cdef uint64_t k = g.cnt
+    cdef uint64_t nk
     while C_NI(k) > 0:
-        heap_add(g, h, ins[C_NI(k) - 1], MK(C_HS(k) + 1, C_NI(k) - 1, C_DS(k), C_DE(k)))
-        k = g.cnt
+        nk = MK(C_HS(k) + 1, C_NI(k) - 1, C_DS(k), C_DE(k))
+        heap_add(g, h, ins[C_NI(k) - 1], nk, True)
+        k = nk
+    return k
+
+cdef void flush_insertions(Core *c, Guard *g, int64_t q) noexcept nogil:
+    flush_deferred(c, g, q, g.cnt)
+    settle(g)
 
 cdef void refill(Core *c, Guard *g, int64_t q) noexcept nogil:
     """The deletion buffer is empty (ds = de = 0): flush the insertion buffer, then
-    take up to BUF smallest items of the heap into the deletion buffer, in order."""
+    take up to BUF smallest items of the heap into the deletion buffer, in order;
+    the whole run stores the guard's counts once (see settle)."""
     cdef Elem *h = H(c, q)
     cdef Elem *d = D(c, q)
-    cdef uint64_t k
-    cdef int64_t hs, de
-    flush_insertions(c, g, q)
-    k = g.cnt
-    hs = C_HS(k)
-    de = 0
+    cdef uint64_t k = flush_deferred(c, g, q, g.cnt)
+    cdef int64_t hs = C_HS(k), de = 0
     while de < BUF and hs > 0:
         d[de] = h[0]               # a copy outside the window: not counted yet
         CP()
         if hs == 1:
-            commit(g, MK(0, 0, 0, de + 1))
+            publish(g, MK(0, 0, 0, de + 1), True)
         else:
-            # the heap's last item fills the hole at the root; the commit moves the
-            # root into the deletion buffer, and the journal finishes the sift
+            # the heap's last item fills the hole at the root; the journal's counts
+            # move the root into the deletion buffer, and the sift follows
             journal(g, OP_SIFT_DOWN, h[hs - 1], 0, MK(hs - 1, 0, 0, de + 1))
-            commit(g, g.op_cnt)
-            finish_sift_down(g, h)
+            finish_sift_down(g, h, True)
         hs -= 1
         de += 1
+    settle(g)
 
 cdef inline void set_top(Core *c, Guard *g, int64_t q) noexcept nogil:
     cdef uint64_t k = g.cnt
@@ -385,9 +427,11 @@ cdef void recover(Core *c, int64_t q) noexcept nogil:
     elif op == OP_DINS_DOWN:
         finish_del_insert_down(g, D(c, q))
     elif op == OP_SIFT_UP:
-        finish_sift_up(g, H(c, q))
+        finish_sift_up(g, H(c, q), False)
     elif op == OP_SIFT_DOWN:
-        finish_sift_down(g, H(c, q))
+        finish_sift_down(g, H(c, q), False)
+    elif op == OP_REFILL:
+        commit(g, g.rcnt)
     jbegin(g, OP_NONE)                 # (again) clear the journal, whatever it held
     k = g.cnt
     if C_DE(k) == C_DS(k) and (C_HS(k) > 0 or C_NI(k) > 0):
@@ -1203,6 +1247,7 @@ cdef class MultiQueue(ShmStructure):
                 "heap_size": C_HS(k), "insertion_count": C_NI(k),
                 "deletion_window": (C_DS(k), C_DE(k)), "hole": g.hole,
                 "op_counts": (C_HS(g.op_cnt), C_NI(g.op_cnt), C_DS(g.op_cnt), C_DE(g.op_cnt)),
+                "refill_counts": (C_HS(g.rcnt), C_NI(g.rcnt), C_DS(g.rcnt), C_DE(g.rcnt)),
                 "deletion": [(d[i].key, d[i].value) for i in range(C_DS(k), min(C_DE(k), BUF))],
                 "insertion": [(ins[i].key, ins[i].value) for i in range(min(C_NI(k), BUF))],
                 "heap_head": [(h[i].key, h[i].value) for i in range(min(hs, 16))]}
@@ -1263,7 +1308,8 @@ cdef class MultiQueue(ShmStructure):
             flush_insertions(&self.core, g, qq)
             while C_DE(g.cnt) > C_DS(g.cnt):
                 k = g.cnt
-                heap_add(g, h, d[C_DE(k) - 1], MK(C_HS(k) + 1, C_NI(k), C_DS(k), C_DE(k) - 1))
+                heap_add(g, h, d[C_DE(k) - 1], MK(C_HS(k) + 1, C_NI(k), C_DS(k), C_DE(k) - 1),
+                         False)
             commit(g, MK(C_HS(g.cnt), 0, 0, 0))
             n = C_HS(g.cnt)
             d[0] = h[0]

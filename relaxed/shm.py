@@ -47,7 +47,8 @@ __all__ = ["Segment", "SharedMemoryFull", "MAGIC", "LAYOUT_VERSION", "HEADER_SIZ
            "write_header", "check_header", "live_segment_names"]
 
 MAGIC = b"RLXKIT\x00\x01"
-LAYOUT_VERSION = 1
+#: raised whenever a structure's shared layout changes (2: the MultiQueue's journal line)
+LAYOUT_VERSION = 2
 HEADER_SIZE = 64
 #: structure kinds stored in the header
 KIND_NAMES = {1: "MultiQueue", 2: "MultiCounter", 3: "TL2", 4: "ParameterStore", 5: "Collective"}
