@@ -230,23 +230,21 @@ cdef inline void journal(Guard *g, int32_t op, Elem x, int64_t hole, uint64_t op
 # instead: a step's counts go to rcnt under OP_REFILL (the queue's counts while that
 # op is set), and settle() stores the run's final counts to cnt once. The total
 # count, all that a lock-free reader takes from cnt, is the same before and after.
-cdef inline void end_step(Guard *g, bint defer) noexcept nogil:
-    # the step in flight is done: its counts become the queue's
-    if defer:
-        jset(<int64_t*>&g.rcnt, <int64_t>g.op_cnt)    # not yet read: op is the step's
-        jbegin(g, OP_REFILL)
-    else:
-        commit(g, g.op_cnt)
-        jbegin(g, OP_NONE)
-
 cdef inline void publish(Guard *g, uint64_t cnt, bint defer) noexcept nogil:
-    # a change of membership in one store (between steps: op is OP_NONE or OP_REFILL)
+    # a change of membership in one store (op is OP_NONE or OP_REFILL between steps;
+    # at a step's end it is the step's, and the op store that follows is the change)
     if not defer:
         commit(g, cnt)
         return
     jset(<int64_t*>&g.rcnt, <int64_t>cnt)             # under OP_REFILL this is the change
     if g.op != OP_REFILL:
         jbegin(g, OP_REFILL)
+
+cdef inline void end_step(Guard *g, bint defer) noexcept nogil:
+    # the step in flight is done: its counts become the queue's
+    publish(g, g.op_cnt, defer)
+    if not defer:
+        jbegin(g, OP_NONE)
 
 cdef inline void settle(Guard *g) noexcept nogil:
     # a deferred run is over: its counts go to the guard's cnt in one store
@@ -431,7 +429,7 @@ cdef void recover(Core *c, int64_t q) noexcept nogil:
     elif op == OP_SIFT_DOWN:
         finish_sift_down(g, H(c, q), False)
     elif op == OP_REFILL:
-        commit(g, g.rcnt)
+        settle(g)                      # a run's last published counts
     jbegin(g, OP_NONE)                 # (again) clear the journal, whatever it held
     k = g.cnt
     if C_DE(k) == C_DS(k) and (C_HS(k) > 0 or C_NI(k) > 0):
