@@ -155,6 +155,10 @@ def main_cli(args, common):
     print(f"\nwrote {path}", file=sys.stderr)
 
 
+#: the benchmarks page lists each round's ratio for runs of at most this many rounds
+MAX_LISTED = 25
+
+
 def summary_markdown(d):
     """The benchmarks page's table: M ops/s per binary and thread count, then the ratios."""
     rows = d["results"]
@@ -167,11 +171,14 @@ def summary_markdown(d):
                        for r in rows if r["competitor"] == c and r["workers"] == t), "–")
                  for t in ts]
         out.append(f"| {c} | " + " | ".join(cells) + " |")
-    out += ["", "| ratio (paired by round) | median | rounds |", "|---|---:|---|"]
+    out += ["", "| ratio (paired by round) | median | quartiles | rounds |", "|---|---:|---:|---|"]
     for r in d["ratios"]:
         label = r["ratio"] + (f", {r['workers']} thread(s)" if r["ratio"] == "kit / C++" else "")
-        out.append(f"| {label} | {r['median']:.2f}x | "
-                   + " ".join(f"{x:.2f}" for x in r["per_round"]) + " |")
+        per = r["per_round"]
+        q1, _, q3 = statistics.quantiles(per, n=4) if len(per) > 1 else (per[0], 0, per[0])
+        listed = (" ".join(f"{x:.2f}" for x in per) if len(per) <= MAX_LISTED
+                  else f"{len(per)} (each in the JSON)")
+        out.append(f"| {label} | {r['median']:.2f}x | {q1:.2f}–{q3:.2f} | {listed} |")
     h = d["header"]
     out += ["", f"{d['prefill_total']:,} keys prefilled, {d['iters_total']:,} iterations "
             f"({2 * d['iters_total']:,} operations) in all, {d['queues_per_thread']} queues "

@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import statistics
 import sys
 
 import numpy as np
@@ -523,3 +524,27 @@ def test_mq_harness_refuses_missing_checkouts(tmp_path):
     (tmp_path / "benchmarks" / "monotonic.cpp").write_text("")
     with pytest.raises(ValueError, match="--mq-lib .*modes/random.hpp"):
         mq_harness.build(tmp_path, tmp_path, tmp_path / "b")
+
+
+def test_mq_harness_table_quartiles_and_rounds():
+    """The benchmarks page's mq-harness table: each paired ratio's median and quartiles
+    (statistics.quantiles, computed here independently by sorting), its rounds listed
+    up to MAX_LISTED and counted beyond."""
+    from bench import mq_harness
+
+    def doc(per):
+        return {"results": [{"competitor": "kit-harness", "workers": 1, "median": 1e6,
+                             "min": 1e6, "max": 1e6}],
+                "ratios": [{"ratio": "kit 2 threads / 1", "workers": 2,
+                            "median": statistics.median(per), "per_round": per}],
+                "header": {"reps": len(per), "cpu": "x", "cpu_count": 2, "command": "c"},
+                "prefill_total": 16, "iters_total": 32, "queues_per_thread": 2}
+    short = [1.0, 2.0, 3.0, 4.0, 5.0]
+    row = next(l for l in mq_harness.summary_markdown(doc(short)).splitlines()
+               if l.startswith("| kit 2 threads / 1"))
+    # exclusive quartiles of 1..5: positions (n + 1) / 4 = 1.5 and 4.5
+    assert row == "| kit 2 threads / 1 | 3.00x | 1.50–4.50 | 1.00 2.00 3.00 4.00 5.00 |"
+    long = [float(x) for x in range(mq_harness.MAX_LISTED + 1)]
+    row = next(l for l in mq_harness.summary_markdown(doc(long)).splitlines()
+               if l.startswith("| kit 2 threads / 1"))
+    assert f"| {len(long)} (each in the JSON) |" in row
