@@ -528,8 +528,8 @@ def test_mq_harness_refuses_missing_checkouts(tmp_path):
 
 def test_mq_harness_table_quartiles_and_rounds():
     """The benchmarks page's mq-harness table: each paired ratio's median and quartiles
-    (statistics.quantiles, computed here independently by sorting), its rounds listed
-    up to MAX_LISTED and counted beyond."""
+    (the exclusive method, worked out by hand below), its rounds listed up to MAX_LISTED
+    and counted beyond."""
     from bench import mq_harness
 
     def doc(per):
