@@ -175,7 +175,8 @@ def summary_markdown(d):
     for r in d["ratios"]:
         label = r["ratio"] + (f", {r['workers']} thread(s)" if r["ratio"] == "kit / C++" else "")
         per = r["per_round"]
-        q1, _, q3 = statistics.quantiles(per, n=4) if len(per) > 1 else (per[0], 0, per[0])
+        qs = statistics.quantiles(per, n=4) if len(per) > 1 else [per[0]] * 3
+        q1, q3 = qs[0], qs[2]
         listed = (" ".join(f"{x:.2f}" for x in per) if len(per) <= MAX_LISTED
                   else f"{len(per)} (each in the JSON)")
         out.append(f"| {label} | {r['median']:.2f}x | {q1:.2f}–{q3:.2f} | {listed} |")
