@@ -382,7 +382,7 @@ SCENARIOS = (
         "Under the paper's model a synchronous round lasts as long as its sleeping rank; a "
         "solo round closes at the first arrival and a majority round at its initiator's, so "
         "they run more rounds per second with fewer fresh gradients in each (the others "
-        "follow one round later, carried). The 4 ranks share 2 cores here, so sleeping ranks "
+        "follow in a later round, carried). The 4 ranks share 2 cores here, so sleeping ranks "
         "also lend their core to the others. On MPI every round also pays the hand-off "
         "between each rank's training thread and its progress thread, and the 4 ranks run 8 "
         "threads on the 2 cores, so a round's own cost is a large part of the sleep it saves; "

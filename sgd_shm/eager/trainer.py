@@ -149,7 +149,9 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         under MPI, the size of ``comm`` (n_workers must match it, or be None).
     collective ["sync"] : "sync" (allreduce), "solo" or "majority".
     late ["carry"], average ["size"] : what a late gradient does ("drop" as fflib2,
-        or "carry" into the rank's next contribution) and the divisor of the mean
+        or "carry" into the rank's next contribution that is in time: a rank that is
+        late for a streak of rounds sends the streak's sum at once, which momentum
+        amplifies; prefer "drop" for solo with momentum) and the divisor of the mean
         ("size": the number of ranks, as fflib2; "contributors").
     imbalance [None] : (k, seconds): each round, k ranks drawn from the shared seed
         sleep that long before their gradient (the eager-SGD paper's model).
