@@ -46,11 +46,12 @@ def backends_of(choice: str) -> list[str]:
 def ensure_ray(n_workers):
     """The bench's Ray session: the running Ray instance, or a local one declaring at
     least ``n_workers`` CPUs (one per worker actor) started for the bench."""
-    from sgd_shm.ps.ray_session import RaySession
+    from sgd_shm.ps.ray_session import LOCAL_SYSTEM_CONFIG, RaySession
     import ray
-    if not ray.is_initialized():
+    if not ray.is_initialized():     # actors at nice 0, as the shm backend's processes
         ray.init(num_cpus=max(os.cpu_count(), n_workers), include_dashboard=False,
-                 configure_logging=False, log_to_driver=False)
+                 configure_logging=False, log_to_driver=False,
+                 _system_config=LOCAL_SYSTEM_CONFIG)
     return RaySession()
 
 

@@ -93,8 +93,11 @@ def _local_ray():
         ray.shutdown()
     # address="local": a new instance even where another test process (pytest-xdist) has
     # a cluster running, which a bare ray.init() would find and join
+    from sgd_shm.ps.ray_session import LOCAL_SYSTEM_CONFIG
+    # (its actors at the kit's niceness, as an instance the kit starts: at Ray's default
+    # 15 a busy process beside the test took the CPU from them for minutes)
     ray.init(address="local", num_cpus=4, include_dashboard=False,
-             configure_logging=False, log_to_driver=False)
+             configure_logging=False, log_to_driver=False, _system_config=LOCAL_SYSTEM_CONFIG)
     try:
         yield ray
     finally:

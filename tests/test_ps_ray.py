@@ -114,7 +114,9 @@ def test_predicts_held_out_data_on_ray(local_ray, data):
 
 def test_two_node_cluster():
     """Two Ray nodes on this box (ray.cluster_utils.Cluster): train joins the
-    cluster by its address and its worker actors spread over both nodes."""
+    cluster by its address and its worker actors spread over both nodes. The cluster
+    keeps Ray's default worker niceness (15), as one started by hand would: the run
+    warns about it."""
     from ray.cluster_utils import Cluster
     if ray.is_initialized():
         ray.shutdown()
@@ -123,8 +125,10 @@ def test_two_node_cluster():
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         X, y = make_rcv1_like(2000, 200, random_state=1)
-        r = train(X, y, n_workers=2, policy="asp", backend="ray", address=cluster.address,
-                  epochs=1, max_seconds=120, seed=0, progress=False)
+        with pytest.warns(RuntimeWarning, match="RAY_worker_niceness=0"):
+            r = train(X, y, n_workers=2, policy="asp", backend="ray",
+                      address=cluster.address, epochs=1, max_seconds=120, seed=0,
+                      progress=False)
         assert len({n["NodeID"] for n in ray.nodes() if n["Alive"]}) == 2
         # one epoch, however slow the box: each partition's minibatches, applied once
         assert r.updates == sum(r.batches["applied"]) == 2 * -(-1000 // 64)

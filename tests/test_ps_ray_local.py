@@ -23,7 +23,9 @@ def two_nodes():
     from ray.cluster_utils import Cluster
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    from sgd_shm.ps.ray_session import LOCAL_SYSTEM_CONFIG
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "_system_config": LOCAL_SYSTEM_CONFIG})
     try:
         cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()

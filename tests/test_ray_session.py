@@ -144,15 +144,18 @@ def test_actor_call_rate(local_ray):
 @pytest.mark.exclusive
 def test_session_that_started_ray_shuts_it_down():
     """In a fresh process (no Ray there): the session starts Ray, logs it at INFO and
-    prints nothing on stdout, and shuts Ray down when the block ends."""
+    prints nothing on stdout, runs its actors at the kit's niceness (not Ray's 15), and
+    shuts Ray down when the block ends."""
     pytest.importorskip("ray")
     code = textwrap.dedent("""
-        import logging, ray
+        import logging, os, ray
         logging.basicConfig(level=logging.INFO, format="LOG %(name)s %(message)s")
-        from sgd_shm.ps.ray_session import RaySession
+        from sgd_shm.ps.ray_session import WORKER_NICENESS, RaySession
         assert not ray.is_initialized()
         with RaySession(num_cpus=1) as s:
             assert s.started and ray.is_initialized()
+            nice = ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote())
+            assert nice == WORKER_NICENESS == 0, nice
         assert s.closed and not ray.is_initialized()
     """)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -161,3 +164,15 @@ def test_session_that_started_ray_shuts_it_down():
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout == ""
     assert "LOG sgd_shm.ps.ray_session started a local Ray instance with 1 CPUs" in p.stderr
+
+
+def test_niced_actors_warn():
+    """Actors above the kit's niceness (Ray's default 15 on a cluster started by hand)
+    get a RuntimeWarning naming the setting that fixes it; actors at 0 get none."""
+    import warnings
+    from sgd_shm.ps.ray_session import warn_if_niced
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_if_niced([0, 0]) is False and warn_if_niced([]) is False
+    with pytest.warns(RuntimeWarning, match=r"nice 15 .*RAY_worker_niceness=0 ray start"):
+        assert warn_if_niced([0, 15]) is True

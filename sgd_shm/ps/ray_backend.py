@@ -42,10 +42,13 @@ memory.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import ray
 
 from sgd_shm.core.policies import server_average
+from sgd_shm.ps.ray_session import warn_if_niced
 from sgd_shm.ps.server import ServerState
 from sgd_shm.ps.shm_backend import warm_up
 from sgd_shm.ps.transport import Refill
@@ -237,13 +240,20 @@ class RayLink:
 def warm_actor(job):
     """In a worker actor, before the clock starts: one BLAS thread (where the model
     uses BLAS), the store's, the compressor's and the gradient's kernels compiled (or
-    loaded from Numba's cache); returns this actor's node id."""
+    loaded from Numba's cache); returns this actor's (node id, niceness)."""
     if job.model.uses_blas:
         from sgd_shm.models import one_blas_thread
         one_blas_thread()
     warm_up(job.compressor, job.n_params, job.dtype)
     warm(job)
-    return ray.get_runtime_context().get_node_id()
+    return ray.get_runtime_context().get_node_id(), os.nice(0)
+
+
+def warmed_nodes(warmed) -> list:
+    """The node ids of :func:`warm_actor`'s answers, after warning if the actors are
+    niced (:func:`~sgd_shm.ps.ray_session.warn_if_niced`)."""
+    warn_if_niced([nice for _, nice in warmed])
+    return [node for node, _ in warmed]
 
 
 @ray.remote
@@ -293,7 +303,7 @@ class RayBackend:
         self.workers = [self.session.take(("direct-worker", cpus)) or _Worker.options(
             num_cpus=cpus, scheduling_strategy="SPREAD").remote()
             for _ in range(self.n_workers)]
-        self.nodes = ray.get([w.warm.remote(job_ref) for w in self.workers])
+        self.nodes = warmed_nodes(ray.get([w.warm.remote(job_ref) for w in self.workers]))
         self.runs = [w.run.remote(self.hub, self.shards, self.bounds, lr, job_ref, k,
                                   int(seeds[k])) for k, w in enumerate(self.workers)]
 

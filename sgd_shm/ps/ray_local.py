@@ -77,7 +77,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from relaxed.shm import live_segment_names, unlink_orphan
 from sgd_shm.core.launcher import Shipment, pid_alive
 from sgd_shm.core.status import written_off_lag
-from sgd_shm.ps.ray_backend import _outcome, release, warm_actor
+from sgd_shm.ps.ray_backend import _outcome, release, warm_actor, warmed_nodes
 from sgd_shm.ps.shm_backend import LocalState, ShmLink, warm_up
 from sgd_shm.ps.worker import Diverged, run_worker
 
@@ -491,8 +491,8 @@ class NodeLocalBackend:
             num_cpus=self.worker_cpus, scheduling_strategy="SPREAD").remote()
             for _ in range(self.n_workers)]
         try:
-            self.nodes = ray.get([w.warm.remote(job_ref) for w in self.workers],
-                                 timeout=READY_TIMEOUT)
+            self.nodes = warmed_nodes(ray.get([w.warm.remote(job_ref) for w in self.workers],
+                                              timeout=READY_TIMEOUT))
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(
                 f"Ray did not start {self.n_workers} worker actors of {self.worker_cpus:g} "

@@ -35,12 +35,25 @@ import numbers
 import os
 import socket
 import time
+import warnings
 from typing import Self
 
 _log = logging.getLogger(__name__)          # a child of the package's "sgd_shm" logger
 
 INSTALL_HINT = "backend=\"ray\" needs Ray, an optional extra: pip install 'relaxed-sgd-kit[ray]'"
 RAY_CLIENT_PORT = 10001                     # Ray Client's default port (ray://host)
+
+#: The niceness of the worker processes (the actors) of a Ray instance the kit starts.
+#: Ray's own default is 15: its actors then run below every process at the default 0,
+#: so on a node where anything else is busy (the coordinator sampling the loss, another
+#: job) the training actors get a small share of the CPU, where the kit's shared-memory
+#: workers, at 0, would get an even one. A cluster started by hand takes the same
+#: setting from ``RAY_worker_niceness=0 ray start ...``; a run on a cluster whose actors
+#: are niced warns (:func:`warn_if_niced`).
+WORKER_NICENESS = 0
+#: ``ray.init(_system_config=...)`` (and a ``ray.cluster_utils.Cluster`` head's) for a
+#: local instance: actors at :data:`WORKER_NICENESS`
+LOCAL_SYSTEM_CONFIG = {"worker_niceness": WORKER_NICENESS}
 
 
 def require_ray():
@@ -160,10 +173,26 @@ def _init_at(ray, address: str, found: str, timeout: float) -> None:
 
 def _start_local(ray, num_cpus) -> None:
     ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False,
-             log_to_driver=True)
+             log_to_driver=True, _system_config=LOCAL_SYSTEM_CONFIG)
     cpus = ray.cluster_resources().get("CPU", 0)
     _log.info("started a local Ray instance with %g CPUs; it stops when the run (or the "
               "RaySession) ends", cpus)
+
+
+def warn_if_niced(niceness) -> bool:
+    """A ``RuntimeWarning`` when the worker actors run at a niceness above
+    :data:`WORKER_NICENESS` (``niceness``: each actor's ``os.nice(0)``): any busy process
+    at the default priority on their nodes then takes the CPU from them. Returns whether
+    it found them niced."""
+    worst = max(niceness, default=WORKER_NICENESS)
+    if worst <= WORKER_NICENESS:
+        return False
+    warnings.warn(
+        f"the Ray cluster runs its worker actors at nice {worst} (Ray's default is 15): "
+        f"other busy processes on their nodes take the CPU first, and training slows or "
+        f"stalls; start the cluster with RAY_worker_niceness={WORKER_NICENESS} ray start "
+        f"... (an instance the kit starts does so itself)", RuntimeWarning, stacklevel=3)
+    return True
 
 
 # -- the running instance -----------------------------------------------------------------
