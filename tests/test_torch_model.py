@@ -395,8 +395,8 @@ def test_ps_policies_compressors_and_loss_train_the_cnn(digits, kw, no_shm_leak)
     assert r.val_score > 0.6
 
 
-@pytest.mark.parametrize("kw", [dict(collective="solo", late="drop"), dict(collective="majority"),
-                                dict(compress="topk:0.01"),
+@pytest.mark.parametrize("kw", [dict(collective="solo", late="drop"),
+                                dict(collective="majority"), dict(compress="topk:0.01"),
                                 dict(collective="majority", compress="qsgd:16")],
                          ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
 def test_eager_collectives_and_compressors_train_the_cnn(digits, kw, no_shm_leak):
