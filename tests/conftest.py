@@ -83,30 +83,69 @@ def no_shm_leak():
     assert not leaked, f"shared-memory segments leaked: {sorted(leaked)}"
 
 
-def _local_ray():
-    """A fresh local Ray instance (any running one shut down first), shut down after;
-    the test is skipped where Ray is not installed. It declares 4 logical CPUs, so
-    that up to 4 worker actors of one CPU each are placed on this 2-core box (they
-    share its cores, as the shm backend's 4 processes do)."""
+# -- one local Ray instance per test process ---------------------------------------------
+# Starting and stopping an instance takes seconds, and every Ray test runs alone (see
+# ``exclusive`` below): one instance serves all of a process's Ray tests. A test that
+# shuts it down (the cluster tests, ``ray_down``) gets it started again by the next.
+_RAY = {}                       # the GCS address of the instance this process started
+
+
+def _ray_started():
+    """conftest's local Ray instance, started on first use (and again once a test shut
+    it down; any other instance this process is connected to is shut down first). It
+    declares 4 logical CPUs, so that up to 4 worker actors of one CPU each are placed
+    on this 2-core box (they share its cores, as the shm backend's 4 processes do)."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
+        if ray.get_runtime_context().gcs_address == _RAY.get("gcs"):
+            return ray
         ray.shutdown()
-    # address="local": a new instance even where another test process (pytest-xdist) has
-    # a cluster running, which a bare ray.init() would find and join
     from sgd_shm.ps.ray_session import LOCAL_SYSTEM_CONFIG
-    # (its actors at the kit's niceness, as an instance the kit starts: at Ray's default
-    # 15 a busy process beside the test took the CPU from them for minutes)
+    # address="local": a new instance even where another test process (pytest-xdist) has
+    # a cluster running, which a bare ray.init() would find and join; the actors at the
+    # kit's niceness, as an instance the kit starts (at Ray's default 15 a busy process
+    # beside the test took the CPU from them for minutes)
     ray.init(address="local", num_cpus=4, include_dashboard=False,
              configure_logging=False, log_to_driver=False, _system_config=LOCAL_SYSTEM_CONFIG)
-    try:
-        yield ray
-    finally:
+    _RAY["gcs"] = ray.get_runtime_context().gcs_address
+    return ray
+
+
+def live_actors(ray):
+    """The actors of the running instance not yet dead, as (class name, state): from
+    the GCS's actor table (``ray._private.state``: the public state API needs the
+    dashboard, which conftest's instance does not start)."""
+    from ray._private import state
+    return sorted((a.get("ClassName") or "?", a["State"]) for a in state.actors().values()
+                  if a["State"] != "DEAD")
+
+
+def assert_no_actor_left(ray, within=30.0):
+    """Every actor a test made has died within ``within`` seconds of its end (the kit
+    kills a run's actors when it ends; ``ray.kill`` is asynchronous)."""
+    import time
+    deadline = time.monotonic() + within
+    while (left := live_actors(ray)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"actors outlived the test: {left}"
+
+
+@pytest.fixture(scope="session")
+def _ray_for_the_session():
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
         ray.shutdown()
 
 
-#: Ray for one test, and for a whole module of Ray tests
-local_ray = pytest.fixture(_local_ray, name="local_ray")
-local_ray_module = pytest.fixture(_local_ray, scope="module", name="local_ray_module")
+@pytest.fixture
+def local_ray(_ray_for_the_session):
+    """conftest's Ray instance for a test (skipped where Ray is not installed), and
+    after it the check that no actor of the test outlived it."""
+    ray = _ray_started()
+    yield ray
+    if ray.is_initialized() and ray.get_runtime_context().gcs_address == _RAY.get("gcs"):
+        assert_no_actor_left(ray)
 
 
 # -- tests that must have the machine to themselves ---------------------------------------
@@ -117,7 +156,7 @@ local_ray_module = pytest.fixture(_local_ray, scope="module", name="local_ray_mo
 # an exclusive test holds it exclusively; a gate taken first gives a waiting exclusive
 # test priority over shared tests arriving after it. Without xdist nothing is locked.
 def _on_ray(item):
-    return ("local_ray" in item.fixturenames or "local_ray_module" in item.fixturenames
+    return ("local_ray" in item.fixturenames
             or item.module.__name__ == "test_ps_ray")
 
 

@@ -13,12 +13,6 @@ from tests.naive import fixed_gradient_model
 
 
 @pytest.fixture(scope="module")
-def local_ray(local_ray_module):
-    """One Ray instance for the module's tests (conftest's)."""
-    return local_ray_module
-
-
-@pytest.fixture(scope="module")
 def data():
     return make_rcv1_like(4000, 500, random_state=0)
 

@@ -1,7 +1,7 @@
 """sgd_shm.ps.ray_session: Ray as an optional extra, connect()'s rules (the running
 instance used, another address refused, an unreachable one failing within its timeout),
 RaySession's pool, CPU check and shutdown; and bench.ray_calls' actor-call rates.
-The tests on a running instance share conftest's 2-CPU one (run alone under xdist)."""
+The tests on a running instance share conftest's (run alone under xdist)."""
 import math
 import os
 import subprocess
@@ -63,11 +63,7 @@ def test_bad_worker_cpus(ray_down, cpus):
         RaySession(worker_cpus=cpus)
 
 
-# -- on conftest's running 2-CPU instance ---------------------------------------------------
-@pytest.fixture(scope="module")
-def local_ray(local_ray_module):
-    return local_ray_module
-
+# -- on conftest's running instance -----------------------------------------------------------
 
 def test_running_instance_is_used(local_ray):
     assert connect() is False

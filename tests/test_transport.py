@@ -3,7 +3,7 @@ transport gives, checked on each of them (shared memory, Ray, threads) through
 ``train(..., backend=...)``: closed-form totals and versions, exactly-once minibatches
 under a work budget, the policies' gates (BSP rounds, SSP's bound, SaPS flagging the
 slowed worker), a dead worker, and one worker's run drawing the same numbers on every
-transport (bit-identical weights). Ray shares one local instance for the module."""
+transport (bit-identical weights). Ray runs on conftest's local instance."""
 import numpy as np
 import pytest
 
@@ -24,12 +24,11 @@ def data():
 
 @pytest.fixture
 def backend(request):
-    """The transport's name; Ray's local instance (one for the module) is started on
-    the first Ray test."""
+    """The transport's name; for Ray, conftest's local instance."""
     name = request.param
     if name == "ray":
         pytest.importorskip("ray")
-        request.getfixturevalue("local_ray_module")
+        request.getfixturevalue("local_ray")
     return name
 
 
