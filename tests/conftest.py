@@ -116,18 +116,23 @@ def live_actors(ray):
     the GCS's actor table (``ray._private.state``: the public state API needs the
     dashboard, which conftest's instance does not start)."""
     from ray._private import state
-    return sorted((a.get("ClassName") or "?", a["State"]) for a in state.actors().values()
+    actors = state.actors().values()
+    return sorted((a.get("ActorClassName") or "?", a["State"]) for a in actors
                   if a["State"] != "DEAD")
 
 
 def assert_no_actor_left(ray, within=30.0):
     """Every actor a test made has died within ``within`` seconds of its end (the kit
-    kills a run's actors when it ends; ``ray.kill`` is asynchronous)."""
+    kills a run's actors when it ends; ``ray.kill`` is asynchronous). If one has not,
+    the instance is shut down before the test fails, so that the next test neither
+    inherits the actor (nor its CPUs) nor is blamed for it."""
     import time
     deadline = time.monotonic() + within
     while (left := live_actors(ray)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not left, f"actors outlived the test: {left}"
+    if left:
+        ray.shutdown()
+        raise AssertionError(f"actors outlived the test: {left}")
 
 
 @pytest.fixture(scope="session")

@@ -128,6 +128,25 @@ def _dies(ray, actor, within=30.0):
     return False
 
 
+def test_leaked_actor_is_caught_and_not_inherited(local_ray):
+    """conftest's after-test check: an actor still alive fails it, naming the class,
+    and the instance is shut down with it (the next test starts a fresh one)."""
+    from conftest import assert_no_actor_left, live_actors
+
+    @local_ray.remote(num_cpus=1)
+    class Leaked:
+        def ping(self):
+            return "pong"
+
+    a = Leaked.remote()
+    assert local_ray.get(a.ping.remote()) == "pong"
+    assert [state for name, state in live_actors(local_ray) if name.endswith(".Leaked")] \
+        == ["ALIVE"]
+    with pytest.raises(AssertionError, match="actors outlived the test: .*Leaked"):
+        assert_no_actor_left(local_ray, within=0.5)
+    assert not local_ray.is_initialized()
+
+
 def test_actor_call_rate(local_ray):
     from bench.ray_calls import actor_call_rate
     r = actor_call_rate(seconds=0.6)
