@@ -63,8 +63,7 @@ def test_bad_worker_cpus(ray_down, cpus):
         RaySession(worker_cpus=cpus)
 
 
-# -- on conftest's running instance -----------------------------------------------------------
-
+# -- on conftest's running instance --------------------------------------------------------
 def test_running_instance_is_used(local_ray):
     assert connect() is False
     gcs = local_ray.get_runtime_context().gcs_address
