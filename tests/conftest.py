@@ -90,15 +90,20 @@ def no_shm_leak():
 _RAY = {}                       # the GCS address of the instance this process started
 
 
+def _ours(ray):
+    """Whether Ray is up in this process on the instance conftest started."""
+    return ray.is_initialized() and ray.get_runtime_context().gcs_address == _RAY.get("gcs")
+
+
 def _ray_started():
     """conftest's local Ray instance, started on first use (and again once a test shut
     it down; any other instance this process is connected to is shut down first). It
     declares 4 logical CPUs, so that up to 4 worker actors of one CPU each are placed
     on this 2-core box (they share its cores, as the shm backend's 4 processes do)."""
     ray = pytest.importorskip("ray")
+    if _ours(ray):
+        return ray
     if ray.is_initialized():
-        if ray.get_runtime_context().gcs_address == _RAY.get("gcs"):
-            return ray
         ray.shutdown()
     from sgd_shm.ps.ray_session import LOCAL_SYSTEM_CONFIG
     # address="local": a new instance even where another test process (pytest-xdist) has
@@ -149,7 +154,7 @@ def local_ray(_ray_for_the_session):
     after it the check that no actor of the test outlived it."""
     ray = _ray_started()
     yield ray
-    if ray.is_initialized() and ray.get_runtime_context().gcs_address == _RAY.get("gcs"):
+    if _ours(ray):
         assert_no_actor_left(ray)
 
 
