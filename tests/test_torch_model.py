@@ -377,16 +377,21 @@ def test_eager_cnn_under_mpi_equals_averaged_gradient_sgd(digits, tmp_path):
 
 
 # ---- every policy, compressor and message loss trains the CNN ------------------------------
+# The step is 0.05, half the one-worker tests' 0.1: a run of two workers is SGD whose
+# gradients are up to a few pushes stale, and staleness narrows the step sizes that stay
+# stable: at 0.1 the loss spikes now and then, and a spike in the last steps ends the run
+# far above the bound; at 0.05 the spikes are rarer and smaller.
+# Block partitioning steps one layer a push, so it runs more epochs.
 @pytest.mark.parametrize("kw", [
     dict(policy="bsp"), dict(policy="ssp"), dict(policy="saps", compress="topk:0.01"),
     dict(policy="rps"), dict(policy="asp", drop=0.1, n_shards=4),
     dict(policy="asp", compress="qsgd:16"),
-    dict(policy="asp", partition="blocks", lr=0.05, epochs=8),   # (0.1 blew up at times)
+    dict(policy="asp", partition="blocks", epochs=16),
     dict(policy="asp", backend="threads")], ids=lambda kw: ",".join(
         f"{k}={v}" for k, v in kw.items()))
 def test_ps_policies_compressors_and_loss_train_the_cnn(digits, kw, no_shm_leak):
     X, Xte, y, yte = digits
-    kw = {"lr": 0.1, "epochs": 5, **kw}
+    kw = {"lr": 0.05, "epochs": 10, **kw}
     r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2,
                  batch_size=32, seed=0, eval_set=(Xte, yte), progress=False, **kw)
     # well past chance (log 10 for 10 classes): asynchronous runs differ run to run, and
@@ -414,12 +419,13 @@ def test_eager_collectives_and_compressors_train_the_cnn(digits, kw, no_shm_leak
 
 def test_ps_cnn_on_ray(digits, local_ray):
     """The model travels to Ray actors (pickled with its weights) and trains there.
-    (8 epochs: after 3 the loss still falls steeply, so asynchronous runs of the same
-    seed still differ widely, and some end above the test's bound.)"""
+    (The step of the two-worker runs above, for the same reason; 10 epochs: after 3 the
+    loss still falls steeply, so asynchronous runs of the same seed still differ widely,
+    and some end above the test's bound.)"""
     X, Xte, y, yte = digits
     r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, policy="asp",
-                 backend="ray", lr=0.1, batch_size=32, epochs=8, seed=0,
+                 backend="ray", lr=0.05, batch_size=32, epochs=10, seed=0,
                  eval_set=(Xte, yte), progress=False)
-    assert r.backend == "ray" and r.updates == 8 * 46     # 2 x 23 minibatches an epoch
+    assert r.backend == "ray" and r.updates == 10 * 46    # 2 x 23 minibatches an epoch
     assert r.coef_.dtype == np.float32
     assert r.final_loss < 0.5 * r.history[0]["loss"] and r.val_score > 0.6
