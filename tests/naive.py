@@ -267,17 +267,18 @@ def data_parallel_sgd_naive(X, y, batches, lr, alpha):
     """Synchronous data-parallel SGD of L2-regularised logistic regression, serially:
     ``batches[t]`` is the list of P row-index arrays of step t (one per rank); every
     step applies w -= lr * mean over ranks of (mean log-loss gradient of the rank's
-    rows + alpha w). y in {-1, +1}. Returns the weights."""
+    rows + alpha w); ``lr``: a number, or a function of t. y in {-1, +1}. Returns the
+    weights."""
     X = np.asarray(X.todense()) if hasattr(X, "todense") else np.asarray(X, dtype=float)
     w = np.zeros(X.shape[1])
-    for step in batches:
+    for t, step in enumerate(batches):
         total = np.zeros_like(w)
         for rows in step:
             Xb, yb = X[rows], y[rows]
             z = yb * (Xb @ w)
             dl = -yb / (1.0 + np.exp(z))
             total += Xb.T @ dl / len(rows) + alpha * w
-        w = w - lr * total / len(step)
+        w = w - (lr(t) if callable(lr) else lr) * total / len(step)
     return w
 
 
@@ -317,7 +318,8 @@ def model_averaging_naive(X, y, rows, lr, alpha, bounds, up=None, down=None):
     server j owns weights bounds[j]:bounds[j + 1]; ``up[t, k, j]`` / ``down[t, k, j]``
     (bool, default all True): worker k's block j reached server j / server j's answer
     reached worker k in round t. Every replica starts at zeros. A round: each worker
-    steps x_k -= lr * (mean log-loss gradient of its rows at x_k + alpha x_k); server
+    steps x_k -= lr * (mean log-loss gradient of its rows at x_k + alpha x_k) (``lr``: a
+    number, or a function of t); server
     j sums the blocks it received in worker order and divides by their count (it
     keeps its last average when it received none, and then sends nothing); a worker
     takes block j of the average where the answer reached it and keeps its own
@@ -330,10 +332,11 @@ def model_averaging_naive(X, y, rows, lr, alpha, bounds, up=None, down=None):
     xs = [np.zeros(X.shape[1]) for _ in range(n)]
     server = np.zeros(X.shape[1])
     for t in range(n_rounds):
+        step = lr(t) if callable(lr) else lr
         for k in range(n):
             Xb, yb = X[rows[t][k]], y[rows[t][k]]
             dl = -yb / (1.0 + np.exp(yb * (Xb @ xs[k])))
-            xs[k] = xs[k] - lr * (Xb.T @ dl / len(yb) + alpha * xs[k])
+            xs[k] = xs[k] - step * (Xb.T @ dl / len(yb) + alpha * xs[k])
         for j in range(S):
             lo, hi = bounds[j], bounds[j + 1]
             got = [k for k in range(n) if up[t, k, j]]
@@ -514,14 +517,19 @@ class _one_torch_thread:
 def torch_sgd_naive(module, X, y, batches, *, lr, momentum=0.0, loss="cross_entropy"):
     """Serial ``torch.optim.SGD`` on (a copy of) ``module`` over the minibatches
     ``batches`` (arrays of row indices of X, y), the way a PyTorch user writes it:
-    zero_grad, forward, loss, backward, step. Returns the final parameters as one
-    flat float32 vector (in ``module.parameters()`` order)."""
+    zero_grad, forward, loss, backward, step. ``lr``: a number, or a function of the
+    step t, run by torch's own ``LambdaLR`` (stepped after each ``opt.step()``).
+    Returns the final parameters as one flat float32 vector (in
+    ``module.parameters()`` order)."""
     import copy
 
     import torch
     with _one_torch_thread(torch):
         net = copy.deepcopy(module).float().train()
-        opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+        lr0 = lr(0) if callable(lr) else lr
+        opt = torch.optim.SGD(net.parameters(), lr=lr0, momentum=momentum)
+        sched = (torch.optim.lr_scheduler.LambdaLR(opt, lambda t: lr(t) / lr0)
+                 if callable(lr) else None)
         f = getattr(torch.nn.functional, loss)
         Xt, yt = torch.from_numpy(np.ascontiguousarray(X, np.float32)), torch.from_numpy(
             np.asarray(y, np.int64))
@@ -530,6 +538,8 @@ def torch_sgd_naive(module, X, y, batches, *, lr, momentum=0.0, loss="cross_entr
             opt.zero_grad()
             f(net(Xt[idx]), yt[idx]).backward()
             opt.step()
+            if sched is not None:
+                sched.step()
         return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
 
 

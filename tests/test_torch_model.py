@@ -239,22 +239,26 @@ def _recorder(monkeypatch, path):
     monkeypatch.setattr(ps_worker, "_gradient", gradient)
 
 
-@pytest.mark.parametrize("backend", ["shm", "threads"])
-def test_ps_one_worker_equals_serial_torch_sgd(digits, backend, monkeypatch, tmp_path,
+@pytest.mark.parametrize("backend, lr", [
+    ("shm", 0.1), ("threads", 0.1),
+    ("shm", ps.Cosine(0.1, total=12, floor=0.02))], ids=["shm", "threads", "shm-cosine"])
+def test_ps_one_worker_equals_serial_torch_sgd(digits, backend, lr, monkeypatch, tmp_path,
                                                no_shm_leak):
+    """One worker is serial SGD; with a schedule, SGD under torch's own LambdaLR of it
+    (the t-th push pulled version t)."""
     X, _, y, _ = digits
     X, y = X[:600], y[:600]
     path = str(tmp_path / "rows")
     _recorder(monkeypatch, path)
     net = DigitsCNN(seed=4)
     start = copy.deepcopy(net)
-    r = ps.train(X, y, model=TorchModel(net), n_workers=1, policy="asp", epochs=1, lr=0.1,
+    r = ps.train(X, y, model=TorchModel(net), n_workers=1, policy="asp", epochs=1, lr=lr,
                  batch_size=32, n_shards=4, seed=2, backend=backend, progress=False)
     with open(path) as f:
         batches = [np.array(json.loads(line)) for line in f]
     assert len(batches) == r.updates == 19                     # 600 rows / 32
     assert sorted(np.concatenate(batches).tolist()) == list(range(600))
-    want = torch_sgd_naive(start, X, y, batches, lr=0.1)
+    want = torch_sgd_naive(start, X, y, batches, lr=lr)
     # the store keeps float32 weights (each push rounds w - lr * g once to float32, torch
     # in its own order of operations): equal to float32 rounding
     assert r.coef_.dtype == np.float32

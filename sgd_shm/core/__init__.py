@@ -9,6 +9,7 @@ them (the import graph is trainers -> core).
     launcher     worker processes on shared memory (start methods, shipments, reaping)
     atomics      Numba intrinsics: atomics, fences, prefetches, the cache-line constant
     progress     the trainers' progress bar (seconds against the time limit, if any)
+    schedules    step-size schedules of the parameter server (StepDecay, Cosine)
 """
 from sgd_shm.core.errors import DivergenceError, ParameterError
 from sgd_shm.core.model import Model, one_blas_thread

@@ -12,6 +12,8 @@ threads (the transports of sgd_shm.ps.transport, over one sgd_shm.ps.server stat
     ParameterStore   sharded weights, per-shard versions and locks, a global version
                      and per-worker slots in one shared-memory segment (pull / push)
     WaitPolicy       spin, yield, then defer a push on a locked shard
+    Schedule, StepDecay, Cosine   step-size schedules (train(lr=...)): the step of a
+                     push at the version its worker pulled
     PushResult       what a push applied and what it deferred
     load_checkpoint  read a checkpoint written by train (either backend)
     plot_losses, curves_of   loss against time and updates, staleness, detections
@@ -26,6 +28,7 @@ default with worker 0 slowed 4x.
 from sgd_shm.ps.checkpoint import load_checkpoint, save_checkpoint
 from sgd_shm.ps.plots import curves_of, plot_losses
 from sgd_shm.core.policies import ASP, BSP, POLICIES, RPS, SSP, Policy, SaPS
+from sgd_shm.core.schedules import Cosine, Schedule, StepDecay
 from sgd_shm.ps.store import ParameterStore, PushResult, WaitPolicy
 from sgd_shm.ps.ray_session import RaySession
 from sgd_shm.ps.trainer import TrainResult, train
@@ -42,6 +45,6 @@ def __getattr__(name):
 
 
 __all__ = ["train", "TrainResult", "ParameterServerClassifier", "Policy", "ASP", "BSP",
-           "SSP", "SaPS", "RPS", "POLICIES", "RaySession",
+           "SSP", "SaPS", "RPS", "POLICIES", "RaySession", "Schedule", "StepDecay", "Cosine",
            "ParameterStore", "PushResult", "WaitPolicy", "load_checkpoint",
            "save_checkpoint", "plot_losses", "curves_of"]

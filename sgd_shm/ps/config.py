@@ -19,6 +19,7 @@ from sgd_shm.core.validation import (check_bool, check_callbacks, check_drop, ch
                                      check_number, check_positive, check_seed,
                                      model_dtype, resolve_workers, stopping_rule)
 from sgd_shm.core.policies import Policy, make_policy
+from sgd_shm.core.schedules import Schedule, make_schedule
 from sgd_shm.ps.store import CLOCKS, WaitPolicy
 from sgd_shm.ps.transport import TRANSPORTS
 
@@ -33,7 +34,7 @@ class TrainConfig:
     factors: np.ndarray                 # compute-time stretch per worker
     max_seconds: float
     target_loss: float | None
-    lr: float
+    lr: Schedule                        # the step of a push at the version it pulled
     batch_size: int
     n_shards: int
     sample_every: float
@@ -131,7 +132,7 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
         factors=factors_of(slowdown, n_workers),
         max_seconds=max_seconds,
         target_loss=None if target_loss is None else check_number("target_loss", target_loss),
-        lr=check_positive("lr", lr), batch_size=check_int("batch_size", batch_size),
+        lr=make_schedule(lr), batch_size=check_int("batch_size", batch_size),
         n_shards=check_int("n_shards", n_shards),
         sample_every=check_positive("sample_every", sample_every),
         transient=transient_of(transient), faults=_faults(faults, n_workers),

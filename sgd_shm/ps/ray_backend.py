@@ -48,6 +48,7 @@ import numpy as np
 import ray
 
 from sgd_shm.core.policies import server_average
+from sgd_shm.core.schedules import make_schedule
 from sgd_shm.ps.ray_session import warn_if_niced
 from sgd_shm.ps.server import ServerState
 from sgd_shm.ps.shm_backend import warm_up
@@ -166,7 +167,8 @@ class RayLink:
     poll_s = 0.002                   # a look at the gate is an actor call
 
     def __init__(self, hub, shards, bounds, lr, dtype=np.float64):
-        self.hub, self.shards, self.bounds, self.lr = hub, shards, bounds, lr
+        self.hub, self.shards, self.bounds = hub, shards, bounds
+        self.lr = make_schedule(lr)                  # a number or a schedule of t
         self.dtype = np.dtype(dtype)
 
     def state(self, k):
@@ -185,7 +187,7 @@ class RayLink:
     def _dense(self, push):
         """Each shard actor (of ``push.shards``) applies its slice; True when some
         shard was skipped."""
-        step, b, g = self.lr * push.scale, self.bounds, push.grad
+        step, b, g = self.lr(push.version) * push.scale, self.bounds, push.grad
         to = range(len(self.shards)) if push.shards is None else push.shards
         ray.get([self.shards[i].apply.remote(g[b[i]:b[i + 1]], step) for i in to])
         return len(to) < len(self.shards)
@@ -193,7 +195,7 @@ class RayLink:
     def _sparse(self, push):
         """Send each shard actor hit by the (ascending) indices its run of (offsets,
         values); the others get nothing. True when some shard was not hit."""
-        step, b = self.lr * push.scale, self.bounds
+        step, b = self.lr(push.version) * push.scale, self.bounds
         idx = np.asarray(push.indices)
         vals = np.asarray(push.values, dtype=self.dtype)
         cuts = np.searchsorted(idx, b)

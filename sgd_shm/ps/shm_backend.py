@@ -46,6 +46,7 @@ from sgd_shm.core.atomics import cas_py, store_release_py
 from sgd_shm.core.launcher import Shipment, check_start_method, exit_now, shared_arrays
 from sgd_shm.core.policies import SHM_POLL_S, server_average
 from sgd_shm.core.status import MESSAGE_FIELDS
+from sgd_shm.core.schedules import make_schedule
 from sgd_shm.core.traces import PSTrace
 from sgd_shm.ps.partitions import Partitions
 from sgd_shm.ps.server import ServerState
@@ -147,7 +148,8 @@ class ShmLink:
     trace = None                     # train(trace=True): the workers' TraceBuffer
 
     def __init__(self, server, lr, wait, parent, mail=None):
-        self.server, self.lr, self.wait, self.parent = server, lr, wait, parent
+        self.server, self.wait, self.parent = server, wait, parent
+        self.lr = make_schedule(lr)                  # a number or a schedule of t
         self.store = server.store
         self.mail = mail
         self.lifeline = None             # forkserver: see the module notes
@@ -175,11 +177,12 @@ class ShmLink:
         res = None
         if push is not None:
             st, wait = self.store, self.wait
+            lr = self.lr(push.version)               # the schedule at the version pulled
             if push.sparse:
-                res = st.push_sparse(push.indices, push.values, push.version, lr=self.lr,
+                res = st.push_sparse(push.indices, push.values, push.version, lr=lr,
                                      worker=k, scale=push.scale, wait=wait, nbytes=push.nbytes)
             else:
-                res = st.push(push.grad, push.version, lr=self.lr, worker=k, scale=push.scale,
+                res = st.push(push.grad, push.version, lr=lr, worker=k, scale=push.scale,
                               wait=wait, nbytes=push.nbytes, shards=push.shards)
             while res.deferred:                      # finish it even when stopping
                 st.push_deferred(res, wait=wait)

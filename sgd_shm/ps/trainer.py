@@ -273,9 +273,12 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         together, whichever comes first.
     loss [None: "log_loss"] : "log_loss", "hinge", "modified_huber" or "squared_error"
         (the default :class:`sgd_shm.models.Linear`).
-    lr [0.5], alpha [None: 1e-4], batch_size [64] : constant step (applied to each
-        push, one worker's gradient: smaller than eager-SGD's 2.0, which applies to
-        the mean of every rank's), L2 of the linear model, rows per minibatch.
+    lr [0.5], alpha [None: 1e-4], batch_size [64] : the step (applied to each push,
+        one worker's gradient: smaller than eager-SGD's 2.0, which applies to the mean
+        of every rank's): a number, or a schedule of the version a push's worker pulled
+        (:class:`sgd_shm.ps.StepDecay`, :class:`sgd_shm.ps.Cosine`, any callable ``t
+        -> step``; RPS: of the round; :mod:`sgd_shm.core.schedules`); L2 of the linear
+        model, rows per minibatch.
     n_shards [8], sample_every [0.02] : weight shards; the coordinator's period.
     faults [None] : {worker: seconds}: kill that worker (SIGKILL, or ``ray.kill``)
         that long into the run; reported in ``.killed``; BSP/SSP stop waiting for

@@ -47,10 +47,11 @@ down, barrier)``                   ``up[j]`` (round r, one push of k), call
 What every transport must give (the conformance suite, ``tests/test_transport.py``,
 checks each on every transport):
 
-* **Pushes.** A push applies ``-lr * scale * g`` to each shard it reaches, each
-  shard's update atomic (under the shard's lock, or one actor call) and counted in
-  that shard's version; the global version counts pushes applied in full, +1 each,
-  so k pushes of a fixed g leave the weights at exactly ``-k * lr * g`` and the
+* **Pushes.** A push applies ``-lr * scale * g`` to each shard it reaches (``lr``:
+  the run's step, or its schedule at the push's ``version``), each shard's update
+  atomic (under the shard's lock, or one actor call) and counted in that shard's
+  version; the global version counts pushes applied in full, +1 each, so k pushes of
+  a fixed g at a constant step leave the weights at exactly ``-k * lr * g`` and the
   global version at k. A push's staleness is the global version when it is counted
   minus the version its pull returned. Pushes of different workers may interleave
   shard by shard (no push is atomic as a whole).

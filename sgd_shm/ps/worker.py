@@ -104,7 +104,7 @@ class Job:
     n_params: int                 # the length of the weight vector
     batches: object               # partitions.Batches
     policy: object                # policies.Policy, bound
-    lr: float
+    lr: object                    # a sgd_shm.core.schedules.Schedule: the step at t
     factors: np.ndarray           # compute-time stretch per worker (>= 1)
     transient: tuple | None       # (spells per second, factor, seconds)
     compressor: object = None     # sgd_shm.compress compressor; None: dense pushes
@@ -493,7 +493,7 @@ def run_rounds(link, job, k, seed):
         counts = _stretch(job, k, spells, t0, t0)
         if not np.isfinite(grad).all():
             raise Diverged(f"worker {k}'s gradient is NaN or inf")
-        x -= job.lr * grad                           # the local step
+        x -= job.lr(sent) * grad                     # the local step, of round `sent`
         up, down = losses.draw()
         sent += 1
         answered = link.average_round(k, sent - 1, x, up, down,

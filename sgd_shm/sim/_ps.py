@@ -378,7 +378,7 @@ class PSSim:
         st = self.state
         task = self.task[k]
         p, key, j, v, scale = task[:5]
-        step = self.cfg.lr * scale
+        step = self.cfg.lr(v) * scale                 # the schedule at the version pulled
         w = self.w
         if self.channels is not None:
             msg = task[5]
@@ -542,7 +542,7 @@ class RPSSim(PSSim):
                 p, key, j = self.queues.take([(k, None)], self.rngs[k])
                 t_send = start[k] + self.times.of(k, start[k])
                 self.model.grad(xs[k], self.data, self.batches.rows_of(p, j), g)
-                xs[k] -= cfg.lr * g
+                xs[k] -= cfg.lr(r) * g
                 up, down = losses[k].draw()
                 ups.append(up)
                 downs.append(down)

@@ -386,7 +386,7 @@ class PSReplay(PSSim):
             return
         row["ticked"] = True
         st = self.state
-        self.w -= self.cfg.lr * row["scale"] * self.grads[k]
+        self.w -= self.cfg.lr(row["v"]) * row["scale"] * self.grads[k]
         self.log.append((t, k, row["p"], row["j"], row["v"], st.version, row["scale"]))
         st.version += 1
         self.dec[k]["applied"][i] = st.version

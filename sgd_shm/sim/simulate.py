@@ -35,6 +35,7 @@ from sgd_shm.core.model import blas_limited
 from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.traces import EagerTrace, PSTrace
 from sgd_shm.core.policies import make_policy
+from sgd_shm.core.schedules import Schedule, make_schedule
 from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop,
                                      check_eval_set, check_int, check_number,
                                      check_positive, model_data, n_columns,
@@ -141,7 +142,7 @@ class _Config:
     n_workers: int
     policy: object
     collective: str | None
-    lr: float
+    lr: object                          # a Schedule (parameter server) or a float
     batch_size: int
     n_shards: int
     epochs: float | None
@@ -190,7 +191,8 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
     model [None], loss [None], alpha [None] : as the trainers.
     seed [0] : an int >= 0: partitions, minibatch orders, step-time draws, loss coins.
     eval_set [None] : (X_val, y_val): held-out loss and accuracy in every record.
-    lr [0.5 ps, 2.0 collective], batch_size [64], n_shards [8] : as the trainers.
+    lr [0.5 ps, 2.0 collective], batch_size [64], n_shards [8] : as the trainers (a
+        schedule for the parameter server, as ``ps.train``'s).
     staleness [None], window [None: 4 steps of the slowest worker], detect_factor
         [2.0] : for "ssp" / "saps" (the window in virtual seconds).
     late ["carry"], average ["size"], depth [8] : the collectives' rules.
@@ -246,7 +248,7 @@ def _config(n_workers, policy, collective, epochs, cluster, network, compress, d
     seed = _seed(seed)
     cfg = _Config(
         n_workers=n_workers, policy=None, collective=collective,
-        lr=check_positive("lr", (2.0 if collective else 0.5) if lr is None else lr),
+        lr=_step(lr, collective),
         batch_size=check_int("batch_size", batch_size), n_shards=check_int("n_shards", n_shards),
         epochs=epochs, max_seconds=max_seconds,
         target_loss=None if target_loss is None else check_number("target_loss", target_loss),
@@ -323,6 +325,17 @@ def _eager_replay(trace, cfg):
         raise ValueError("replay: an exact replay runs the traced rounds dense; leave "
                          "compress= out")
     return trace
+
+
+def _step(lr, collective):
+    """The step: a schedule for the parameter server (a number becomes a constant
+    one), a number for a collective (eager-SGD's trainer takes no schedule)."""
+    if collective is None:
+        return make_schedule(0.5 if lr is None else lr)
+    if isinstance(lr, Schedule) or callable(lr):
+        raise ValueError(f"lr: a schedule ({lr!r}) is for the parameter server (policy=); "
+                         "a collective takes a number")
+    return check_positive("lr", 2.0 if lr is None else lr)
 
 
 def _seed(seed):

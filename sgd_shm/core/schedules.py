@@ -1,0 +1,136 @@
+"""Step-size schedules of the parameter server: ``ps.train(..., lr=schedule)`` and
+``simulate(..., lr=schedule)``.
+
+A schedule maps ``t`` to a step. For a push ``t`` is the global version its worker
+pulled (the updates applied before the weights its gradient was computed at): one
+worker's t-th push is at ``t``; with several workers a stale push is stepped by the
+schedule at the weights it saw, so the schedule follows the run's progress and not the
+order of arrival. Under a replicated policy (RPS) ``t`` is the round. On Ray with
+several nodes the version a worker pulls is its node's, which counts the other nodes'
+pushes up to two syncs late (:mod:`sgd_shm.ps.ray_local`). A checkpoint keeps the
+version, so a resumed run goes on along the schedule.
+
+A constant step gives each push the same weight; asynchronous SGD at a constant step
+keeps wandering around a minimum (stale gradients act like momentum, Mitliagkas et al.,
+"Asynchrony begets momentum", 2016), and a step that falls towards the end of the run
+settles the last model. The schedules here are those of ``torch.optim.lr_scheduler``
+stepped once per update: :class:`StepDecay` is ``MultiStepLR``, :class:`Cosine` is
+``CosineAnnealingLR`` (held at its floor after ``total``). Any callable ``t -> step``
+works too (it must pickle for workers that do not fork: Ray, ``start_method="spawn"``).
+
+Example::
+
+    from sgd_shm.ps import Cosine, train
+    r = train(X, y, n_workers=4, policy="asp", epochs=10, lr=Cosine(0.1, total=10 * 46))
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sgd_shm.core.validation import check_number, check_positive
+
+__all__ = ["Schedule", "Constant", "StepDecay", "Cosine", "make_schedule"]
+
+
+class Schedule:
+    """The base of the schedules: ``schedule(t)`` is the step at ``t``, a finite float
+    > 0. ``lr`` is the step at t = 0 (what error messages name)."""
+
+    lr: float
+
+    def __call__(self, t: int) -> float:
+        raise NotImplementedError
+
+
+class Constant(Schedule):
+    """The same step ``lr`` at every ``t`` (what a number given as ``lr`` becomes)."""
+
+    def __init__(self, lr):
+        self.lr = check_positive("lr", lr)
+
+    def __call__(self, t):
+        return self.lr
+
+    def __repr__(self):
+        return repr(self.lr)
+
+
+class StepDecay(Schedule):
+    """``lr`` times ``gamma`` once for every milestone passed: the step at t is
+    ``lr * gamma ** (number of milestones <= t)`` (torch's ``MultiStepLR``).
+    ``milestones``: increasing ints >= 1 (updates, or rounds under RPS)."""
+
+    def __init__(self, lr, milestones, gamma=0.1):
+        self.lr = check_positive("lr", lr)
+        self.gamma = check_number("gamma", gamma, lo=0, hi=1, lo_open=True)
+        m = np.asarray(milestones)
+        if m.ndim != 1 or m.size == 0 or not np.issubdtype(m.dtype, np.integer) \
+                or (m < 1).any() or (np.diff(m) <= 0).any():
+            raise ValueError(f"milestones: must be increasing ints >= 1 (the updates at "
+                             f"which the step is multiplied by gamma), got {milestones!r}")
+        self.milestones = tuple(int(v) for v in m)
+
+    def __call__(self, t):
+        passed = int(np.searchsorted(self.milestones, t, side="right"))
+        return self.lr * self.gamma ** passed
+
+    def __repr__(self):
+        return f"StepDecay({self.lr!r}, milestones={list(self.milestones)}, gamma={self.gamma!r})"
+
+
+class Cosine(Schedule):
+    """From ``lr`` at t = 0 down to ``floor`` at t = ``total`` along half a cosine,
+    ``floor + (lr - floor) * (1 + cos(pi * t / total)) / 2``, then ``floor`` (torch's
+    ``CosineAnnealingLR`` with ``T_max=total``, ``eta_min=floor``). ``total``: the
+    run's updates, e.g. ``epochs * minibatches`` (``r.updates`` of a run with a budget);
+    ``floor`` > 0 and < ``lr`` (default ``lr / 100``)."""
+
+    def __init__(self, lr, total, floor=None):
+        self.lr = check_positive("lr", lr)
+        if isinstance(total, bool) or not isinstance(total, (int, np.integer)) or total < 1:
+            raise ValueError(f"total: must be an int >= 1 (the updates the step falls "
+                             f"over), got {total!r}")
+        self.total = int(total)
+        self.floor = self.lr / 100 if floor is None else check_positive("floor", floor)
+        if self.floor >= self.lr:
+            raise ValueError(f"floor: must be < lr ({self.lr}), got {self.floor}; the "
+                             "schedule falls from lr to floor")
+
+    def __call__(self, t):
+        if t >= self.total:
+            return self.floor
+        return self.floor + (self.lr - self.floor) * (1 + math.cos(math.pi * t / self.total)) / 2
+
+    def __repr__(self):
+        return f"Cosine({self.lr!r}, total={self.total}, floor={self.floor!r})"
+
+
+class _Callable(Schedule):
+    """A user's callable ``t -> step``, checked at every call (a step that is not a
+    finite number > 0 is a ValueError naming ``lr`` and ``t``)."""
+
+    def __init__(self, f):
+        self.f = f
+        self.lr = self(0)
+
+    def __call__(self, t):
+        v = self.f(t)
+        try:
+            return check_positive("lr", v)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{e} (the schedule's step at t = {t})") from None
+
+    def __repr__(self):
+        return f"schedule {self.f!r} (step {self.lr!r} at t = 0)"
+
+
+def make_schedule(lr) -> Schedule:
+    """``lr`` as a :class:`Schedule`: a number becomes :class:`Constant`, a schedule
+    stays as it is, another callable is wrapped (and its step at t = 0 checked)."""
+    if isinstance(lr, Schedule):
+        return lr
+    if callable(lr) and not isinstance(lr, type):
+        return _Callable(lr)
+    return Constant(lr)

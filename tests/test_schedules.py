@@ -1,0 +1,202 @@
+"""Step-size schedules of the parameter server (sgd_shm.core.schedules): their values
+against torch's own schedulers, and every place a step is taken against closed forms and
+naive oracles: each push of a real run (shared memory, threads, Ray's server actors
+under message loss) is stepped by the schedule at the version its worker pulled, an
+RPS round by the schedule at the round, and the simulator does the same."""
+import math
+
+import numpy as np
+import pytest
+
+from sgd_shm import ps
+from sgd_shm.core.schedules import Constant, Cosine, StepDecay, make_schedule
+from sgd_shm.core.status import Losses
+from sgd_shm.data import make_rcv1_like
+from sgd_shm.sim import Cluster, simulate
+from tests.naive import data_parallel_sgd_naive, fixed_gradient_model, model_averaging_naive
+
+ALPHA = 1e-4
+#: steps that are powers of two: every closed form below is exact in float64
+STEPS = StepDecay(2.0 ** -10, milestones=[7, 20, 45], gamma=0.5)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_rcv1_like(1200, 150, density=0.05, random_state=0)
+
+
+def _g(d):
+    return np.where(np.arange(d) % 3 == 0, 1.0, 0.5)
+
+
+# ---- the schedules ---------------------------------------------------------------------------
+def test_schedules_are_torchs_schedulers():
+    """StepDecay is MultiStepLR and Cosine is CosineAnnealingLR, stepped once an update
+    (Cosine holds its floor after ``total``)."""
+    torch = pytest.importorskip("torch")
+    for ours, make in [
+            (StepDecay(0.3, [5, 12, 30], gamma=0.2),
+             lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [5, 12, 30], gamma=0.2)),
+            (Cosine(0.3, total=40, floor=0.01),
+             lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=40, eta_min=0.01))]:
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.3)
+        sched = make(opt)
+        for t in range(41):
+            assert ours(t) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12, abs=1e-15), t
+            opt.step()
+            sched.step()
+    c = Cosine(0.3, total=40)
+    assert c(40) == c(10**6) == pytest.approx(0.003) and c(0) == 0.3
+
+
+def test_make_schedule_and_user_callables():
+    assert isinstance(make_schedule(0.5), Constant) and make_schedule(0.5)(10**9) == 0.5
+    assert repr(make_schedule(0.5)) == "0.5"                 # messages name the number
+    assert make_schedule(STEPS) is STEPS
+    s = make_schedule(lambda t: 1.0 / (1 + t))
+    assert s.lr == 1.0 and s(3) == 0.25
+    bad = make_schedule(lambda t: 1.0 if t < 5 else -1.0)
+    with pytest.raises(ValueError, match=r"lr: must be a finite number > 0.*t = 5"):
+        bad(5)
+
+
+@pytest.mark.parametrize("make, err, match", [
+    (lambda: StepDecay(0.1, [5, 5]), ValueError, "milestones: must be increasing"),
+    (lambda: StepDecay(0.1, [0, 5]), ValueError, "milestones"),
+    (lambda: StepDecay(0.1, []), ValueError, "milestones"),
+    (lambda: StepDecay(0.1, [2.5]), ValueError, "milestones"),
+    (lambda: StepDecay(0.1, [5], gamma=1.5), ValueError, "gamma"),
+    (lambda: StepDecay(0.1, [5], gamma=0), ValueError, "gamma"),
+    (lambda: Cosine(0.1, total=0), ValueError, "total: must be an int >= 1"),
+    (lambda: Cosine(0.1, total=10, floor=0.2), ValueError, "floor: must be < lr"),
+    (lambda: Cosine(-0.1, total=10), ValueError, "lr: must be a finite number > 0"),
+    (lambda: make_schedule("fast"), TypeError, "lr: must be a number"),
+    (lambda: make_schedule(lambda t: float("nan")), ValueError, "lr: must be a finite"),
+])
+def test_bad_schedules(make, err, match):
+    with pytest.raises(err, match=match):
+        make()
+
+
+def test_bad_lr_reaches_the_caller(data):
+    X, y = data
+    with pytest.raises(TypeError, match="lr: must be a number"):
+        ps.train(X, y, lr="0.1", epochs=1, progress=False)
+    with pytest.raises(ValueError, match="lr: must be a finite number > 0"):
+        ps.train(X, y, lr=lambda t: 0.0, epochs=1, progress=False)
+    with pytest.raises(ValueError, match="a collective takes a number"):
+        simulate(X, y, n_workers=2, collective="sync", lr=STEPS)
+    from sgd_shm import eager
+    with pytest.raises(TypeError, match="lr: must be a number"):
+        eager.train(X, y, n_workers=2, lr=STEPS, epochs=1, progress=False)
+
+
+# ---- real runs ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["shm", "threads"])
+def test_each_push_is_stepped_at_the_version_it_pulled(data, backend, no_shm_leak):
+    """Three workers push a fixed gradient g: the weights end at -g times the sum, over
+    the applied pushes, of the schedule at the version each push's worker pulled (read
+    from the run's trace)."""
+    X, y = data
+    g = _g(X.shape[1])
+    r = ps.train(X, y, n_workers=3, policy="asp", epochs=3, lr=STEPS, backend=backend,
+                 model=fixed_gradient_model(g), n_shards=4, seed=2, trace=True,
+                 progress=False)
+    pushes = r.trace.pushes()
+    assert len(pushes) == r.updates == 3 * 3 * 7 and max(v for *_, v, _ in pushes) > 45
+    total = sum(STEPS(v) * s for *_, v, s in pushes)
+    assert np.array_equal(r.coef_.ravel(), -total * g)
+
+
+def _lossy_closed_form(g, steps, p, seed, bounds):
+    """One worker under message loss: its t-th step's push reaches shard j iff its
+    coins say so (core.status.Losses, the documented stream); a push that reaches some
+    shard is counted, so the version it pulled is the pushes sent before it."""
+    coins = Losses(p, seed, 0, len(bounds) - 1)
+    w, v = np.zeros_like(g), 0
+    for _ in range(steps):
+        up, _ = coins.draw()
+        if not up.any():
+            continue
+        for j in np.flatnonzero(up):
+            w[bounds[j]:bounds[j + 1]] -= STEPS(v) * g[bounds[j]:bounds[j + 1]]
+        v += 1
+    return w
+
+
+def _lossy_run(data, backend):
+    X, y = data
+    g = _g(X.shape[1])
+    r = ps.train(X, y, n_workers=1, policy="asp", drop=0.3, epochs=4, lr=STEPS,
+                 backend=backend, model=fixed_gradient_model(g), n_shards=3, seed=4,
+                 progress=False)
+    bounds = np.linspace(0, X.shape[1], 4).astype(np.int64)
+    return r, _lossy_closed_form(g, 4 * 19, 0.3, 4, bounds)       # 19 minibatches an epoch
+
+
+def test_lossy_pushes_follow_the_schedule(data, no_shm_leak):
+    r, want = _lossy_run(data, "shm")
+    assert np.array_equal(r.coef_.ravel(), want)
+
+
+def test_lossy_pushes_follow_the_schedule_on_ray(data, local_ray):
+    """Under message loss Ray's workers push to the server actors (ray_backend's link),
+    which step by the schedule at the version pulled, as the shared-memory store does."""
+    r, want = _lossy_run(data, "ray")
+    assert r.backend == "ray" and np.array_equal(r.coef_.ravel(), want)
+
+
+def test_rps_rounds_follow_the_schedule(data, no_shm_leak):
+    """RPS: each worker's local step of round t is the schedule at t; the servers'
+    model is the naive model averaging with that step (same minibatches, same coins)."""
+    X, y = data
+    n, S, p = 3, 4, 0.2
+    sched = StepDecay(0.5, milestones=[1, 2], gamma=0.5)
+    kw = dict(n_workers=n, policy="rps", drop=p, n_shards=S, epochs=3, lr=sched, alpha=ALPHA,
+              batch_size=X.shape[0] // n, seed=5)
+    r = ps.train(X, y, max_seconds=120, progress=False, **kw)
+    sim = simulate(X, y, **kw)
+    rounds = len(sim.log["worker"]) // n
+    assert rounds == r.updates == 3
+    rows = [[sim.batches.rows_of(sim.log["partition"][t * n + k], sim.log["batch"][t * n + k])
+             for k in range(n)] for t in range(rounds)]
+    coins = [Losses(p, 5, k, S) for k in range(n)]
+    draws = [[coins[k].draw() for k in range(n)] for _ in range(rounds)]
+    up = np.array([[d[k][0] for k in range(n)] for d in draws])
+    down = np.array([[d[k][1] for k in range(n)] for d in draws])
+    bounds = np.linspace(0, X.shape[1], S + 1).astype(np.int64)
+    ys = np.where(y > 0, 1.0, -1.0)
+    want, _ = model_averaging_naive(X, ys, rows, sched, ALPHA, bounds, up, down)
+    np.testing.assert_allclose(sim.coef_, want, rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(r.coef_.ravel(), want, rtol=1e-7, atol=1e-10)
+
+
+# ---- the simulator -------------------------------------------------------------------------
+def test_simulated_bsp_is_data_parallel_sgd_on_the_schedule(data):
+    """BSP: round t's pushes all pulled version n t, so the run is data-parallel SGD
+    whose step t is n times the schedule at n t."""
+    X, y = data
+    n = 4
+    sched = Cosine(0.3, total=40)
+    r = simulate(X, y, n_workers=n, policy="bsp", epochs=2, cluster=Cluster(1e-3),
+                 batch_size=32, lr=sched, alpha=ALPHA, seed=3)
+    rounds = []
+    for i in range(0, len(r.log["worker"]), n):
+        step = {r.log["worker"][q]: r.batches.rows_of(r.log["partition"][q], r.log["batch"][q])
+                for q in range(i, i + n)}
+        rounds.append([step[k] for k in range(n)])
+    assert len(rounds) == 2 * math.ceil(300 / 32) and n * len(rounds) > sched.total
+    ys = np.where(y > 0, 1.0, -1.0)
+    w = data_parallel_sgd_naive(X, ys, rounds, lambda t: n * sched(n * t), ALPHA)
+    np.testing.assert_allclose(r.coef_, w, rtol=1e-7, atol=1e-10)
+
+
+def test_simulated_asp_steps_each_push_at_its_pulled_version(data):
+    X, y = data
+    g = _g(X.shape[1])
+    r = simulate(X, y, n_workers=3, policy="asp", epochs=3, lr=STEPS, n_shards=4,
+                 model=fixed_gradient_model(g), cluster=Cluster(1e-3, factors="hetero"),
+                 seed=2)
+    assert max(r.log["version"]) > 45
+    total = sum(STEPS(v) for v in r.log["pulled"])
+    assert np.array_equal(r.coef_.ravel(), -total * g)
