@@ -21,7 +21,8 @@ works too (it must pickle for workers that do not fork: Ray, ``start_method="spa
 Example::
 
     from sgd_shm.ps import Cosine, train
-    r = train(X, y, n_workers=4, policy="asp", epochs=10, lr=Cosine(0.1, total=10 * 46))
+    # 10 epochs of 46 minibatches: 460 updates, the step falling from 0.1 to 0.001
+    r = train(X, y, n_workers=4, policy="asp", epochs=10, lr=Cosine(0.1, total=460))
 """
 from __future__ import annotations
 
