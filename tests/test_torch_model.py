@@ -404,6 +404,19 @@ def test_ps_policies_compressors_and_loss_train_the_cnn(digits, kw, no_shm_leak)
     assert r.val_score > 0.6
 
 
+def test_a_cosine_step_settles_the_two_worker_cnn(digits, no_shm_leak):
+    """The step 0.1 that the runs above avoid, falling along a cosine to 0.001 by the
+    run's last push: the late spikes of a constant 0.1 are gone, and the last model
+    scores as a settled one does."""
+    X, Xte, y, yte = digits
+    r = ps.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, policy="asp",
+                 lr=ps.Cosine(0.1, total=5 * 46), batch_size=32, epochs=5, seed=0,
+                 eval_set=(Xte, yte), progress=False)
+    assert r.updates == 5 * 46
+    assert r.final_loss < 0.5, r.history
+    assert r.val_score > 0.8
+
+
 @pytest.mark.parametrize("kw", [dict(collective="solo", late="drop"),
                                 dict(collective="majority"), dict(compress="topk:0.01"),
                                 dict(collective="majority", compress="qsgd:16")],
