@@ -352,6 +352,25 @@ def model_averaging_naive(X, y, rows, lr, alpha, bounds, up=None, down=None):
     return server, xs
 
 
+def model_averaging_of_log(X, y, res, n, S, p, seed, lr, alpha):
+    """:func:`model_averaging_naive` on the rounds a simulated RPS run logged (``res``:
+    its result; worker k's minibatch of round t from ``res.log`` and ``res.batches``)
+    with the run's documented loss coins (``core.status.Losses`` of ``seed``, one
+    draw per worker and round). Returns (the servers' model, up, down)."""
+    from sgd_shm.core.status import Losses
+    log = res.log
+    rounds = len(log["worker"]) // n
+    rows = [[res.batches.rows_of(log["partition"][t * n + k], log["batch"][t * n + k])
+             for k in range(n)] for t in range(rounds)]
+    coins = [Losses(p, seed, k, S) for k in range(n)]
+    draws = [[coins[k].draw() for k in range(n)] for _ in range(rounds)]
+    up = np.array([[d[k][0] for k in range(n)] for d in draws])
+    down = np.array([[d[k][1] for k in range(n)] for d in draws])
+    bounds = np.linspace(0, X.shape[1], S + 1).astype(np.int64)
+    server, _ = model_averaging_naive(X, y, rows, lr, alpha, bounds, up, down)
+    return server, up, down
+
+
 def mlp_loss_grad_naive(coefs, intercepts, X, y, alpha):
     """The MLP minibatch loss and gradient by plain numpy, layer by layer: ReLU hidden
     layers, softmax output, loss = mean cross-entropy of the rows (y: class indices)

@@ -13,7 +13,7 @@ from sgd_shm.core.schedules import Constant, Cosine, StepDecay, make_schedule
 from sgd_shm.core.status import Losses
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.sim import Cluster, simulate
-from tests.naive import data_parallel_sgd_naive, fixed_gradient_model, model_averaging_naive
+from tests.naive import data_parallel_sgd_naive, fixed_gradient_model, model_averaging_of_log
 
 ALPHA = 1e-4
 #: steps that are powers of two: every closed form below is exact in float64
@@ -156,17 +156,9 @@ def test_rps_rounds_follow_the_schedule(data, no_shm_leak):
               batch_size=X.shape[0] // n, seed=5)
     r = ps.train(X, y, max_seconds=120, progress=False, **kw)
     sim = simulate(X, y, **kw)
-    rounds = len(sim.log["worker"]) // n
-    assert rounds == r.updates == 3
-    rows = [[sim.batches.rows_of(sim.log["partition"][t * n + k], sim.log["batch"][t * n + k])
-             for k in range(n)] for t in range(rounds)]
-    coins = [Losses(p, 5, k, S) for k in range(n)]
-    draws = [[coins[k].draw() for k in range(n)] for _ in range(rounds)]
-    up = np.array([[d[k][0] for k in range(n)] for d in draws])
-    down = np.array([[d[k][1] for k in range(n)] for d in draws])
-    bounds = np.linspace(0, X.shape[1], S + 1).astype(np.int64)
+    assert len(sim.log["worker"]) // n == r.updates == 3
     ys = np.where(y > 0, 1.0, -1.0)
-    want, _ = model_averaging_naive(X, ys, rows, sched, ALPHA, bounds, up, down)
+    want, _, _ = model_averaging_of_log(X, ys, sim, n, S, p, 5, sched, ALPHA)
     np.testing.assert_allclose(sim.coef_, want, rtol=1e-7, atol=1e-10)
     np.testing.assert_allclose(r.coef_.ravel(), want, rtol=1e-7, atol=1e-10)
 

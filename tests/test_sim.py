@@ -17,10 +17,9 @@ from sgd_shm.collectives.base import initiator
 from sgd_shm.compress import TopK
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.core.policies import SSP, Policy
-from sgd_shm.core.status import Losses
 from sgd_shm.sim import Cluster, Network, SimResult, simulate
 from tests.naive import (asp_order_naive, data_parallel_sgd_naive, fixed_gradient_model,
-                         logistic_grad_naive, model_averaging_naive,
+                         logistic_grad_naive, model_averaging_of_log,
                          partial_allreduce_naive)
 
 ALPHA = 1e-4
@@ -117,15 +116,7 @@ def test_rps_is_model_averaging_with_the_real_coins(data):
     n, S, lr, p = 3, 4, 0.5, 0.2
     r = simulate(X, y, n_workers=n, policy="rps", epochs=1, drop=p, n_shards=S, lr=lr,
                  batch_size=64, seed=5)
-    rounds = len(r.log["worker"]) // n
-    rows = [[r.batches.rows_of(r.log["partition"][t * n + k], r.log["batch"][t * n + k])
-             for k in range(n)] for t in range(rounds)]
-    coins = [Losses(p, 5, k, S) for k in range(n)]
-    draws = [[coins[k].draw() for k in range(n)] for _ in range(rounds)]
-    up = np.array([[d[k][0] for k in range(n)] for d in draws])
-    down = np.array([[d[k][1] for k in range(n)] for d in draws])
-    bounds = np.linspace(0, X.shape[1], S + 1).astype(np.int64)
-    server, _ = model_averaging_naive(X, y, rows, lr, ALPHA, bounds, up, down)
+    server, up, down = model_averaging_of_log(X, y, r, n, S, p, 5, lr, ALPHA)
     np.testing.assert_allclose(r.coef_, server, rtol=1e-7, atol=1e-10)
     lost = sum(w["up_lost"] + w["down_lost"] for w in r.workers)
     assert lost == (~up).sum() + ((~down) & up.any(axis=1)[:, None, :]).sum()
