@@ -108,6 +108,20 @@ def test_each_push_is_stepped_at_the_version_it_pulled(data, backend, no_shm_lea
     assert np.array_equal(r.coef_.ravel(), -total * g)
 
 
+
+def test_a_resumed_run_goes_on_along_the_schedule(data, tmp_path, no_shm_leak):
+    """A checkpoint keeps the version: the resumed run's pushes pulled versions 19 on,
+    so one worker's weights end at -g times the schedule summed over t < 19 + 38."""
+    X, y = data
+    g = _g(X.shape[1])
+    common = dict(n_workers=1, policy="asp", lr=STEPS, model=fixed_gradient_model(g),
+                  n_shards=4, seed=2, progress=False)
+    ck = str(tmp_path / "run.ckpt")
+    first = ps.train(X, y, epochs=1, checkpoint=ck, **common)
+    r = ps.train(X, y, epochs=2, resume=ck, **common)
+    assert first.updates == 19 and r.updates == 19 + 38
+    assert np.array_equal(r.coef_.ravel(), -sum(STEPS(t) for t in range(57)) * g)
+
 def _lossy_closed_form(g, steps, p, seed, bounds):
     """One worker under message loss: its t-th step's push reaches shard j iff its
     coins say so (core.status.Losses, the documented stream); a push that reaches some
