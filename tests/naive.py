@@ -263,6 +263,11 @@ def partial_allreduce_naive(grads, masks, late):
     return sums, leftover
 
 
+def _at(lr, t):
+    """The step at t of ``lr``: a number, or a function of t."""
+    return lr(t) if callable(lr) else lr
+
+
 def data_parallel_sgd_naive(X, y, batches, lr, alpha):
     """Synchronous data-parallel SGD of L2-regularised logistic regression, serially:
     ``batches[t]`` is the list of P row-index arrays of step t (one per rank); every
@@ -278,7 +283,7 @@ def data_parallel_sgd_naive(X, y, batches, lr, alpha):
             z = yb * (Xb @ w)
             dl = -yb / (1.0 + np.exp(z))
             total += Xb.T @ dl / len(rows) + alpha * w
-        w = w - (lr(t) if callable(lr) else lr) * total / len(step)
+        w = w - _at(lr, t) * total / len(step)
     return w
 
 
@@ -332,7 +337,7 @@ def model_averaging_naive(X, y, rows, lr, alpha, bounds, up=None, down=None):
     xs = [np.zeros(X.shape[1]) for _ in range(n)]
     server = np.zeros(X.shape[1])
     for t in range(n_rounds):
-        step = lr(t) if callable(lr) else lr
+        step = _at(lr, t)
         for k in range(n):
             Xb, yb = X[rows[t][k]], y[rows[t][k]]
             dl = -yb / (1.0 + np.exp(yb * (Xb @ xs[k])))
@@ -352,16 +357,25 @@ def model_averaging_naive(X, y, rows, lr, alpha, bounds, up=None, down=None):
     return server, xs
 
 
+def rounds_of_log(res, n):
+    """A simulated run's logged pushes (``res``: its result) as rounds of n pushes:
+    round t's row indices, one array per worker in worker order."""
+    log, rounds = res.log, []
+    for i in range(0, len(log["worker"]), n):
+        step = {log["worker"][q]: res.batches.rows_of(log["partition"][q], log["batch"][q])
+                for q in range(i, i + n)}
+        rounds.append([step[k] for k in range(n)])
+    return rounds
+
+
 def model_averaging_of_log(X, y, res, n, S, p, seed, lr, alpha):
     """:func:`model_averaging_naive` on the rounds a simulated RPS run logged (``res``:
     its result; worker k's minibatch of round t from ``res.log`` and ``res.batches``)
     with the run's documented loss coins (``core.status.Losses`` of ``seed``, one
     draw per worker and round). Returns (the servers' model, up, down)."""
     from sgd_shm.core.status import Losses
-    log = res.log
-    rounds = len(log["worker"]) // n
-    rows = [[res.batches.rows_of(log["partition"][t * n + k], log["batch"][t * n + k])
-             for k in range(n)] for t in range(rounds)]
+    rows = rounds_of_log(res, n)
+    rounds = len(rows)
     coins = [Losses(p, seed, k, S) for k in range(n)]
     draws = [[coins[k].draw() for k in range(n)] for _ in range(rounds)]
     up = np.array([[d[k][0] for k in range(n)] for d in draws])
@@ -545,7 +559,7 @@ def torch_sgd_naive(module, X, y, batches, *, lr, momentum=0.0, loss="cross_entr
     import torch
     with _one_torch_thread(torch):
         net = copy.deepcopy(module).float().train()
-        lr0 = lr(0) if callable(lr) else lr
+        lr0 = _at(lr, 0)
         opt = torch.optim.SGD(net.parameters(), lr=lr0, momentum=momentum)
         sched = (torch.optim.lr_scheduler.LambdaLR(opt, lambda t: lr(t) / lr0)
                  if callable(lr) else None)

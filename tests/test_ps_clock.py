@@ -206,7 +206,6 @@ def test_resume_across_clocks(data, first, second, tmp_path, no_shm_leak):
 def test_closed_form_every_policy_on_ray(data, local_ray):
     """The same closed form on Ray: node-local stores (BSP, ASP, SSP, SaPS, whose
     agents add other nodes' pushes with bump) and the hub's private store (RPS)."""
-    pytest.importorskip("ray")
     X, y = data
     for policy in POLICIES:
         r, g, lr = _closed_form(X, y, policy=policy, backend="ray", epochs=1,
@@ -216,7 +215,6 @@ def test_closed_form_every_policy_on_ray(data, local_ray):
 
 @pytest.mark.exclusive
 def test_saps_flags_only_the_slowed_worker_on_ray(data, local_ray):
-    pytest.importorskip("ray")
     X, y = data
     r = train(X, y, n_workers=2, policy="saps", backend="ray", slowdown={0: 4.0},
               max_seconds=2.0, seed=0, n_shards=2, progress=False, clock="multicounter")

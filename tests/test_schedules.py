@@ -13,7 +13,8 @@ from sgd_shm.core.schedules import Constant, Cosine, StepDecay, make_schedule
 from sgd_shm.core.status import Losses
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.sim import Cluster, simulate
-from tests.naive import data_parallel_sgd_naive, fixed_gradient_model, model_averaging_of_log
+from tests.naive import (data_parallel_sgd_naive, fixed_gradient_model, model_averaging_of_log,
+                         rounds_of_log)
 
 ALPHA = 1e-4
 #: steps that are powers of two: every closed form below is exact in float64
@@ -108,7 +109,6 @@ def test_each_push_is_stepped_at_the_version_it_pulled(data, backend, no_shm_lea
     assert np.array_equal(r.coef_.ravel(), -total * g)
 
 
-
 def test_a_resumed_run_goes_on_along_the_schedule(data, tmp_path, no_shm_leak):
     """A checkpoint keeps the version: the resumed run's pushes pulled versions 19 on,
     so one worker's weights end at -g times the schedule summed over t < 19 + 38."""
@@ -121,6 +121,7 @@ def test_a_resumed_run_goes_on_along_the_schedule(data, tmp_path, no_shm_leak):
     r = ps.train(X, y, epochs=2, resume=ck, **common)
     assert first.updates == 19 and r.updates == 19 + 38
     assert np.array_equal(r.coef_.ravel(), -sum(STEPS(t) for t in range(57)) * g)
+
 
 def _lossy_closed_form(g, steps, p, seed, bounds):
     """One worker under message loss: its t-th step's push reaches shard j iff its
@@ -171,8 +172,7 @@ def test_rps_rounds_follow_the_schedule(data, no_shm_leak):
     r = ps.train(X, y, max_seconds=120, progress=False, **kw)
     sim = simulate(X, y, **kw)
     assert len(sim.log["worker"]) // n == r.updates == 3
-    ys = np.where(y > 0, 1.0, -1.0)
-    want, _, _ = model_averaging_of_log(X, ys, sim, n, S, p, 5, sched, ALPHA)
+    want, _, _ = model_averaging_of_log(X, y, sim, n, S, p, 5, sched, ALPHA)
     np.testing.assert_allclose(sim.coef_, want, rtol=1e-7, atol=1e-10)
     np.testing.assert_allclose(r.coef_.ravel(), want, rtol=1e-7, atol=1e-10)
 
@@ -186,14 +186,9 @@ def test_simulated_bsp_is_data_parallel_sgd_on_the_schedule(data):
     sched = Cosine(0.3, total=40)
     r = simulate(X, y, n_workers=n, policy="bsp", epochs=2, cluster=Cluster(1e-3),
                  batch_size=32, lr=sched, alpha=ALPHA, seed=3)
-    rounds = []
-    for i in range(0, len(r.log["worker"]), n):
-        step = {r.log["worker"][q]: r.batches.rows_of(r.log["partition"][q], r.log["batch"][q])
-                for q in range(i, i + n)}
-        rounds.append([step[k] for k in range(n)])
+    rounds = rounds_of_log(r, n)
     assert len(rounds) == 2 * math.ceil(300 / 32) and n * len(rounds) > sched.total
-    ys = np.where(y > 0, 1.0, -1.0)
-    w = data_parallel_sgd_naive(X, ys, rounds, lambda t: n * sched(n * t), ALPHA)
+    w = data_parallel_sgd_naive(X, y, rounds, lambda t: n * sched(n * t), ALPHA)
     np.testing.assert_allclose(r.coef_, w, rtol=1e-7, atol=1e-10)
 
 

@@ -20,7 +20,7 @@ from sgd_shm.core.policies import SSP, Policy
 from sgd_shm.sim import Cluster, Network, SimResult, simulate
 from tests.naive import (asp_order_naive, data_parallel_sgd_naive, fixed_gradient_model,
                          logistic_grad_naive, model_averaging_of_log,
-                         partial_allreduce_naive)
+                         partial_allreduce_naive, rounds_of_log)
 
 ALPHA = 1e-4
 
@@ -29,18 +29,6 @@ ALPHA = 1e-4
 def data():
     X, y = make_rcv1_like(1200, 150, density=0.05, random_state=0)
     return X, y
-
-
-def _rounds_of(r, n):
-    """The log's pushes, as rounds of n pushes: row indices per worker."""
-    rows = []
-    for i in range(0, len(r.log["worker"]), n):
-        step = {}
-        for q in range(i, i + n):
-            k, p, j = r.log["worker"][q], r.log["partition"][q], r.log["batch"][q]
-            step[k] = r.batches.rows_of(p, j)
-        rows.append([step[k] for k in range(n)])
-    return rows
 
 
 @pytest.mark.parametrize("cluster", [Cluster(1e-3), Cluster(1e-3, factors="hetero",
@@ -56,7 +44,7 @@ def test_bsp_is_data_parallel_sgd(data, cluster):
     assert r.updates == len(r.log["worker"]) == 2 * 4 * math.ceil(300 / 32)
     pulled = np.array(r.log["pulled"])
     assert np.array_equal(pulled, np.arange(pulled.size) // n * n)   # lockstep rounds
-    w = data_parallel_sgd_naive(X, y, _rounds_of(r, n), lr * n, ALPHA)
+    w = data_parallel_sgd_naive(X, y, rounds_of_log(r, n), lr * n, ALPHA)
     np.testing.assert_allclose(r.coef_, w, rtol=1e-7, atol=1e-10)
     assert r.seconds > 0 and r.history[-1]["seconds"] == r.seconds
 
