@@ -268,14 +268,16 @@ def _at(lr, t):
     return lr(t) if callable(lr) else lr
 
 
-def data_parallel_sgd_naive(X, y, batches, lr, alpha):
+def data_parallel_sgd_naive(X, y, batches, lr, alpha, momentum=0.0):
     """Synchronous data-parallel SGD of L2-regularised logistic regression, serially:
     ``batches[t]`` is the list of P row-index arrays of step t (one per rank); every
     step applies w -= lr * mean over ranks of (mean log-loss gradient of the rank's
-    rows + alpha w); ``lr``: a number, or a function of t. y in {-1, +1}. Returns the
+    rows + alpha w); ``lr``: a number, or a function of t. With ``momentum``, heavy
+    ball: v = momentum * v - lr(t) * mean, w += v. y in {-1, +1}. Returns the
     weights."""
     X = np.asarray(X.todense()) if hasattr(X, "todense") else np.asarray(X, dtype=float)
     w = np.zeros(X.shape[1])
+    v = np.zeros_like(w)
     for t, step in enumerate(batches):
         total = np.zeros_like(w)
         for rows in step:
@@ -283,7 +285,8 @@ def data_parallel_sgd_naive(X, y, batches, lr, alpha):
             z = yb * (Xb @ w)
             dl = -yb / (1.0 + np.exp(z))
             total += Xb.T @ dl / len(rows) + alpha * w
-        w = w - _at(lr, t) * total / len(step)
+        v = momentum * v - _at(lr, t) * total / len(step)
+        w = w + v
     return w
 
 

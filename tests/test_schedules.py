@@ -1,20 +1,24 @@
-"""Step-size schedules of the parameter server (sgd_shm.core.schedules): their values
-against torch's own schedulers, and every place a step is taken against closed forms and
-naive oracles: each push of a real run (shared memory, threads, Ray's server actors
+"""Step-size schedules (sgd_shm.core.schedules): their values against torch's own
+schedulers, and every place a step is taken against closed forms and naive oracles:
+each push of a real parameter-server run (shared memory, threads, Ray's server actors
 under message loss) is stepped by the schedule at the version its worker pulled, an
-RPS round by the schedule at the round, and the simulator does the same."""
+RPS round and an eager-SGD round by the schedule at the round, and the simulator does
+the same."""
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from sgd_shm import ps
+from sgd_shm import eager, ps
 from sgd_shm.core.schedules import Constant, Cosine, StepDecay, make_schedule
 from sgd_shm.core.status import Losses
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.sim import Cluster, simulate
-from tests.naive import (data_parallel_sgd_naive, fixed_gradient_model, model_averaging_of_log,
-                         rounds_of_log)
+from tests.naive import (data_parallel_sgd_naive, eager_rank_batches, fixed_gradient_model,
+                         model_averaging_of_log, rounds_of_log)
 
 ALPHA = 1e-4
 #: steps that are powers of two: every closed form below is exact in float64
@@ -85,11 +89,17 @@ def test_bad_lr_reaches_the_caller(data):
         ps.train(X, y, lr="0.1", epochs=1, progress=False)
     with pytest.raises(ValueError, match="lr: must be a finite number > 0"):
         ps.train(X, y, lr=lambda t: 0.0, epochs=1, progress=False)
-    with pytest.raises(ValueError, match="a collective takes a number"):
-        simulate(X, y, n_workers=2, collective="sync", lr=STEPS)
-    from sgd_shm import eager
+    # a budgeted run checks a callable's every step before it starts
+    with pytest.raises(ValueError, match=r"lr: must be a finite number > 0.*t = 40"):
+        ps.train(X, y, n_workers=2, lr=lambda t: 0.5 if t < 40 else -1.0, epochs=3,
+                 progress=False)
     with pytest.raises(TypeError, match="lr: must be a number"):
-        eager.train(X, y, n_workers=2, lr=STEPS, epochs=1, progress=False)
+        simulate(X, y, n_workers=2, collective="sync", lr=[0.1])
+    with pytest.raises(TypeError, match="lr: must be a number"):
+        eager.train(X, y, n_workers=2, lr="2", epochs=1, progress=False)
+    with pytest.raises(ValueError, match=r"lr: must be a finite number > 0.*t = 3"):
+        eager.train(X, y, n_workers=2, lr=lambda r: 1.0 if r < 3 else -1.0, epochs=1,
+                    progress=False)
 
 
 # ---- real runs ---------------------------------------------------------------------------------
@@ -201,3 +211,82 @@ def test_simulated_asp_steps_each_push_at_its_pulled_version(data):
     assert max(r.log["version"]) > 45
     total = sum(STEPS(v) for v in r.log["pulled"])
     assert np.array_equal(r.coef_.ravel(), -total * g)
+
+
+# ---- eager-SGD: the step of round r ----------------------------------------------------------
+def _eager_rounds(n, P, b, seed, rounds):
+    per_rank = [eager_rank_batches(n, P, k, b, seed, rounds) for k in range(P)]
+    return [[per_rank[k][t] for k in range(P)] for t in range(rounds)]
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_eager_sync_rounds_follow_the_schedule(data, momentum, no_shm_leak):
+    """Synchronous eager-SGD on a schedule, real (two forked ranks) and simulated, is
+    data-parallel SGD whose round r steps by the schedule at r (heavy ball: the step
+    inside the velocity)."""
+    X, y = data
+    P, b, epochs = 2, 32, 3
+    sched = Cosine(1.0, total=40, floor=0.05)
+    kw = dict(n_workers=P, collective="sync", epochs=epochs, batch_size=b, lr=sched,
+              alpha=ALPHA, seed=7)
+    r = eager.train(X, y, momentum=momentum, max_seconds=120, progress=False, **kw)
+    rounds = math.ceil(epochs * X.shape[0] / (P * b))
+    assert r.rounds == rounds > sched.total and r.replicas_equal
+    want = data_parallel_sgd_naive(X, y, _eager_rounds(X.shape[0], P, b, 7, rounds), sched,
+                                   ALPHA, momentum=momentum)
+    np.testing.assert_allclose(r.coef_.ravel(), want, rtol=1e-9, atol=1e-12)
+    if momentum == 0.0:                            # the simulator has no momentum
+        sim = simulate(X, y, **kw)
+        np.testing.assert_allclose(sim.coef_, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("collective", ["solo", "majority"])
+def test_a_replayed_eager_run_steps_its_rounds_alike(data, collective, no_shm_leak):
+    """A traced partial-collective run under a step decay, replayed: the simulator
+    decides the same contributors and steps round r by the schedule at r as the ranks
+    did (the trace's rounds count from the communicator's first training round), so
+    the replica ends bit for bit equal."""
+    X, y = data
+    sched = StepDecay(2.0, milestones=[5, 20], gamma=0.5)
+    real = eager.train(X, y, n_workers=3, collective=collective, imbalance=(1, 0.003),
+                       max_seconds=0.3, lr=sched, trace=True, seed=5, progress=False)
+    assert real.rounds > 20
+    sim = simulate(X, y, n_workers=3, collective=collective, replay=real.trace, lr=sched,
+                   seed=5)
+    assert np.array_equal(sim.coef_, real.coef_.ravel())
+
+
+MPI_SCRIPT = """
+import sys, numpy as np
+from sgd_shm import eager
+from sgd_shm.data import make_rcv1_like
+X, y = make_rcv1_like(1200, 150, density=0.05, random_state=0)
+r = eager.train(X, y, n_workers=None, backend="mpi", collective="sync", epochs=2,
+                batch_size=32, lr=eager.Cosine(1.0, total=20, floor=0.05), alpha=1e-4,
+                momentum=0.5, seed=7, max_seconds=60, progress=False)
+from mpi4py import MPI
+if MPI.COMM_WORLD.rank == 0:
+    np.save(sys.argv[1], r.coef_)
+    print("OK", r.replicas_equal, r.rounds)
+"""
+
+
+def test_eager_rounds_follow_the_schedule_under_mpi(data, tmp_path):
+    """The same rule on MPI ranks: two ranks under mpiexec, a cosine step with momentum,
+    against the naive data-parallel oracle."""
+    pytest.importorskip("mpi4py")
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        pytest.skip("no mpiexec (pip install mpich)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = str(tmp_path / "w.npy")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", MPI_SCRIPT, out],
+                       capture_output=True, text=True, timeout=180, env=env, cwd=root)
+    rounds = math.ceil(2 * 1200 / (2 * 32))
+    assert p.returncode == 0 and f"OK True {rounds}" in p.stdout, (p.stdout + p.stderr)[-3000:]
+    X, y = data
+    want = data_parallel_sgd_naive(X, y, _eager_rounds(1200, 2, 32, 7, rounds),
+                                   Cosine(1.0, total=20, floor=0.05), ALPHA, momentum=0.5)
+    np.testing.assert_allclose(np.load(out).ravel(), want, rtol=1e-9, atol=1e-12)

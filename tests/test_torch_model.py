@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import pickle
 import subprocess
@@ -415,6 +416,21 @@ def test_a_cosine_step_settles_the_two_worker_cnn(digits, no_shm_leak):
     assert r.updates == 5 * 46
     assert r.final_loss < 0.5, r.history
     assert r.val_score > 0.8
+
+
+def test_a_cosine_step_settles_the_eager_cnn(digits, no_shm_leak):
+    """Majority allreduce with momentum 0.9 at a step of 0.1, falling along a cosine
+    over the run's rounds: where a constant 0.1 at times ends in a burst that the
+    velocity carries, the last model here scores as a settled one does."""
+    X, Xte, y, yte = digits
+    rounds = math.ceil(8 * X.shape[0] / (2 * 32))
+    r = eager.train(X, y, model=TorchModel(DigitsCNN(seed=0)), n_workers=2, epochs=8,
+                    collective="majority", lr=eager.Cosine(0.1, total=rounds), momentum=0.9,
+                    batch_size=32, seed=0, sample_every=1.0, eval_set=(Xte, yte),
+                    progress=False)
+    assert r.rounds == rounds and r.replicas_equal
+    assert r.final_loss < 0.35, r.history
+    assert r.val_score > 0.85
 
 
 @pytest.mark.parametrize("kw", [dict(collective="solo", late="drop"),

@@ -1,14 +1,15 @@
-"""Step-size schedules of the parameter server: ``ps.train(..., lr=schedule)`` and
-``simulate(..., lr=schedule)``.
+"""Step-size schedules: ``ps.train(..., lr=schedule)``, ``eager.train(..., lr=schedule)``
+and ``simulate(..., lr=schedule)``.
 
 A schedule maps ``t`` to a step. For a push ``t`` is the global version its worker
 pulled (the updates applied before the weights its gradient was computed at): one
 worker's t-th push is at ``t``; with several workers a stale push is stepped by the
 schedule at the weights it saw, so the schedule follows the run's progress and not the
-order of arrival. Under a replicated policy (RPS) ``t`` is the round. On Ray with
-several nodes the version a worker pulls is its node's, which counts the other nodes'
-pushes up to two syncs late (:mod:`sgd_shm.ps.ray_local`). A checkpoint keeps the
-version, so a resumed run goes on along the schedule.
+order of arrival. Under a replicated policy (RPS) and in eager-SGD's rounds ``t`` is
+the round (from 0, the same on every replica). On Ray with several nodes the version a
+worker pulls is its node's, which counts the other nodes' pushes up to two syncs late
+(:mod:`sgd_shm.ps.ray_local`). A checkpoint keeps the version, so a resumed run goes on
+along the schedule.
 
 A constant step gives each push the same weight; asynchronous SGD at a constant step
 keeps wandering around a minimum (stale gradients act like momentum, Mitliagkas et al.,
@@ -32,7 +33,7 @@ import numpy as np
 
 from sgd_shm.core.validation import check_number, check_positive
 
-__all__ = ["Schedule", "Constant", "StepDecay", "Cosine", "make_schedule"]
+__all__ = ["Schedule", "Constant", "StepDecay", "Cosine", "make_schedule", "check_steps"]
 
 
 class Schedule:
@@ -135,3 +136,13 @@ def make_schedule(lr) -> Schedule:
     if callable(lr) and not isinstance(lr, type):
         return _Callable(lr)
     return Constant(lr)
+
+
+def check_steps(schedule: Schedule, start: int, stop: int) -> None:
+    """Check a user's callable at every t in [start, stop) before a run whose steps are
+    known in advance (a budget of ``epochs``): a bad step is a ValueError naming ``lr``
+    and ``t`` at the caller, instead of a worker or a rank failing mid-run. The
+    schedules of this module are valid by construction and are not called."""
+    if isinstance(schedule, _Callable):
+        for t in range(start, stop):
+            schedule(t)

@@ -6,11 +6,14 @@ beside synchronous allreduce, on shared memory or MPI.
     EagerResult  coef_, predict, score; history, final_loss, time_to_target,
                  participation per rank
     sleepers     the ranks the shared-seed imbalance draw puts to sleep in a round
+    Schedule, StepDecay, Cosine   step-size schedules (train(lr=...)): the step of
+                 round r
 
 ``python -m sgd_shm eager`` compares sync, solo and majority on an embedded problem;
 ``mpiexec -n 4 python -m sgd_shm eager --backend mpi`` does it on MPI. See
 docs/eager.md.
 """
+from sgd_shm.core.schedules import Cosine, Schedule, StepDecay
 from sgd_shm.eager.trainer import EagerResult, sleepers, train
 
-__all__ = ["train", "EagerResult", "sleepers"]
+__all__ = ["train", "EagerResult", "sleepers", "Schedule", "StepDecay", "Cosine"]

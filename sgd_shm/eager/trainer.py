@@ -5,7 +5,8 @@ majority allreduce (eager-SGD), on shared memory or MPI.
 Every rank holds a replica of the weights and its own share of the rows. A step of
 rank k is: take a minibatch of its rows, compute the model's gradient (``model.grad``),
 combine it with the other ranks' through the round's collective (``op="mean"``),
-and apply ``w -= lr * mean``. Every rank applies every round's result in the same
+and apply ``w -= lr(r) * mean`` at round r (``lr``: a number or a step-size
+schedule of :mod:`sgd_shm.core.schedules`, the same for every rank). Every rank applies every round's result in the same
 order, so the replicas stay identical (checked at the end). A rank that is behind
 (the round it would start has already closed) skips the gradient: it would be late
 anyway, so it only applies the results it missed.
@@ -36,6 +37,7 @@ from sgd_shm.core.imbalance import sleepers
 from sgd_shm.core.model import Model, blas_limited
 from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.results import Evaluator, Result
+from sgd_shm.core.schedules import Schedule, check_steps, make_schedule
 from sgd_shm.core.traces import ROUND_FLOATS, ROUND_INTS, EagerTrace
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, check_int,
@@ -117,7 +119,7 @@ class _Config:
     max_seconds: float
     target_loss: float | None
     max_rounds: int | None
-    lr: float
+    lr: Schedule                # the step at round r: lr(r)
     batch_size: int
     sample_every: float
     depth: int
@@ -164,9 +166,11 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         max_seconds, 5 epochs.
     loss [None: "log_loss"], lr [2.0], alpha [None: 1e-4], batch_size [64] : the
         default linear model's loss and L2 (a ``model`` brings its own: leave them
-        out), a constant step (applied to the mean of the round's gradients, so it
-        can be larger than the parameter server's 0.5, which applies to each
-        worker's push), rows per rank per step.
+        out), the step (applied to the mean of the round's gradients, so it can be
+        larger than the parameter server's 0.5, which applies to each worker's push):
+        a number, or a schedule of round r (``Cosine(2.0, total=rounds)``,
+        ``StepDecay``, any callable ``r -> step``: :mod:`sgd_shm.core.schedules`),
+        rows per rank per step.
     sample_every [0.05] : seconds between rank 0's loss samples (rank 0 computes them
         between its rounds, so sampling costs it training time: a longer period than
         the parameter server's 0.02, whose coordinator samples beside the workers).
@@ -192,7 +196,8 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         collectives' buffers and messages; anything but float32 or float64 is a
         TypeError naming ``model.dtype``).
     momentum [0.0] : heavy-ball momentum in [0, 1) on the combined gradient: every
-        replica keeps v = momentum * v - lr * mean and moves by v (0: w -= lr * mean).
+        replica keeps v = momentum * v - lr(r) * mean and moves by v (0: w -= lr(r) *
+        mean; the step inside the velocity, so a falling step damps it at once).
     eval_set [None] : (X_val, y_val): held-out data; every history record adds
         ``val_loss`` and ``val_score`` (accuracy) on up to 4096 of its rows, and the
         result's ``val_loss`` / ``val_score`` are the final model's on all of it.
@@ -222,6 +227,7 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
     if max_epochs is not None:
         per_round = cfg.n_workers * cfg.batch_size
         cfg = replace(cfg, max_rounds=max(1, math.ceil(max_epochs * X.shape[0] / per_round)))
+        check_steps(cfg.lr, 0, cfg.max_rounds)
     rng = np.random.default_rng(cfg.seed)
     eval_rows = np.sort(rng.choice(X.shape[0], min(EVAL_ROWS, X.shape[0]), replace=False))
     job = _Job(cfg, d, Evaluator(cfg.model, X, ys, eval_rows, evals), k,
@@ -254,7 +260,7 @@ def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
                   max_seconds=max_seconds,
                   target_loss=None if target_loss is None else check_number("target_loss",
                                                                              target_loss),
-                  max_rounds=None, lr=check_positive("lr", lr),
+                  max_rounds=None, lr=make_schedule(lr),
                   batch_size=check_int("batch_size", batch_size),
                   sample_every=check_positive("sample_every", sample_every),
                   depth=check_int("depth", depth), timeout=check_timeout("timeout", timeout),
@@ -476,8 +482,9 @@ class _Rank:
         """A history record of the replica now (rank 0 keeps the history)."""
         return {"seconds": seconds, "step": step, **self.job.record(self.w, final)}
 
-    def step(self, r, vote):
-        """Round r: a gradient (or nothing when behind), the collective, the update."""
+    def step(self, r, t, vote):
+        """Round r of the communicator, the run's t-th (from 0, the step's ``lr(t)``): a
+        gradient (or nothing when behind), the collective, the update."""
         cfg, ex, tr = self.cfg, self.exchange, self.trace
         g = None
         t_lag = time.perf_counter() if tr is not None else 0.0
@@ -496,14 +503,16 @@ class _Rank:
             tr.put((r, int(behind), int(res.contributed), mask),
                    (t_lag, t_lagged, t_post, time.perf_counter()))
         self.contributors += res.n_contributors
+        lr = cfg.lr(t)
         if self.v is None:
-            self.w -= cfg.lr * update
+            self.w -= lr * update
         else:                                    # heavy ball, the same on every replica
             self.v *= cfg.momentum
-            self.v -= cfg.lr * update
+            self.v -= lr * update
             self.w += self.v
         if not math.isfinite(self.w[0]):
-            raise DivergenceError(f"training diverged at round {r}; lower lr (got {cfg.lr})")
+            raise DivergenceError(f"training diverged at round {t}; lower lr (got {cfg.lr}, "
+                                  f"{lr} at this round)")
         return stop
 
 
@@ -632,7 +641,7 @@ def _rank_run(comm, job):
     while True:
         now = time.perf_counter() - t0
         vote = now >= cfg.max_seconds or target_hit
-        stop = me.step(comm.next_round, vote)
+        stop = me.step(comm.next_round, r, vote)
         r += 1
         stop = stop or (cfg.max_rounds is not None and r >= cfg.max_rounds)
         if me.k == 0 and (time.perf_counter() - t0 >= next_sample or stop):

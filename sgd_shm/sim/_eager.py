@@ -60,6 +60,7 @@ class EagerSim:
         self.order = [self.rngs[k].permutation(self.rows[k]) for k in range(P)]
         self.pos = [0] * P
         self.rounds = cfg.budget
+        self.round0 = 0                      # the first round's id (a replay's: the trace's)
         self.next = [0] * P
         self.closed_upto = 0
         self.arrived = {}                    # round -> {rank: contribution}
@@ -208,7 +209,7 @@ class EagerSim:
                 if self.pending[k][1] is not None:
                     self.bytes_sent += 8 * self.d
         total /= self.P if cfg.average == "size" else len(ranks)
-        self.w -= cfg.lr * total
+        self.w -= cfg.lr(r - self.round0) * total      # the run's (r - round0)-th round
         for k in ranks:
             self.contrib[k] += 1
         self.closed_upto = r + 1

@@ -527,6 +527,8 @@ def eager_replay_class():
             self.tl, self.beyond = eager_timeline(self.trace)
             self.rounds = 1 + max((int(st["round"].max()) for st in self.trace.ranks
                                    if st["round"].size), default=-1)
+            self.round0 = min((int(st["round"].min()) for st in self.trace.ranks
+                               if st["round"].size), default=0)
 
         def run(self):
             self.record(0.0, 0)

@@ -142,7 +142,7 @@ class _Config:
     n_workers: int
     policy: object
     collective: str | None
-    lr: object                          # a Schedule (parameter server) or a float
+    lr: Schedule                        # of the version pulled (ps) or the round
     batch_size: int
     n_shards: int
     epochs: float | None
@@ -192,7 +192,7 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
     seed [0] : an int >= 0: partitions, minibatch orders, step-time draws, loss coins.
     eval_set [None] : (X_val, y_val): held-out loss and accuracy in every record.
     lr [0.5 ps, 2.0 collective], batch_size [64], n_shards [8] : as the trainers (a
-        schedule for the parameter server, as ``ps.train``'s).
+        schedule, as the trainers': of the version a push pulled, or of the round).
     staleness [None], window [None: 4 steps of the slowest worker], detect_factor
         [2.0] : for "ssp" / "saps" (the window in virtual seconds).
     late ["carry"], average ["size"], depth [8] : the collectives' rules.
@@ -328,14 +328,9 @@ def _eager_replay(trace, cfg):
 
 
 def _step(lr, collective):
-    """The step: a schedule for the parameter server (a number becomes a constant
-    one), a number for a collective (eager-SGD's trainer takes no schedule)."""
-    if collective is None:
-        return make_schedule(0.5 if lr is None else lr)
-    if isinstance(lr, Schedule) or callable(lr):
-        raise ValueError(f"lr: a schedule ({lr!r}) is for the parameter server (policy=); "
-                         "a collective takes a number")
-    return check_positive("lr", 2.0 if lr is None else lr)
+    """The step as a schedule (a number becomes a constant one): of the version a push
+    pulled for the parameter server, of the round for a collective."""
+    return make_schedule((0.5 if collective is None else 2.0) if lr is None else lr)
 
 
 def _seed(seed):
