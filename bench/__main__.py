@@ -396,13 +396,21 @@ def cmd_eager(args):
         imbalance=(1, args.eager_sleep), quick=args.quick))
 
 
+def _has_torch(args, name):
+    """Whether torch is there for scenario ``name``: without it ``all`` leaves the
+    scenario out (saying so) and the scenario alone exits naming the extra."""
+    if importlib.util.find_spec("torch") is not None:
+        return True
+    if args.scenario == "all":
+        print(f"({name} left out: torch is not installed)", file=sys.stderr)
+        return False
+    sys.exit(f"{name} needs torch: pip install 'relaxed-sgd-kit[torch]'")
+
+
 def cmd_torch_ddp(args):
     # --quick: 1 repetition without the warm-up run, 1 epoch of each part
-    if importlib.util.find_spec("torch") is None:
-        if args.scenario == "all":
-            print("(torch_ddp left out: torch is not installed)", file=sys.stderr)
-            return
-        sys.exit("torch_ddp needs torch: pip install 'relaxed-sgd-kit[torch]'")
+    if not _has_torch(args, "torch_ddp"):
+        return
     reps = 1 if args.quick else args.reps
     epochs = 1 if args.quick else args.torch_ddp_epochs
     _with_reps(args, reps, "torch_ddp", lambda torch_ddp: torch_ddp.run(
@@ -415,11 +423,8 @@ def cmd_torch_ddp(args):
 
 def cmd_torch_nets(args):
     # --quick: 1 repetition without the warm-up run, 4,000 images
-    if importlib.util.find_spec("torch") is None:
-        if args.scenario == "all":
-            print("(torch_nets left out: torch is not installed)", file=sys.stderr)
-            return
-        sys.exit("torch_nets needs torch: pip install 'relaxed-sgd-kit[torch]'")
+    if not _has_torch(args, "torch_nets"):
+        return
     reps = 1 if args.quick else args.reps
     _with_reps(args, reps, "torch_nets", lambda torch_nets: torch_nets.run(
         reps, args.seed, quick=args.quick, warmup=not args.quick))
@@ -461,6 +466,15 @@ def cmd_nonconvex(args):
     # --quick: 3 epochs of digits, 2 of a small non-linear problem, one repetition
     reps = 1 if args.quick else args.reps
     _with_reps(args, reps, "nonconvex", lambda nonconvex: nonconvex.run(
+        reps, args.seed, quick=args.quick))
+
+
+def cmd_schedules(args):
+    # --quick: 1 seed, 1 epoch per run
+    if not _has_torch(args, "schedules"):
+        return
+    reps = 1 if args.quick else args.reps
+    _with_reps(args, reps, "schedules", lambda schedules: schedules.run(
         reps, args.seed, quick=args.quick))
 
 
@@ -650,7 +664,8 @@ QUICK = {"conflict": "fewer samples",
          "unreliable": "p in {0, 0.1, 0.3}, S in {1, 4}, one seed, 1 epoch",
          "nonconvex": "3 epochs of digits, 2 of a small non-linear problem, 1 repetition",
          "clock": "1 repetition of runs of 0.2 s",
-         "sim": "1 seed, 16-64 simulated workers, small problems, 1-2 epochs"}
+         "sim": "1 seed, 16-64 simulated workers, small problems, 1-2 epochs",
+         "schedules": "1 seed, 1 epoch per run"}
 
 _RUN = ["workers", "reps", "seed"]
 _PQ = ["prefill", "iters", "py_iters"]
@@ -703,6 +718,9 @@ SCENARIOS = {
               _RUN + ["clock_seconds", "quick"]),
     "sim": ("simulated at 16-1,024 workers: SaPS, eager-SGD, RPS, TopK; the simulator's speed",
             ["reps", "seed", "sim_parts", "quick"]),
+    "schedules": ("a constant step against a cosine one on a torch CNN: held-out accuracy "
+                  "of the last model, parameter server and eager-SGD", ["reps", "seed",
+                                                                        "quick"]),
 }
 
 #: the longer description each scenario's --help shows
@@ -757,6 +775,11 @@ DETAILS = {
            "at 32 and 128 workers of a heterogeneous cluster, solo/majority against sync at 64 "
            "ranks under imbalance, RPS's loss gap against the servers at 64 workers, TopK "
            "against dense at 1/10/100 Gb/s, and the simulator's wall time at 1,024 workers",
+    "schedules": "step-size schedules near a network's stable edge: DigitsCNN at step 0.1, "
+                 "constant against Cosine down to 0.001, on the parameter server (ASP) and "
+                 "the eager trainer (sync, solo, majority with momentum 0.9), 2 workers; "
+                 "the last model's held-out accuracy and the final training loss per seed "
+                 "(--reps seeds)",
 }
 #: every scenario's results: bench/results/<scenario>.json, in this order under ``all``
 ORDER = list(SCENARIOS) + ["plot"]
@@ -885,7 +908,7 @@ STEPS = {"pq-threads": lambda a: cmd_pq(a, "threads"),
          "torch_nets": cmd_torch_nets,
          "compress": cmd_compress,
          "unreliable": cmd_unreliable, "nonconvex": cmd_nonconvex, "clock": cmd_clock,
-         "sim": cmd_sim,
+         "sim": cmd_sim, "schedules": cmd_schedules,
          "plot": cmd_plot, "mq-harness": cmd_mq_harness}
 
 

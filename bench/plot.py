@@ -15,7 +15,7 @@ from bench.common import load_results as _load  # noqa: E402
 
 #: scenarios whose module draws its own plot (``plot(d, path)``)
 OWN_PLOTS = ("mis", "delay", "mf", "ps", "eager", "compress", "unreliable", "stm", "conflict",
-             "nonconvex", "clock", "torch_nets", "torch_ddp")
+             "nonconvex", "clock", "torch_nets", "torch_ddp", "schedules")
 
 
 def _throughput(data, title, out, ylabel="ops/s (median, min–max bars)"):

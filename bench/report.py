@@ -549,6 +549,24 @@ SCENARIOS = (
         "collectives' gain needs many ranks of which few are slow, which a 2-core box "
         "cannot run (see `python -m bench sim` for 64 ranks). A TopK message without error "
         "feedback loses every entry below the top k for good; with it they are sent late.")),
+    Scenario("schedules", "Step-size schedules near a network's stable edge", (
+        "`DigitsCNN` (the kit's LeNet-like reference network, weights from the seed) on "
+        "scikit-learn's digits (`load_digits_split(0.2)`: 1,437 training images, 360 held "
+        "out), minibatches of 32, 2 workers, step 0.1 held constant against "
+        "`Cosine(0.1, total=N)` (N: the constant run's updates or rounds, so the step "
+        "falls to 0.001 by the last one): the parameter server with ASP (5 epochs, no "
+        "momentum) and the eager trainer's allreduce, solo and majority allreduce (8 "
+        "epochs, heavy-ball momentum 0.9, late gradients carried). Repetitions are seeds, "
+        "both steps back to back within a seed; per trainer and step: the final training "
+        "loss (median, worst) and the last model's held-out accuracy (median, quartiles, "
+        "lowest), and the paired held-out difference cosine − constant."),
+        ("schedules.png",), (
+        "At a constant step near the edge of stability, stale gradients (asynchronous "
+        "pushes, late gradients carried into a later round, where a streak of them lands "
+        "at once) and momentum throw the model off now and then, and the last model is "
+        "whatever the last such burst left; a step that falls towards the end of the run "
+        "settles it. The spread of the constant step's runs is the point here, so read "
+        "the lowest and the quartiles beside the medians.")),
     Scenario("conflict", "Conflict policies: empirical competitive ratios (simulator)", (
         "Each policy against exponential, heavy-tailed (Lomax) and adversarial holder times "
         "under requestor-aborts and requestor-wins (k = 1, 4), 200k conflicts per cell, 5 "

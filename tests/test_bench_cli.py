@@ -35,7 +35,8 @@ def test_bench_all_tiny(tmp_path):
     torch = importlib.util.find_spec("torch") is not None
     for name in ("pq-threads", "pq-processes", "quality", "counter", "hogwild", "mis",
                  "conflict", "stm", "delay", "mf", "ps", "eager", "compress", "unreliable",
-                 "nonconvex", "clock", "sim") + (("torch_ddp", "torch_nets") if torch else ()):
+                 "nonconvex", "clock", "sim") + (("torch_ddp", "torch_nets", "schedules")
+                                                  if torch else ()):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
@@ -119,12 +120,13 @@ def test_bench_all_tiny(tmp_path):
     assert all(r["median"] > 0 for r in ck["results"]) and len(ck["ratios"]) == 4
     if torch:
         _check_torch_nets(json.loads((tmp_path / "torch_nets.json").read_text()))
+        _check_schedules(json.loads((tmp_path / "schedules.json").read_text()))
     from bench import report
     from bench.__main__ import SCENARIOS as RUN_BY_ALL      # (mq-harness needs checkouts)
     ran = [sc for sc in report.SCENARIOS if (tmp_path / f"{sc.name}.json").exists()]
     in_all = [sc for sc in report.SCENARIOS if sc.name in RUN_BY_ALL]
     assert len(in_all) == len(report.SCENARIOS) - 1          # every one but mq-harness
-    assert len(ran) == len(in_all) - (0 if torch else 2)   # torch_*: the extra
+    assert len(ran) == len(in_all) - (0 if torch else 3)   # torch_*, schedules: the extra
     assert page.count("\n## ") == 1 + len(ran)           # machines + every scenario
     assert page.count("](") >= 11                          # a plot per scenario, linked
     for png in ("pq-threads.png", "pq-processes.png", "counter.png", "quality-rank-cdf.png",
@@ -146,6 +148,26 @@ def _check_torch_nets(d):
     assert set(d["ratios"]) == {p[0] for p in torch_nets.PAIRS}
     assert len(d["findings"]) == 6
     assert "mnist_hogwild-2" in torch_nets.summary_markdown(d)
+
+
+def _check_schedules(d):
+    """``bench schedules --quick`` (one epoch: the plumbing, not the claim): every
+    trainer at both steps, the cosine run over the constant run's updates (the budget
+    its rule gives), a held-out accuracy and a finite loss for a run that did not
+    diverge, the paired difference only beside the cosine rows."""
+    from bench import schedules
+    from sgd_shm.data import load_digits_split
+    rows = d["results"]
+    assert [(r["trainer"], r["step"]) for r in rows] == [
+        (t, s) for t in schedules.TRAINERS for s in schedules.STEPS]
+    data = load_digits_split(0.2, random_state=0)
+    for r in rows:
+        trainer = schedules.TRAINERS[r["trainer"]][0]
+        assert r["updates"] == schedules._budget(trainer, data, 1) and len(r["runs"]) == 1
+        if r["diverged"] == 0:
+            assert 0.0 <= r["val_score_median"] <= 1.0 and np.isfinite(r["final_loss_worst"])
+    table = schedules.summary_markdown(d)
+    assert "| ps-asp | cosine |" in table and table.count(" pt |") == len(rows) // 2
 
 
 def _check_ps(ps, stdout, backends):

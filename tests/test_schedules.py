@@ -65,6 +65,22 @@ def test_make_schedule_and_user_callables():
         bad(5)
 
 
+def test_check_steps_calls_only_user_callables(monkeypatch):
+    from sgd_shm.core import schedules
+    seen = []
+    f = make_schedule(lambda t: seen.append(t) or 1.0)
+    seen.clear()
+    schedules.check_steps(f, 3, 9)
+    assert seen == list(range(3, 9))
+    monkeypatch.setattr(schedules, "CHECKED_STEPS", 100)
+    seen.clear()                         # a long budget: evenly spread, both ends
+    schedules.check_steps(f, 0, 10_000)
+    assert len(seen) == 100 and seen[0] == 0 and seen[-1] == 9_999
+    with pytest.raises(ValueError, match=r"t = 9999\)"):
+        schedules.check_steps(make_schedule(lambda t: 1.0 if t < 9_999 else 0.0), 0, 10_000)
+    schedules.check_steps(STEPS, 0, 10**12)          # valid by construction: not called
+
+
 @pytest.mark.parametrize("make, err, match", [
     (lambda: StepDecay(0.1, [5, 5]), ValueError, "milestones: must be increasing"),
     (lambda: StepDecay(0.1, [0, 5]), ValueError, "milestones"),
