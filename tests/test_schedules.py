@@ -111,6 +111,10 @@ def test_bad_lr_reaches_the_caller(data):
                  progress=False)
     with pytest.raises(TypeError, match="lr: must be a number"):
         simulate(X, y, n_workers=2, collective="sync", lr=[0.1])
+    with pytest.raises(ValueError, match="momentum: the parameter server"):
+        simulate(X, y, n_workers=2, policy="asp", momentum=0.5)
+    with pytest.raises(ValueError, match="momentum: must be < 1"):
+        simulate(X, y, n_workers=2, collective="sync", momentum=1.0)
     with pytest.raises(TypeError, match="lr: must be a number"):
         eager.train(X, y, n_workers=2, lr="2", epochs=1, progress=False)
     with pytest.raises(ValueError, match=r"lr: must be a finite number > 0.*t = 3"):
@@ -244,32 +248,37 @@ def test_eager_sync_rounds_follow_the_schedule(data, momentum, no_shm_leak):
     P, b, epochs = 2, 32, 3
     sched = Cosine(1.0, total=40, floor=0.05)
     kw = dict(n_workers=P, collective="sync", epochs=epochs, batch_size=b, lr=sched,
-              alpha=ALPHA, seed=7)
-    r = eager.train(X, y, momentum=momentum, max_seconds=120, progress=False, **kw)
+              alpha=ALPHA, seed=7, momentum=momentum)
+    r = eager.train(X, y, max_seconds=120, progress=False, **kw)
     rounds = math.ceil(epochs * X.shape[0] / (P * b))
     assert r.rounds == rounds > sched.total and r.replicas_equal
     want = data_parallel_sgd_naive(X, y, _eager_rounds(X.shape[0], P, b, 7, rounds), sched,
                                    ALPHA, momentum=momentum)
     np.testing.assert_allclose(r.coef_.ravel(), want, rtol=1e-9, atol=1e-12)
-    if momentum == 0.0:                            # the simulator has no momentum
-        sim = simulate(X, y, **kw)
-        np.testing.assert_allclose(sim.coef_, want, rtol=1e-9, atol=1e-12)
+    sim = simulate(X, y, **kw)
+    np.testing.assert_allclose(sim.coef_, want, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("collective", ["solo", "majority"])
-def test_a_replayed_eager_run_steps_its_rounds_alike(data, collective, no_shm_leak):
+@pytest.mark.parametrize("collective, momentum", [("solo", 0.0), ("majority", 0.0),
+                                                  ("majority", 0.5)])
+def test_a_replayed_eager_run_steps_its_rounds_alike(data, collective, momentum,
+                                                     no_shm_leak):
     """A traced partial-collective run under a step decay, replayed: the simulator
     decides the same contributors and steps round r by the schedule at r as the ranks
-    did (the trace's rounds count from the communicator's first training round), so
-    the replica ends bit for bit equal."""
+    did (the trace's rounds count from the communicator's first training round), with
+    the same heavy ball, so the replica ends bit for bit equal."""
     X, y = data
     sched = StepDecay(2.0, milestones=[5, 20], gamma=0.5)
     real = eager.train(X, y, n_workers=3, collective=collective, imbalance=(1, 0.003),
-                       max_seconds=0.3, lr=sched, trace=True, seed=5, progress=False)
-    assert real.rounds > 20
+                       max_seconds=0.3, lr=sched, trace=True, seed=5, momentum=momentum,
+                       progress=False)
+    assert real.rounds > 20 and real.trace.momentum == momentum
     sim = simulate(X, y, n_workers=3, collective=collective, replay=real.trace, lr=sched,
-                   seed=5)
+                   seed=5, momentum=momentum)
     assert np.array_equal(sim.coef_, real.coef_.ravel())
+    with pytest.raises(ValueError, match=f"momentum={momentum!r}"):
+        simulate(X, y, n_workers=3, collective=collective, replay=real.trace, lr=sched,
+                 seed=5, momentum=0.25)
 
 
 MPI_SCRIPT = """

@@ -80,13 +80,14 @@ ROUND_FLOATS = ("lag0", "lag1", "post0", "post1")
 class EagerTrace:
     """``EagerResult.trace``: per rank (``ranks[k]``), {column: array} of its rounds in
     order (columns :data:`ROUND_INTS`, :data:`ROUND_FLOATS`), and the run's
-    ``collective``, ``late``, ``average``, ``seed`` and ``n_workers``."""
+    ``collective``, ``late``, ``average``, ``seed``, ``n_workers`` and ``momentum``."""
     n_workers: int
     collective: str
     late: str
     average: str
     seed: int
     ranks: list
+    momentum: float = 0.0
 
     def contributors(self):
         """{round: the contributors (sorted tuple)}, as the ranks saw them."""

@@ -5,11 +5,11 @@ majority allreduce (eager-SGD), on shared memory or MPI.
 Every rank holds a replica of the weights and its own share of the rows. A step of
 rank k is: take a minibatch of its rows, compute the model's gradient (``model.grad``),
 combine it with the other ranks' through the round's collective (``op="mean"``),
-and apply ``w -= lr(r) * mean`` at round r (``lr``: a number or a step-size
-schedule of :mod:`sgd_shm.core.schedules`, the same for every rank). Every rank applies every round's result in the same
-order, so the replicas stay identical (checked at the end). A rank that is behind
-(the round it would start has already closed) skips the gradient: it would be late
-anyway, so it only applies the results it missed.
+and apply ``w -= lr(r) * mean`` at round r (``lr``: a number or a step-size schedule
+of :mod:`sgd_shm.core.schedules`, the same for every rank). Every rank applies every
+round's result in the same order, so the replicas stay identical (checked at the end).
+A rank that is behind (the round it would start has already closed) skips the
+gradient: it would be late anyway, so it only applies the results it missed.
 
 Stopping is agreed through the data: every contribution carries one extra element,
 a vote to stop (time is up, or rank 0 saw the target loss), and every rank stops
@@ -732,5 +732,5 @@ def _trace_of(cfg, outs):
         return None
     t0 = outs[0]["t0"]
     return EagerTrace(cfg.n_workers, cfg.collective, cfg.late, cfg.average, cfg.seed,
-                      [o["trace"].columns(t0) for o in outs])
+                      [o["trace"].columns(t0) for o in outs], momentum=cfg.momentum)
 

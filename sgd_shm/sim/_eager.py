@@ -61,6 +61,7 @@ class EagerSim:
         self.pos = [0] * P
         self.rounds = cfg.budget
         self.round0 = 0                      # the first round's id (a replay's: the trace's)
+        self.v = np.zeros(self.d) if cfg.momentum else None     # heavy ball, as the trainer's
         self.next = [0] * P
         self.closed_upto = 0
         self.arrived = {}                    # round -> {rank: contribution}
@@ -209,7 +210,13 @@ class EagerSim:
                 if self.pending[k][1] is not None:
                     self.bytes_sent += 8 * self.d
         total /= self.P if cfg.average == "size" else len(ranks)
-        self.w -= cfg.lr(r - self.round0) * total      # the run's (r - round0)-th round
+        lr = cfg.lr(r - self.round0)                   # the run's (r - round0)-th round
+        if self.v is None:
+            self.w -= lr * total
+        else:                                          # the trainer's operations, in order
+            self.v *= cfg.momentum
+            self.v -= lr * total
+            self.w += self.v
         for k in ranks:
             self.contrib[k] += 1
         self.closed_upto = r + 1

@@ -36,7 +36,7 @@ from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.traces import EagerTrace, PSTrace
 from sgd_shm.core.policies import make_policy
 from sgd_shm.core.schedules import Schedule, make_schedule
-from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop,
+from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop, check_momentum,
                                      check_eval_set, check_int, check_number,
                                      check_positive, model_data, n_columns,
                                      resolve_workers, stopping_rule)
@@ -163,6 +163,7 @@ class _Config:
     loss_seed: int = 0
     callbacks: tuple = ()
     replay: object = None
+    momentum: float = 0.0               # heavy ball on a collective's rounds
 
 
 def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, cluster=None,
@@ -170,7 +171,7 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
              lr=None, batch_size=64, n_shards=8, staleness=None, window=None,
              detect_factor=2.0, late="carry", average="size", depth=8, sample_every=None,
              max_seconds=None, target_loss=None, faults=None, loss=None,
-             alpha=None, callbacks=None, replay=None) -> SimResult:
+             alpha=None, callbacks=None, replay=None, momentum=0.0) -> SimResult:
     """Simulate training ``model`` (by default the linear model of ``loss`` and
     ``alpha``) on (X, y) with ``n_workers`` workers, in virtual time.
 
@@ -196,6 +197,9 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
     staleness [None], window [None: 4 steps of the slowest worker], detect_factor
         [2.0] : for "ssp" / "saps" (the window in virtual seconds).
     late ["carry"], average ["size"], depth [8] : the collectives' rules.
+    momentum [0.0] : heavy-ball momentum of a collective's rounds, as the eager
+        trainer's (v = momentum * v - lr(r) * mean, w += v); the parameter server's
+        pushes take none.
     sample_every [None: about 100 records per run] : virtual seconds between records.
     faults [None] : {worker: virtual seconds}: the worker dies then (parameter server).
     callbacks [None] : a callable, or a sequence of them, called with each history
@@ -216,6 +220,7 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
                   seed, lr, batch_size, n_shards, staleness, window, detect_factor, late,
                   average, depth, sample_every, max_seconds, target_loss, faults)
     cfg.callbacks = check_callbacks(callbacks)
+    cfg.momentum = _momentum(momentum, cfg.collective)
     cfg.replay = _replay(replay, cfg)
     prob = _problem(X, y, model, cfg, eval_set)
     with blas_limited(model):
@@ -316,7 +321,7 @@ def _eager_replay(trace, cfg):
     """A traced eager-SGD run (:class:`sgd_shm.core.traces.EagerTrace`) to replay
     exactly: the same collective, rules, seed and ranks."""
     want = {"collective": trace.collective, "late": trace.late, "average": trace.average,
-            "seed": trace.seed, "n_workers": trace.n_workers}
+            "seed": trace.seed, "n_workers": trace.n_workers, "momentum": trace.momentum}
     for name, v in want.items():
         if getattr(cfg, name) != v:
             raise ValueError(f"replay: the trace was recorded with {name}={v!r}, the run has "
@@ -331,6 +336,15 @@ def _step(lr, collective):
     """The step as a schedule (a number becomes a constant one): of the version a push
     pulled for the parameter server, of the round for a collective."""
     return make_schedule((0.5 if collective is None else 2.0) if lr is None else lr)
+
+
+def _momentum(momentum, collective):
+    m = check_momentum(momentum)
+    if m and collective is None:
+        raise ValueError(f"momentum: the parameter server applies each push as it comes "
+                         f"(ps.train has no momentum), got momentum={m}; give a "
+                         "collective= or leave momentum out")
+    return m
 
 
 def _seed(seed):
