@@ -212,6 +212,52 @@ def _qsgd_kernel(g, norm, s, state, idx, lvl):
     return c
 
 
+@nb.njit(nogil=True, cache=True)
+def _qsgd_bucket_kernel(g, s, d, state, idx, val):
+    """QSGD with buckets of d consecutive entries, each quantized against its own norm:
+    the same stochastic rounding and the same uniforms (splitmix64 from ``state``, one
+    per entry) as :func:`_qsgd_kernel`; writes the nonzero entries' decoded values,
+    signed level times (bucket norm / s), and returns how many."""
+    c = 0
+    x = np.uint64(state)
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    m1 = np.uint64(0xBF58476D1CE4E5B9)
+    m2 = np.uint64(0x94D049BB133111EB)
+    for lo in range(0, g.size, d):
+        hi = min(lo + d, g.size)
+        acc = 0.0
+        for i in range(lo, hi):
+            acc += float(g[i]) * float(g[i])
+        norm = math.sqrt(acc)
+        unit = norm / s
+        for i in range(lo, hi):
+            x = x + golden
+            if norm == 0.0:
+                continue
+            z = x
+            z = (z ^ (z >> np.uint64(30))) * m1
+            z = (z ^ (z >> np.uint64(27))) * m2
+            z = z ^ (z >> np.uint64(31))
+            u = float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+            a = s * abs(g[i]) / norm
+            fl = math.floor(a)
+            q = fl + 1.0 if u < a - fl else fl
+            if q != 0.0:
+                idx[c] = i
+                val[c] = (q if g[i] > 0 else -q) * unit
+                c += 1
+    return c
+
+
+def qsgd_bucket_values(g, s, d, rng):
+    """(indices, decoded values) of QSGD's quantization of g with s levels in buckets
+    of d entries."""
+    idx = np.empty(g.size, np.int64)
+    val = np.empty(g.size, np.float64)
+    c = _qsgd_bucket_kernel(g, float(s), int(d), int(rng.integers(0, 2**63)), idx, val)
+    return idx[:c].copy(), val[:c].copy()
+
+
 def qsgd_levels(g, s, rng):
     """(indices, signed levels, norm) of QSGD's quantization of g with s levels."""
     norm = float(_norm(g))

@@ -240,49 +240,76 @@ class QSGD(Compressor):
     as sign + ceil(log2(s+1)) bits, or each nonzero as a 4-byte index + sign + level
     bits. (The paper's Elias coding is tighter; this one is simple to check.)
 
-    Error feedback needs a compressor whose error is smaller than its input; QSGD's
-    variance is at most omega ||g||^2 with omega = min(n / s^2, sqrt(n) / s) (Lemma 3.1
-    of the paper), so ``memory(n)`` with error feedback on requires omega < 1, that
-    is s > sqrt(n); with fewer levels the residual grows without bound."""
+    Buckets (``bucket=d``, the paper's Section 3.1 and its experiments' 512): g is cut
+    into runs of d consecutive entries, each quantized against its own norm, so the
+    variance factor below depends on d instead of n; the message then carries the
+    decoded values (signed level times the bucket's norm / s) and the bytes count one
+    4-byte norm per bucket. The uniforms are the same as without buckets, so
+    ``bucket >= n`` sends what ``bucket=None`` sends.
 
-    def __init__(self, levels=16, error_feedback=False, seed=0):
+    Error feedback needs a compressor whose error is smaller than its input; QSGD's
+    variance is at most omega ||g||^2 with omega = min(d / s^2, sqrt(d) / s), d the
+    bucket (n without one; Lemma 3.1 of the paper), so ``memory(n)`` with error
+    feedback on requires omega < 1, that is s > sqrt(d); with fewer levels the residual
+    grows without bound."""
+
+    def __init__(self, levels=16, error_feedback=False, seed=0, bucket=None):
         if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 1:
             raise ValueError(f"levels must be an int >= 1 (the s of QSGD), got {levels!r}")
+        if bucket is not None and (isinstance(bucket, bool)
+                                   or not isinstance(bucket, (int, np.integer)) or bucket < 1):
+            raise ValueError(f"bucket must be None (one bucket: the whole gradient) or an "
+                             f"int >= 1 (entries quantized against one norm; the paper "
+                             f"uses 512), got {bucket!r}")
         self.levels, self.error_feedback, self.seed = int(levels), bool(error_feedback), seed
+        self.bucket = None if bucket is None else int(bucket)
         self._rng = np.random.default_rng(seed)
 
+    def _d(self, n):
+        """Entries per bucket on n weights."""
+        return n if self.bucket is None else min(self.bucket, n)
+
     def bits(self, n, nnz):
-        """Bits of a message with nnz nonzero levels out of n entries."""
+        """Bits of a message with nnz nonzero levels out of n entries (a 32-bit norm
+        per bucket)."""
         b = 1 + int(np.ceil(np.log2(self.levels + 1)))
-        return 32 + min(n * b, nnz * (32 + b))
+        buckets = 1 if self.bucket is None else max(1, -(-n // self.bucket))
+        return 32 * buckets + min(n * b, nnz * (32 + b))
 
     def compress(self, g):
         _check_g(g)
-        idx, lvl, norm = _select.qsgd_levels(g, self.levels, self._rng)
         itype = np.int32 if g.size < 2**31 else np.int64
+        if self.bucket is None:
+            idx, lvl, norm = _select.qsgd_levels(g, self.levels, self._rng)
+            # the levels are integers <= s: exact in the gradient's float type
+            vals, scale = lvl.astype(g.dtype, copy=False), norm / self.levels
+        else:
+            idx, vals = _select.qsgd_bucket_values(g, self.levels, self.bucket, self._rng)
+            vals, scale = vals.astype(g.dtype, copy=False), 1.0
         nbytes = -(-self.bits(g.size, idx.size) // 8)
-        # the levels are integers <= s: exact in the gradient's float type
-        return SparseMessage(idx.astype(itype), lvl.astype(g.dtype, copy=False), g.size,
-                             nbytes, norm / self.levels)
+        return SparseMessage(idx.astype(itype), vals, g.size, nbytes, scale)
 
     def k_for(self, n):
         return n
 
     def omega(self, n):
         """The variance factor: E||Q(g) - g||^2 <= omega ||g||^2."""
-        return min(n / self.levels ** 2, np.sqrt(n) / self.levels)
+        d = self._d(n)
+        return min(d / self.levels ** 2, np.sqrt(d) / self.levels)
 
     def check(self, n):
         if self.error_feedback and self.omega(n) >= 1:
             raise ValueError(
                 f"QSGD(levels={self.levels}) with error_feedback=True diverges on {n} "
-                f"weights: its variance factor min(n/s^2, sqrt(n)/s) = "
-                f"{self.omega(n):.3g} must be < 1; use levels > sqrt(n) = "
-                f"{int(np.sqrt(n)) + 1} or error_feedback=False (QSGD is unbiased "
+                f"weights: its variance factor min(d/s^2, sqrt(d)/s) = "
+                f"{self.omega(n):.3g} must be < 1; use levels > sqrt(d) = "
+                f"{int(np.sqrt(self._d(n))) + 1} (d = {self._d(n)}, the entries of a "
+                "bucket), a smaller bucket, or error_feedback=False (QSGD is unbiased "
                 "without it)")
 
     def __repr__(self):
-        return f"QSGD(levels={self.levels}, error_feedback={self.error_feedback})"
+        b = "" if self.bucket is None else f", bucket={self.bucket}"
+        return f"QSGD(levels={self.levels}, error_feedback={self.error_feedback}{b})"
 
 
 class Dense(Compressor):
@@ -481,7 +508,8 @@ _BUILTIN = frozenset({TopK, RandomK, ThresholdTopK, QSGD, Dense})
 
 def make_compressor(spec):
     """A compressor from a :class:`Compressor` (any subclass, as is), None, "dense",
-    "topk:RATIO", "randomk:RATIO", "threshold:RATIO" or "qsgd:LEVELS"."""
+    "topk:RATIO", "randomk:RATIO", "threshold:RATIO", "qsgd:LEVELS" or
+    "qsgd:LEVELS:BUCKET"."""
     if spec is None or isinstance(spec, Compressor):
         return spec
     if isinstance(spec, str):
@@ -492,10 +520,11 @@ def make_compressor(spec):
             if name in _SPECS and arg:
                 return _SPECS[name](ratio=float(arg))
             if name == "qsgd" and arg:
-                return QSGD(levels=int(arg))
+                levels, _, bucket = arg.partition(":")
+                return QSGD(levels=int(levels), bucket=int(bucket) if bucket else None)
         except ValueError as e:
             raise ValueError(f"compress: {e} (in {spec!r})") from None
     raise ValueError(f"compress: expected None, a sgd_shm.compress.Compressor (TopK, "
                      f"RandomK, ThresholdTopK, QSGD, Dense or a subclass of your own) or a "
                      f"spec such as 'topk:0.001', 'randomk:0.01', 'threshold:0.001', "
-                     f"'qsgd:16', 'dense'; got {spec!r}")
+                     f"'qsgd:16', 'qsgd:16:512', 'dense'; got {spec!r}")

@@ -96,6 +96,68 @@ def test_qsgd_unbiased_and_bounded():
     assert np.all(np.abs(mean / draws - g) < bound), (np.abs(mean / draws - g).max(), bound)
 
 
+def test_qsgd_buckets_unbiased_and_bounded():
+    """With buckets each run of d entries is quantized against its own norm: every sent
+    value is a signed level l in [1, s] times its bucket's norm / s, the sign of its
+    entry, and E[decoded] = g within 5 standard errors of each coordinate (bounded by
+    its bucket's norm / (2 s sqrt(N)))."""
+    rng = np.random.default_rng(4)
+    g = rng.normal(size=50) * np.repeat([0.01, 1.0, 100.0, 0.0, 3.0], 10)
+    s, d, draws = 4, 10, 20000
+    comp = QSGD(levels=s, seed=5, bucket=d)
+    norms = np.repeat([np.linalg.norm(g[i:i + d]) for i in range(0, 50, d)], d)
+    mean = np.zeros(g.size)
+    for _ in range(draws):
+        msg = comp.compress(g)
+        assert msg.scale == 1.0 and not np.isin(np.arange(30, 40), msg.indices).any()
+        lv = np.abs(msg.values) / (norms[msg.indices] / s)
+        np.testing.assert_allclose(lv, np.round(lv), rtol=0, atol=1e-9)
+        assert lv.min() > 0.5 and lv.max() < s + 1e-9
+        assert np.all(np.sign(msg.values) == np.sign(g[msg.indices]))
+        msg.add_to(mean)
+    bound = 5 * norms / (2 * s * np.sqrt(draws))
+    assert np.all(np.abs(mean / draws - g) <= bound), (np.abs(mean / draws - g) - bound).max()
+
+
+def test_qsgd_one_bucket_is_the_whole_gradient_and_buckets_lower_the_variance():
+    """bucket >= n draws the same uniforms against the same norm: the same message as
+    no bucket, bit for bit once decoded (float64 and float32). Smaller buckets lower the
+    error E||Q(g) - g||^2 / ||g||^2 and keep it under the stated factor omega."""
+    rng = np.random.default_rng(0)
+    for dt in (np.float64, np.float32):
+        g = rng.normal(size=3000).astype(dt)
+        a = QSGD(levels=4, seed=3).compress(g)
+        for bucket in (3000, 10**6):
+            b = QSGD(levels=4, seed=3, bucket=bucket).compress(g)
+            assert np.array_equal(a.indices, b.indices) and b.values.dtype == dt
+            assert np.array_equal(a.to_dense(dt), b.to_dense(dt)) and a.nbytes == b.nbytes
+    g = rng.normal(size=3000)
+    errs = {}
+    for bucket in (None, 512, 64):
+        q = QSGD(levels=4, seed=1, bucket=bucket)
+        errs[bucket] = np.mean([np.sum((q.compress(g).to_dense() - g) ** 2)
+                                for _ in range(300)]) / np.sum(g ** 2)
+        assert errs[bucket] <= q.omega(g.size), (bucket, errs[bucket], q.omega(g.size))
+    assert errs[64] < errs[512] < errs[None]
+    assert QSGD(levels=4, bucket=64).omega(3000) == 2.0 == QSGD(levels=4).omega(64)
+
+
+def test_qsgd_bucket_bytes_error_feedback_and_bad_input():
+    g = np.random.default_rng(1).normal(size=1000)
+    msg = QSGD(levels=16, bucket=300).compress(g)         # 4 buckets: 4 norms
+    assert msg.nbytes == -(-(4 * 32 + min(1000 * 6, msg.indices.size * 38)) // 8)
+    with pytest.raises(ValueError, match=r"levels > sqrt\(d\) = 18 \(d = 300"):
+        QSGD(levels=17, error_feedback=True).memory(300)
+    QSGD(levels=17, error_feedback=True, bucket=256).memory(300)   # omega = 16/17 < 1
+    assert repr(make_compressor("qsgd:8:512")) == \
+        "QSGD(levels=8, error_feedback=False, bucket=512)"
+    for bad in (0, True, 2.5, "512"):
+        with pytest.raises(ValueError, match="bucket must be None"):
+            QSGD(levels=4, bucket=bad)
+    with pytest.raises(ValueError, match="bucket must be None.*'qsgd:8:0'"):
+        make_compressor("qsgd:8:0")
+
+
 def test_qsgd_bytes():
     comp = QSGD(levels=16)
     g = np.random.default_rng(0).normal(size=10_000)

@@ -139,7 +139,7 @@ def test_train_topk_sends_little_and_learns(data, no_shm_leak):
     assert dense.compress is None
 
 
-@pytest.mark.parametrize("compress", ["qsgd:8", "threshold:0.01"])
+@pytest.mark.parametrize("compress", ["qsgd:8", "qsgd:8:256", "threshold:0.01"])
 def test_train_qsgd_and_threshold_learn(data, compress, no_shm_leak):
     """QSGD's messages vary in size and carry a decoding scale; the threshold
     compressor's vary in size: both travel as sparse pushes and learn."""
