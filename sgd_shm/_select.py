@@ -175,61 +175,26 @@ def threshold_indices(g, k, sample_ratio, salt):
 
 
 @nb.njit(nogil=True, cache=True)
-def _norm(g):
-    """||g||_2 by a loop: no BLAS call (a BLAS pool inherited across fork can make a
-    small dot product cost milliseconds in a worker process)."""
-    acc = 0.0
-    for i in range(g.size):
-        acc += float(g[i]) * float(g[i])
-    return math.sqrt(acc)
-
-
-@nb.njit(nogil=True, cache=True)
-def _qsgd_kernel(g, norm, s, state, idx, lvl):
-    """Stochastic rounding of s |g_i| / norm to the integers around it (up with the
-    fractional part as probability); writes the nonzero levels (signed), returns how
-    many. The uniforms come from splitmix64 started at ``state`` (one draw of the
-    compressor's generator per call), so a call is reproducible from its seed."""
+def _qsgd_kernel(g, s, d, state, idx, lvl, norms):
+    """QSGD's stochastic rounding of s |g_i| / ||bucket|| to the integers around it (up
+    with the fractional part as probability), in buckets of d consecutive entries (d >=
+    g.size: one bucket, the whole gradient). Writes each bucket's norm (a loop: no BLAS
+    call, whose pool inherited across fork can make a small dot product cost
+    milliseconds in a worker process) and the nonzero levels (signed) with their
+    indices; returns how many. The uniforms come from splitmix64 started at ``state``
+    (one draw of the compressor's generator per call), one per entry whatever the
+    buckets, so a call is reproducible from its seed."""
     c = 0
     x = np.uint64(state)
     golden = np.uint64(0x9E3779B97F4A7C15)
     m1 = np.uint64(0xBF58476D1CE4E5B9)
     m2 = np.uint64(0x94D049BB133111EB)
-    for i in range(g.size):
-        x = x + golden
-        z = x
-        z = (z ^ (z >> np.uint64(30))) * m1
-        z = (z ^ (z >> np.uint64(27))) * m2
-        z = z ^ (z >> np.uint64(31))
-        u = float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-        a = s * abs(g[i]) / norm
-        fl = math.floor(a)
-        q = fl + 1.0 if u < a - fl else fl
-        if q != 0.0:
-            idx[c] = i
-            lvl[c] = q if g[i] > 0 else -q
-            c += 1
-    return c
-
-
-@nb.njit(nogil=True, cache=True)
-def _qsgd_bucket_kernel(g, s, d, state, idx, val):
-    """QSGD with buckets of d consecutive entries, each quantized against its own norm:
-    the same stochastic rounding and the same uniforms (splitmix64 from ``state``, one
-    per entry) as :func:`_qsgd_kernel`; writes the nonzero entries' decoded values,
-    signed level times (bucket norm / s), and returns how many."""
-    c = 0
-    x = np.uint64(state)
-    golden = np.uint64(0x9E3779B97F4A7C15)
-    m1 = np.uint64(0xBF58476D1CE4E5B9)
-    m2 = np.uint64(0x94D049BB133111EB)
-    for lo in range(0, g.size, d):
-        hi = min(lo + d, g.size)
+    for b in range(norms.size):
+        lo, hi = b * d, min((b + 1) * d, g.size)
         acc = 0.0
         for i in range(lo, hi):
             acc += float(g[i]) * float(g[i])
-        norm = math.sqrt(acc)
-        unit = norm / s
+        norm = norms[b] = math.sqrt(acc)
         for i in range(lo, hi):
             x = x + golden
             if norm == 0.0:
@@ -244,26 +209,31 @@ def _qsgd_bucket_kernel(g, s, d, state, idx, val):
             q = fl + 1.0 if u < a - fl else fl
             if q != 0.0:
                 idx[c] = i
-                val[c] = (q if g[i] > 0 else -q) * unit
+                lvl[c] = q if g[i] > 0 else -q
                 c += 1
     return c
 
 
-def qsgd_bucket_values(g, s, d, rng):
-    """(indices, decoded values) of QSGD's quantization of g with s levels in buckets
-    of d entries."""
+def _qsgd(g, s, d, rng):
+    """(indices, signed levels, bucket norms) of QSGD on g, buckets of d entries; a
+    zero g sends nothing and draws nothing."""
+    if not g.any():
+        return np.empty(0, np.int64), np.empty(0, np.float64), np.zeros(max(1, -(-g.size // d)))
     idx = np.empty(g.size, np.int64)
-    val = np.empty(g.size, np.float64)
-    c = _qsgd_bucket_kernel(g, float(s), int(d), int(rng.integers(0, 2**63)), idx, val)
-    return idx[:c].copy(), val[:c].copy()
+    lvl = np.empty(g.size, np.float64)
+    norms = np.empty(max(1, -(-g.size // d)), np.float64)
+    c = _qsgd_kernel(g, float(s), int(d), int(rng.integers(0, 2**63)), idx, lvl, norms)
+    return idx[:c].copy(), lvl[:c].copy(), norms
 
 
 def qsgd_levels(g, s, rng):
     """(indices, signed levels, norm) of QSGD's quantization of g with s levels."""
-    norm = float(_norm(g))
-    if norm == 0.0:
-        return np.empty(0, np.int64), np.empty(0, np.float64), 0.0
-    idx = np.empty(g.size, np.int64)
-    lvl = np.empty(g.size, np.float64)
-    c = _qsgd_kernel(g, norm, float(s), int(rng.integers(0, 2**63)), idx, lvl)
-    return idx[:c].copy(), lvl[:c].copy(), norm
+    idx, lvl, norms = _qsgd(g, s, max(1, g.size), rng)
+    return idx, lvl, float(norms[0])
+
+
+def qsgd_bucket_values(g, s, d, rng):
+    """(indices, decoded values: signed level times the bucket's norm / s) of QSGD's
+    quantization of g with s levels in buckets of d entries."""
+    idx, lvl, norms = _qsgd(g, s, d, rng)
+    return idx, lvl * (norms / s)[idx // d]
