@@ -68,6 +68,27 @@ def test_one_worker_equals_serial_torch_sgd(digits, backend, momentum, no_shm_le
     assert next(clf.module_.parameters()).data_ptr() == clf.model_.weights.ctypes.data
 
 
+def test_one_worker_steps_each_epoch_by_the_schedule(digits, no_shm_leak):
+    """``lr`` as a schedule of the epoch: epoch e steps at lr(e - 1), which is torch's
+    SGD under a scheduler stepped once per epoch (here LambdaLR over the steps)."""
+    from sgd_shm.core.schedules import StepDecay
+    X, _, y, _ = digits
+    X, y = X[:480], y[:480]
+    net = DigitsCNN(seed=3)
+    sched = StepDecay(0.1, milestones=[1, 2], gamma=0.3)
+    clf = HogwildNetClassifier(net, n_workers=1, max_epochs=3, lr=sched, momentum=0.5,
+                               batch_size=24, random_state=5).fit(X, y)
+    seed = _seed(5)
+    batches = [b for e in (1, 2, 3) for b in _minibatches(H.epoch_order(seed, e, 480), 24)]
+    want = torch_sgd_naive(net, X, y, batches, lr=lambda t: sched(t // 20), momentum=0.5)
+    np.testing.assert_allclose(clf.model_.weights, want, rtol=1e-5, atol=1e-6)
+    const = HogwildNetClassifier(net, n_workers=1, max_epochs=3, lr=0.1, momentum=0.5,
+                                 batch_size=24, random_state=5).fit(X, y)
+    assert not np.allclose(const.model_.weights, want, rtol=1e-3, atol=1e-4)
+    with pytest.raises(ValueError, match=r"lr: must be a finite number > 0.*t = 2"):
+        HogwildNetClassifier(net, max_epochs=3, lr=lambda t: 0.1 - 0.05 * t).fit(X, y)
+
+
 def test_block_partitioned_worker_equals_serial_block_sgd(digits):
     """One worker owning every layer block draws one block per minibatch (uniformly,
     from its epoch seed) and moves only that block."""
