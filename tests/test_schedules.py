@@ -88,7 +88,7 @@ def test_check_steps_calls_only_user_callables(monkeypatch):
     (lambda: StepDecay(0.1, [2.5]), ValueError, "milestones"),
     (lambda: StepDecay(0.1, [5], gamma=1.5), ValueError, "gamma"),
     (lambda: StepDecay(0.1, [5], gamma=0), ValueError, "gamma"),
-    (lambda: Cosine(0.1, total=0), ValueError, "total: must be an int >= 1"),
+    (lambda: Cosine(0.1, total=0), ValueError, "total: must be None .* or an int >= 1"),
     (lambda: Cosine(0.1, total=10, floor=0.2), ValueError, "floor: must be < lr"),
     (lambda: Cosine(-0.1, total=10), ValueError, "lr: must be a finite number > 0"),
     (lambda: make_schedule("fast"), TypeError, "lr: must be a number"),
@@ -315,3 +315,33 @@ def test_eager_rounds_follow_the_schedule_under_mpi(data, tmp_path):
     want = data_parallel_sgd_naive(X, y, _eager_rounds(1200, 2, 32, 7, rounds),
                                    Cosine(1.0, total=20, floor=0.05), ALPHA, momentum=0.5)
     np.testing.assert_allclose(np.load(out).ravel(), want, rtol=1e-9, atol=1e-12)
+
+
+
+# ---- a cosine over the whole run ---------------------------------------------------------
+def test_a_cosine_without_total_falls_over_the_run(data, no_shm_leak):
+    """Cosine(lr) with no total takes the run's length from the trainer that knows it
+    (epochs=): the parameter server's updates, the eager trainer's rounds, the
+    simulator's budget; a run with a time limit only refuses it before it starts."""
+    X, y = data
+    g = _g(X.shape[1])
+    r = ps.train(X, y, n_workers=1, policy="asp", epochs=2, lr=Cosine(0.5), n_shards=4,
+                 model=fixed_gradient_model(g), seed=2, progress=False)
+    assert r.updates == 38
+    want = -sum(Cosine(0.5, total=38)(t) for t in range(38)) * g
+    np.testing.assert_allclose(r.coef_.ravel(), want, rtol=1e-12)
+    kw = dict(n_workers=2, collective="sync", epochs=2, batch_size=32, alpha=ALPHA, seed=3)
+    rounds = math.ceil(2 * X.shape[0] / 64)
+    a = eager.train(X, y, lr=Cosine(1.0), progress=False, **kw)
+    b = eager.train(X, y, lr=Cosine(1.0, total=rounds), progress=False, **kw)
+    assert a.rounds == rounds and np.array_equal(a.coef_, b.coef_)
+    sim = simulate(X, y, lr=Cosine(1.0), **kw)
+    np.testing.assert_allclose(sim.coef_, b.coef_.ravel(), rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="lr: Cosine.*total=None.*give total= or epochs="):
+        ps.train(X, y, n_workers=2, max_seconds=1, lr=Cosine(0.5), progress=False)
+    with pytest.raises(ValueError, match="lr: Cosine.*total=None"):
+        eager.train(X, y, n_workers=2, max_seconds=1, lr=Cosine(1.0), progress=False)
+    with pytest.raises(ValueError, match="lr: Cosine.*total=None"):
+        simulate(X, y, n_workers=2, max_seconds=1, lr=Cosine(1.0))
+    assert Cosine(0.5).over(10)(10) == Cosine(0.5, total=10)(10) == 0.005
+    assert Cosine(0.5, total=7).over(10).total == 7 and STEPS.over(10) is STEPS

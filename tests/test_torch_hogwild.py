@@ -87,6 +87,11 @@ def test_one_worker_steps_each_epoch_by_the_schedule(digits, no_shm_leak):
     assert not np.allclose(const.model_.weights, want, rtol=1e-3, atol=1e-4)
     with pytest.raises(ValueError, match=r"lr: must be a finite number > 0.*t = 2"):
         HogwildNetClassifier(net, max_epochs=3, lr=lambda t: 0.1 - 0.05 * t).fit(X, y)
+    from sgd_shm.core.schedules import Cosine           # no total: over max_epochs
+    fits = [HogwildNetClassifier(net, n_workers=1, max_epochs=3, lr=c, batch_size=24,
+                                 random_state=5).fit(X, y).model_.weights
+            for c in (Cosine(0.1), Cosine(0.1, total=3))]
+    assert np.array_equal(fits[0], fits[1])
 
 
 def test_block_partitioned_worker_equals_serial_block_sgd(digits):

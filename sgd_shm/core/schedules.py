@@ -22,8 +22,8 @@ works too (it must pickle for workers that do not fork: Ray, ``start_method="spa
 Example::
 
     from sgd_shm.ps import Cosine, train
-    # 10 epochs of 46 minibatches: 460 updates, the step falling from 0.1 to 0.001
-    r = train(X, y, n_workers=4, policy="asp", epochs=10, lr=Cosine(0.1, total=460))
+    # the step falling from 0.1 to 0.001 over the run's updates (10 epochs)
+    r = train(X, y, n_workers=4, policy="asp", epochs=10, lr=Cosine(0.1))
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ import numpy as np
 
 from sgd_shm.core.validation import check_number, check_positive
 
-__all__ = ["Schedule", "Constant", "StepDecay", "Cosine", "make_schedule", "check_steps"]
+__all__ = ["Schedule", "Constant", "StepDecay", "Cosine", "make_schedule", "check_steps",
+           "for_run"]
 
 
 class Schedule:
@@ -44,6 +45,12 @@ class Schedule:
 
     def __call__(self, t: int) -> float:
         raise NotImplementedError
+
+    def over(self, total: int) -> "Schedule":
+        """This schedule for a run whose last step is ``total - 1``: a schedule that
+        falls over the whole run (:class:`Cosine` without ``total``) takes the run's
+        length; the others stay as they are."""
+        return self
 
 
 class Constant(Schedule):
@@ -86,24 +93,35 @@ class Cosine(Schedule):
     """From ``lr`` at t = 0 down to ``floor`` at t = ``total`` along half a cosine,
     ``floor + (lr - floor) * (1 + cos(pi * t / total)) / 2``, then ``floor`` (torch's
     ``CosineAnnealingLR`` with ``T_max=total``, ``eta_min=floor``). ``total``: the
-    run's updates, e.g. ``epochs * minibatches`` (``r.updates`` of a run with a budget);
-    ``floor`` > 0 and < ``lr`` (default ``lr / 100``)."""
+    run's updates, e.g. ``epochs * minibatches`` (``r.updates`` of a run with a budget),
+    or None: the whole run, whose length a trainer given ``epochs`` knows (its updates,
+    rounds or epochs; a run with a time limit only refuses it); ``floor`` > 0 and <
+    ``lr`` (default ``lr / 100``)."""
 
-    def __init__(self, lr, total, floor=None):
+    def __init__(self, lr, total=None, floor=None):
         self.lr = check_positive("lr", lr)
-        if isinstance(total, bool) or not isinstance(total, (int, np.integer)) or total < 1:
-            raise ValueError(f"total: must be an int >= 1 (the updates the step falls "
-                             f"over), got {total!r}")
-        self.total = int(total)
+        if total is not None and (isinstance(total, bool)
+                                  or not isinstance(total, (int, np.integer)) or total < 1):
+            raise ValueError(f"total: must be None (the whole run) or an int >= 1 (the "
+                             f"updates the step falls over), got {total!r}")
+        self.total = None if total is None else int(total)
         self.floor = self.lr / 100 if floor is None else check_positive("floor", floor)
         if self.floor >= self.lr:
             raise ValueError(f"floor: must be < lr ({self.lr}), got {self.floor}; the "
                              "schedule falls from lr to floor")
 
     def __call__(self, t):
+        if self.total is None:
+            raise ValueError(f"lr: {self!r} falls over the whole run, and this run's length "
+                             "is unknown (a time limit only); give total= or epochs=")
         if t >= self.total:
             return self.floor
         return self.floor + (self.lr - self.floor) * (1 + math.cos(math.pi * t / self.total)) / 2
+
+    def over(self, total):
+        if self.total is not None:
+            return self
+        return Cosine(self.lr, total=max(1, int(total)), floor=self.floor)
 
     def __repr__(self):
         return f"Cosine({self.lr!r}, total={self.total}, floor={self.floor!r})"
@@ -157,3 +175,18 @@ def check_steps(schedule: Schedule, start: int, stop: int) -> None:
         ts = np.unique(np.linspace(start, stop - 1, CHECKED_STEPS).astype(np.int64)).tolist()
     for t in ts:
         schedule(t)
+
+
+def for_run(schedule: Schedule, start: int = 0, stop: int | None = None,
+            slack: int = 0) -> Schedule:
+    """The schedule a run uses, checked before it starts. The run's steps are ``start``
+    to ``stop - 1`` (``stop`` None: a run with a time limit only, whose length is
+    unknown): a schedule that falls over the whole run takes ``stop`` as its total, a
+    user's callable is checked at every step up to ``stop + slack`` (steps a run may
+    take past its budget: pushes already on their way), and a schedule that needs the
+    run's length without one is a ValueError naming ``lr``."""
+    s = schedule if stop is None else schedule.over(stop)
+    s(start)
+    if stop is not None:
+        check_steps(s, start, stop + slack)
+    return s

@@ -37,7 +37,7 @@ from sgd_shm.core.imbalance import sleepers
 from sgd_shm.core.model import Model, blas_limited
 from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.results import Evaluator, Result
-from sgd_shm.core.schedules import Schedule, check_steps, make_schedule
+from sgd_shm.core.schedules import Schedule, for_run, make_schedule
 from sgd_shm.core.traces import ROUND_FLOATS, ROUND_INTS, EagerTrace
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, check_int,
@@ -168,7 +168,7 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         default linear model's loss and L2 (a ``model`` brings its own: leave them
         out), the step (applied to the mean of the round's gradients, so it can be
         larger than the parameter server's 0.5, which applies to each worker's push):
-        a number, or a schedule of round r (``Cosine(2.0, total=rounds)``,
+        a number, or a schedule of round r (``Cosine(2.0)``: over the run's rounds,
         ``StepDecay``, any callable ``r -> step``: :mod:`sgd_shm.core.schedules`),
         rows per rank per step.
     sample_every [0.05] : seconds between rank 0's loss samples (rank 0 computes them
@@ -227,7 +227,7 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
     if max_epochs is not None:
         per_round = cfg.n_workers * cfg.batch_size
         cfg = replace(cfg, max_rounds=max(1, math.ceil(max_epochs * X.shape[0] / per_round)))
-        check_steps(cfg.lr, 0, cfg.max_rounds)
+    cfg = replace(cfg, lr=for_run(cfg.lr, 0, cfg.max_rounds))
     rng = np.random.default_rng(cfg.seed)
     eval_rows = np.sort(rng.choice(X.shape[0], min(EVAL_ROWS, X.shape[0]), replace=False))
     job = _Job(cfg, d, Evaluator(cfg.model, X, ys, eval_rows, evals), k,

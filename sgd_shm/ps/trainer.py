@@ -15,7 +15,7 @@ and :mod:`~sgd_shm.ps.plots`. This module wires them together and returns a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from sgd_shm.core.batches import Batches
 from sgd_shm.core.model import blas_limited
 from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.results import Evaluator, Result
-from sgd_shm.core.schedules import check_steps
+from sgd_shm.core.schedules import for_run
 from sgd_shm.core.status import MESSAGE_FIELDS
 from sgd_shm.core.validation import check_eval_set, model_data, model_dtype, n_columns
 from sgd_shm.models.linear import model_or_linear
@@ -380,9 +380,9 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
     ckpt = _resume_point(cfg, d)
     batches = Batches.draw(prob["n"], cfg.n_workers, cfg.batch_size, rng)
     budget = _budget(cfg, batches)
-    if budget is not None:                 # the versions (rounds) the run's pushes can pull
-        start = 0 if ckpt is None else int(ckpt["version"])
-        check_steps(cfg.lr, start, start + budget + cfg.n_workers)
+    start = 0 if ckpt is None else int(ckpt["version"])    # versions (rounds) from here
+    cfg = replace(cfg, lr=for_run(cfg.lr, start, None if budget is None else start + budget,
+                                  slack=cfg.n_workers))
     blocks = None if cfg.partition is None else cfg.model.blocks(cfg.n_workers)
     init = None if ckpt is not None else cfg.model.init(rng)
     backend = _backend(cfg, d, batches, rng, ckpt, budget, init)

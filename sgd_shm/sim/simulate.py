@@ -35,7 +35,7 @@ from sgd_shm.core.model import blas_limited
 from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.traces import EagerTrace, PSTrace
 from sgd_shm.core.policies import make_policy
-from sgd_shm.core.schedules import Schedule, make_schedule
+from sgd_shm.core.schedules import Schedule, for_run, make_schedule
 from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop, check_momentum,
                                      check_eval_set, check_int, check_number,
                                      check_positive, model_data, n_columns,
@@ -223,6 +223,8 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
     cfg.momentum = _momentum(momentum, cfg.collective)
     cfg.replay = _replay(replay, cfg)
     prob = _problem(X, y, model, cfg, eval_set)
+    cfg.lr = for_run(cfg.lr, 0, cfg.budget if cfg.epochs is not None else None,
+                     slack=cfg.n_workers)
     with blas_limited(model):
         if cfg.collective is None:
             out = _run_ps(prob, cfg)

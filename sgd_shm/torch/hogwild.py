@@ -52,7 +52,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from sgd_shm.core.errors import DivergenceError
 from sgd_shm.core.launcher import check_start_method, run_workers
-from sgd_shm.core.schedules import check_steps, make_schedule
+from sgd_shm.core.schedules import for_run, make_schedule
 from sgd_shm.core.validation import (
     check_choice,
     check_eval_set,
@@ -228,7 +228,7 @@ class HogwildNetClassifier(ClassifierMixin, BaseEstimator):
     max_epochs : passes over the training data.
     lr, momentum : SGD's step and heavy-ball momentum in [0, 1) (torch.optim.SGD's
         form; each worker keeps its own momentum buffer). ``lr``: a number, or a
-        schedule of the epoch (``Cosine(0.1, total=max_epochs)``, ``StepDecay``, any
+        schedule of the epoch (``Cosine(0.1)``: over the max_epochs, ``StepDecay``, any
         callable ``t -> step`` of :mod:`sgd_shm.core.schedules`): epoch e steps at
         ``lr(e - 1)``, as a torch scheduler stepped once per epoch.
     batch_size : rows per minibatch.
@@ -274,7 +274,7 @@ class HogwildNetClassifier(ClassifierMixin, BaseEstimator):
         resolve_workers(self.n_workers)
         check_choice("backend", self.backend, _BACKENDS)
         check_int("max_epochs", self.max_epochs, lo=1)
-        check_steps(make_schedule(self.lr), 0, int(self.max_epochs))
+        for_run(make_schedule(self.lr), 0, int(self.max_epochs))
         check_momentum(self.momentum)
         check_int("batch_size", self.batch_size, lo=1)
         check_choice("partition", self.partition, _PARTITIONS)
@@ -306,7 +306,7 @@ class HogwildNetClassifier(ClassifierMixin, BaseEstimator):
         evals = check_eval_set(eval_set, model, classes)
         self.classes_, self.model_, self.module_ = classes, model, model.module
         seed = int(check_random_state(self.random_state).randint(2**31 - 1))
-        lr = make_schedule(self.lr)
+        lr = for_run(make_schedule(self.lr), 0, int(self.max_epochs))
         trainer = NetHogwild(model, n_workers=nw, batch=self.batch_size, lr=lr(0),
                              momentum=self.momentum, partition=self.partition,
                              backend=self.backend, start_method=self.start_method)
