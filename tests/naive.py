@@ -754,3 +754,10 @@ def eager_rank_batches(n, P, k, b, seed, rounds):
         out.append(order[pos:pos + b])
         pos += b
     return out
+
+
+def eager_round_batches(n, P, b, seed, rounds):
+    """Every round's minibatches, rank by rank (``[[rank 0's, rank 1's, ...], ...]``),
+    by the rule of :func:`eager_rank_batches`."""
+    per_rank = [eager_rank_batches(n, P, k, b, seed, rounds) for k in range(P)]
+    return [[per_rank[k][t] for k in range(P)] for t in range(rounds)]

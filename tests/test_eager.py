@@ -18,7 +18,7 @@ from conftest import new_segments, shm_names
 from sgd_shm.collectives import RankFailure
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.eager import sleepers, train
-from tests.naive import data_parallel_sgd_naive
+from tests.naive import data_parallel_sgd_naive, eager_round_batches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,23 +27,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def problem():
     X, y = make_rcv1_like(600, 40, random_state=3)
     return X, y
-
-
-def _batches(n, P, b, seed, steps):
-    """The trainer's documented minibatch rule: rank k owns rows k, k+P, ...; it walks
-    a permutation of them drawn from default_rng([seed, k, 0x5EED]), b rows at a time,
-    drawing a new permutation when fewer than b rows are left."""
-    out = [[] for _ in range(steps)]
-    for k in range(P):
-        rows = np.arange(k, n, P)
-        rng = np.random.default_rng([seed, k, 0x5EED])
-        order, pos = rng.permutation(rows), 0
-        for t in range(steps):
-            if pos + b > order.size:
-                order, pos = rng.permutation(rows), 0
-            out[t].append(order[pos:pos + b])
-            pos += b
-    return out
 
 
 @pytest.mark.parametrize("P", [1, 2, 3])
@@ -55,7 +38,8 @@ def test_sync_equals_serial_oracle(problem, P):
               alpha=alpha, max_seconds=60, seed=5, progress=False)
     steps = math.ceil(epochs * X.shape[0] / (P * b))
     assert r.rounds == steps
-    want = data_parallel_sgd_naive(X, ys, _batches(X.shape[0], P, b, 5, steps), lr, alpha)
+    want = data_parallel_sgd_naive(X, ys, eager_round_batches(X.shape[0], P, b, 5, steps), lr,
+                                   alpha)
     np.testing.assert_allclose(r.coef_, want, rtol=1e-10, atol=1e-12)
     assert r.replicas_equal and r.participation == [1.0] * P and r.late == [0] * P
     assert r.mean_contributors == P

@@ -17,7 +17,7 @@ from sgd_shm.core.schedules import Constant, Cosine, StepDecay, make_schedule
 from sgd_shm.core.status import Losses
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.sim import Cluster, simulate
-from tests.naive import (data_parallel_sgd_naive, eager_rank_batches, fixed_gradient_model,
+from tests.naive import (data_parallel_sgd_naive, eager_round_batches, fixed_gradient_model,
                          model_averaging_of_log, rounds_of_log)
 
 ALPHA = 1e-4
@@ -234,11 +234,6 @@ def test_simulated_asp_steps_each_push_at_its_pulled_version(data):
 
 
 # ---- eager-SGD: the step of round r ----------------------------------------------------------
-def _eager_rounds(n, P, b, seed, rounds):
-    per_rank = [eager_rank_batches(n, P, k, b, seed, rounds) for k in range(P)]
-    return [[per_rank[k][t] for k in range(P)] for t in range(rounds)]
-
-
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_eager_sync_rounds_follow_the_schedule(data, momentum, no_shm_leak):
     """Synchronous eager-SGD on a schedule, real (two forked ranks) and simulated, is
@@ -252,7 +247,7 @@ def test_eager_sync_rounds_follow_the_schedule(data, momentum, no_shm_leak):
     r = eager.train(X, y, max_seconds=120, progress=False, **kw)
     rounds = math.ceil(epochs * X.shape[0] / (P * b))
     assert r.rounds == rounds > sched.total and r.replicas_equal
-    want = data_parallel_sgd_naive(X, y, _eager_rounds(X.shape[0], P, b, 7, rounds), sched,
+    want = data_parallel_sgd_naive(X, y, eager_round_batches(X.shape[0], P, b, 7, rounds), sched,
                                    ALPHA, momentum=momentum)
     np.testing.assert_allclose(r.coef_.ravel(), want, rtol=1e-9, atol=1e-12)
     sim = simulate(X, y, **kw)
@@ -312,7 +307,7 @@ def test_eager_rounds_follow_the_schedule_under_mpi(data, tmp_path):
     rounds = math.ceil(2 * 1200 / (2 * 32))
     assert p.returncode == 0 and f"OK True {rounds}" in p.stdout, (p.stdout + p.stderr)[-3000:]
     X, y = data
-    want = data_parallel_sgd_naive(X, y, _eager_rounds(1200, 2, 32, 7, rounds),
+    want = data_parallel_sgd_naive(X, y, eager_round_batches(1200, 2, 32, 7, rounds),
                                    Cosine(1.0, total=20, floor=0.05), ALPHA, momentum=0.5)
     np.testing.assert_allclose(np.load(out).ravel(), want, rtol=1e-9, atol=1e-12)
 
