@@ -89,8 +89,9 @@ def test_eager_topk_equals_serial_oracle(P):
                     lr=lr, alpha=alpha, max_seconds=60, seed=5, progress=False,
                     compress=TopK(k=k))
     steps = math.ceil(epochs * X.shape[0] / (P * b))
-    from tests.test_eager import _batches
-    want = topk_feedback_sgd_naive(X, ys, _batches(X.shape[0], P, b, 5, steps), lr, alpha, k)
+    from tests.naive import eager_round_batches
+    want = topk_feedback_sgd_naive(X, ys, eager_round_batches(X.shape[0], P, b, 5, steps), lr,
+                                   alpha, k)
     np.testing.assert_allclose(r.coef_, want, rtol=1e-10, atol=1e-12)
     # k int32 indices + k float64 values per message, every message applied
     assert r.bytes_sent == steps * P * 12 * k
