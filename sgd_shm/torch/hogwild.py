@@ -271,15 +271,17 @@ class HogwildNetClassifier(ClassifierMixin, BaseEstimator):
         self.verbose = verbose
 
     def _validate_params(self):
+        """Check the settings; returns the fit's step schedule (``lr`` over the epochs)."""
         resolve_workers(self.n_workers)
         check_choice("backend", self.backend, _BACKENDS)
         check_int("max_epochs", self.max_epochs, lo=1)
-        for_run(make_schedule(self.lr), 0, int(self.max_epochs))
+        lr = for_run(make_schedule(self.lr), 0, int(self.max_epochs))
         check_momentum(self.momentum)
         check_int("batch_size", self.batch_size, lo=1)
         check_choice("partition", self.partition, _PARTITIONS)
         check_choice("loss", self.loss, tuple(LOSSES))
         check_start_method(self.start_method)
+        return lr
 
     def _build(self):
         m = self.module
@@ -296,7 +298,7 @@ class HogwildNetClassifier(ClassifierMixin, BaseEstimator):
         """Train on (X, y) (X: float32 samples shaped like the module's input, or rows
         of as many values) for ``max_epochs`` epochs; ``eval_set=(X_val, y_val)``
         scores held-out data after every epoch (``history_``)."""
-        self._validate_params()
+        lr = self._validate_params()
         model = self._build()
         nw = resolve_workers(self.n_workers)
         X, yi, classes = model_data(X, y, model, nw)
@@ -306,7 +308,6 @@ class HogwildNetClassifier(ClassifierMixin, BaseEstimator):
         evals = check_eval_set(eval_set, model, classes)
         self.classes_, self.model_, self.module_ = classes, model, model.module
         seed = int(check_random_state(self.random_state).randint(2**31 - 1))
-        lr = for_run(make_schedule(self.lr), 0, int(self.max_epochs))
         trainer = NetHogwild(model, n_workers=nw, batch=self.batch_size, lr=lr(0),
                              momentum=self.momentum, partition=self.partition,
                              backend=self.backend, start_method=self.start_method)
