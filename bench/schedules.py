@@ -54,13 +54,11 @@ def _budget(trainer, data, epochs):
     """A run's updates (rounds for the eager trainer) for a constant-step run that
     diverged: the parameter server's budget is epochs times its partitions'
     minibatches; the eager trainer's rounds are epochs * rows / (workers * batch)."""
-    from sgd_shm.core.batches import Batches
-    from sgd_shm.sim._eager import max_rounds
+    from sgd_shm.core.batches import Batches, eager_rounds
     n = data[0].shape[0]
     if trainer == "ps":
-        cut = Batches.draw(n, WORKERS, BATCH, np.random.default_rng(0))
-        return epochs * int(cut.n_batches.sum())
-    return max_rounds(epochs, n, WORKERS, BATCH)
+        return Batches.draw(n, WORKERS, BATCH, np.random.default_rng(0)).budget(epochs, False)
+    return eager_rounds(epochs, n, WORKERS, BATCH)
 
 
 def run(reps, seed, *, quick=False, progress=True):

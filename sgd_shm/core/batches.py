@@ -1,15 +1,18 @@
-"""The minibatches of a parameter-server run: which rows make minibatch j of partition p.
+"""The minibatches of a parameter-server run: which rows make minibatch j of partition p,
+and the work budgets of ``epochs=``.
 
 The trainer's workers and the simulator cut the data alike from the same seeded draw,
 so both take the cut from here (the queues that hand the minibatches out at run time
-are :class:`sgd_shm.ps.partitions.Partitions`)."""
+are :class:`sgd_shm.ps.partitions.Partitions`); both trainers and the simulator count
+an ``epochs=`` budget in steps with the same two functions."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Batches"]
+__all__ = ["Batches", "eager_rounds"]
 
 
 @dataclass(frozen=True)
@@ -35,3 +38,17 @@ class Batches:
     def rows_of(self, p, j):
         lo = int(self.part_lo[p]) + j * self.size
         return self.rows[lo:min(lo + self.size, int(self.part_hi[p]))]
+
+    def budget(self, epochs, replicated):
+        """The parameter server's work budget of ``epochs`` passes: minibatch
+        applications, or under a replicated policy (RPS) rounds, epochs times the
+        largest partition's minibatches (each worker takes one minibatch of its own
+        partition per round). At least one."""
+        per = int(self.n_batches.max()) if replicated else int(self.n_batches.sum())
+        return max(1, math.ceil(epochs * per))
+
+
+def eager_rounds(epochs, n_rows, n_workers, batch_size):
+    """The eager trainer's rounds for ``epochs`` passes over ``n_rows``: each round every
+    one of ``n_workers`` ranks takes a minibatch of ``batch_size`` rows. At least one."""
+    return max(1, math.ceil(epochs * n_rows / (n_workers * batch_size)))

@@ -32,6 +32,7 @@ import numpy as np
 
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE, check_timeout
 from sgd_shm.compress import add_packed, pack, packed_size
+from sgd_shm.core.batches import eager_rounds
 from sgd_shm.core.errors import DivergenceError
 from sgd_shm.core.imbalance import sleepers
 from sgd_shm.core.model import Model, blas_limited
@@ -225,8 +226,8 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
     X, ys, classes = model_data(X, y, cfg.model, cfg.n_workers)
     evals = check_eval_set(eval_set, cfg.model, classes)
     if max_epochs is not None:
-        per_round = cfg.n_workers * cfg.batch_size
-        cfg = replace(cfg, max_rounds=max(1, math.ceil(max_epochs * X.shape[0] / per_round)))
+        cfg = replace(cfg, max_rounds=eager_rounds(max_epochs, X.shape[0], cfg.n_workers,
+                                                   cfg.batch_size))
     cfg = replace(cfg, lr=for_run(cfg.lr, 0, cfg.max_rounds))
     rng = np.random.default_rng(cfg.seed)
     eval_rows = np.sort(rng.choice(X.shape[0], min(EVAL_ROWS, X.shape[0]), replace=False))

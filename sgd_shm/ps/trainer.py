@@ -206,14 +206,10 @@ def _ray_backend(cfg, d, shards, batches, rng, ckpt, budget, kw):
 
 
 def _budget(cfg, batches):
-    """The work budget of ``epochs=``: minibatch applications; under a replicated
-    policy (RPS) rounds, epochs times the largest partition's minibatches (every
-    worker takes one minibatch of its own partition per round)."""
+    """The work budget of ``epochs=`` (:meth:`Batches.budget`), or None."""
     if cfg.epochs is None:
         return None
-    if cfg.policy.replicated:
-        return cfg.epochs * int(batches.n_batches.max())
-    return cfg.epochs * int(batches.n_batches.sum())
+    return batches.budget(cfg.epochs, cfg.policy.replicated)
 
 
 class _BudgetCoordinator(Coordinator):

@@ -31,7 +31,6 @@ feedback); a message that misses its round goes back into the memory with
 from __future__ import annotations
 
 import heapq
-import math
 
 import numpy as np
 
@@ -271,6 +270,3 @@ class EagerSim:
         return [float(c) / rounds for c in self.contrib]
 
 
-def max_rounds(epochs, n_rows, P, batch_size):
-    """Rounds of ``epochs`` passes over ``n_rows`` (the eager trainer's rule)."""
-    return max(1, math.ceil(epochs * n_rows / (P * batch_size)))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE
-from sgd_shm.core.batches import Batches
+from sgd_shm.core.batches import Batches, eager_rounds
 from sgd_shm.core.model import blas_limited
 from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.traces import EagerTrace, PSTrace
@@ -405,14 +405,11 @@ def _problem(X, y, model, cfg, eval_set):
         prob.init = np.asarray(model.init(rng), np.float64)
         [int(rng.integers(2**31)) for _ in range(cfg.n_workers)]      # the queues' seeds
         prob.worker_seeds = rng.integers(0, 2**63 - 1, cfg.n_workers)
-        nb = prob.batches.n_batches
         if cfg.epochs is not None:
-            per = int(nb.max()) if cfg.policy.replicated else int(nb.sum())
-            cfg.budget = max(1, math.ceil(cfg.epochs * per))
+            cfg.budget = prob.batches.budget(cfg.epochs, cfg.policy.replicated)
     else:
-        from sgd_shm.sim._eager import max_rounds
         prob.init = np.asarray(model.init(np.random.default_rng(cfg.seed)), np.float64)
-        cfg.budget = (max_rounds(cfg.epochs, n, cfg.n_workers, cfg.batch_size)
+        cfg.budget = (eager_rounds(cfg.epochs, n, cfg.n_workers, cfg.batch_size)
                       if cfg.epochs is not None else 2**62)
     if cfg.sample_every is None:
         cfg.sample_every = _estimate(cfg, prob) / RECORDS
