@@ -68,16 +68,24 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.items < 1:
         ap.error("--items must be >= 1")
-    n = args.items
     rng = np.random.default_rng(args.seed)
     ctx = mp.get_context("fork")
     print(f"relaxed demo  (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, seed {args.seed})")
+    _tour_exactly_once(ctx, args.items, args.seed)
+    _tour_rank_error(rng, args.seed)
+    _tour_hold(rng, args.seed)
+    _tour_counter(ctx, args.seed)
+    _tour_mis(max(1000, 10 * args.items), args.seed)
+    _tour_bank(ctx, args.seed)
+    return 0
 
+
+def _tour_exactly_once(ctx, n, seed):
     print("\n1. MultiQueue shared by 2 producer + 2 consumer processes")
     t0 = time.perf_counter()
-    with MultiQueue(2 * n, n_queues=8, shared=True, seed=args.seed) as mq:
+    with MultiQueue(2 * n, n_queues=8, shared=True, seed=seed) as mq:
         done, out = ctx.Event(), ctx.Queue()
-        prods = [ctx.Process(target=_produce, args=(mq, i * n, n, args.seed + i)) for i in range(2)]
+        prods = [ctx.Process(target=_produce, args=(mq, i * n, n, seed + i)) for i in range(2)]
         cons = [ctx.Process(target=_consume, args=(mq, done, out)) for _ in range(2)]
         for p in prods + cons:
             p.start()
@@ -92,16 +100,20 @@ def main(argv=None) -> int:
         print(f"   pushed {2 * n:,}, popped {len(got):,}, exactly once: {ok}  "
               f"({4 * n / dt / 1e6:.2f} M Python-level ops/s over 4 processes, {dt:.2f} s)")
 
+
+def _tour_rank_error(rng, seed):
     print("\n2. Rank error of pops (1 thread, 50k pop/push pairs after a 50k prefill)")
     print("   queues   mean rank error   theory 5/6·n−1+1/(6n)")
     for q in (1, 4, 8, 16):
-        with MultiQueue(100_001, n_queues=q, seed=args.seed) as mq:
+        with MultiQueue(100_001, n_queues=q, seed=seed) as mq:
             err = _rank_errors(mq, 50_000, rng)
         th = 5 / 6 * q - 1 + 1 / (6 * q)
         print(f"   {q:6d}   {err.mean():15.2f}   {th:10.2f}")
 
+
+def _tour_hold(rng, seed):
     print("\n3. Hold model (pop, push a larger key), nogil loop, 1M prefill, 8 queues")
-    with MultiQueue(2_000_000, n_queues=8, seed=args.seed) as mq:
+    with MultiQueue(2_000_000, n_queues=8, seed=seed) as mq:
         mq.push_many(rng.integers(0, 1 << 32, 1_000_000), np.arange(1_000_000))
         mq._hold(200_000, 1 << 31)
         for threads in (1, 2):
@@ -116,8 +128,10 @@ def main(argv=None) -> int:
             print(f"   {threads} thread(s): {2 * iters * threads / dt / 1e6:6.2f} M ops/s")
         mq._check()
 
+
+def _tour_counter(ctx, seed):
     print("\n4. MultiCounter: 2 processes x 1M increments")
-    with MultiCounter(16, shared=True, seed=args.seed) as c:
+    with MultiCounter(16, shared=True, seed=seed) as c:
         ps = [ctx.Process(target=c.increment_many, args=(1_000_000,)) for _ in range(2)]
         for p in ps:
             p.start()
@@ -128,30 +142,32 @@ def main(argv=None) -> int:
         print(f"   exact() = {c.exact():,}; worst |read() - exact()| over 1000 reads = {err} "
               f"(documented bound {c.error_bound()})")
 
-    n = max(1000, 10 * args.items)
+
+def _tour_mis(n, seed):
     print(f"\n5. Greedy MIS, Erdős–Rényi graph n = {n:,}, m = {5 * n:,}, random priorities")
-    g = erdos_renyi(n, 5 * n, seed=args.seed)
-    want = sequential_greedy_mis(g, seed=args.seed)
+    g = erdos_renyi(n, 5 * n, seed=seed)
+    want = sequential_greedy_mis(g, seed=seed)
     for label, opts in (("prefix engine (the default)", {}),
                         ("MultiQueue, 8 queues", {"scheduler": "multiqueue", "n_queues": 8}),
                         ("k-relaxed, k = 16, adversarial",
                          {"scheduler": "k-relaxed", "k": 16, "mode": "adversarial"})):
         for threads in (1, 2):
-            res = greedy_mis(g, seed=args.seed, n_threads=threads, **opts)
+            res = greedy_mis(g, seed=seed, n_threads=threads, **opts)
             print(f"   {label:32s} {threads} thread(s): |MIS| = {int(res.mask.sum()):,}, "
                   f"equals sequential greedy: {bool((res.mask == want).all())}, "
                   f"wasted iterations: {res.stats.wasted}")
 
+
+def _tour_bank(ctx, seed):
     print("\n6. TL2 bank, 64 accounts of 1000, 2 processes x 50k transfers with audits")
-    with TL2(64, shared=True, seed=args.seed) as stm:
+    with TL2(64, shared=True, seed=seed) as stm:
         stm.atomically(lambda tx: [tx.write(i, 1000) for i in range(64)])
         with ctx.Pool(2) as pool:
-            res = pool.starmap(_bank, [(stm, 50_000, args.seed + i) for i in range(2)])
+            res = pool.starmap(_bank, [(stm, 50_000, seed + i) for i in range(2)])
         print(f"   total after: {int(stm.snapshot().sum()):,} (64,000 before); audits that "
               f"saw another total: {sum(r['violations'] for r in res)} of "
               f"{sum(r['audits'] for r in res):,}; aborts: {sum(r['aborts'] for r in res):,}")
         stm._check()
-    return 0
 
 
 def _bank(stm, n, seed):
