@@ -276,6 +276,27 @@ def test_bad_models():
     assert Network.gbps(8).bandwidth == 1e9
     c = Cluster(classes=[(0.75, 1.0), (0.25, 4.0)])
     assert c.worker_factors(8).tolist() == [1.0] * 6 + [4.0] * 2
+    for bad in (("normal", 1.0), ("pareto", 1e-3, 1.0), ("exponential", -1.0), "pareto",
+                ("pareto", 1e-3)):
+        with pytest.raises(ValueError, match="delay"):
+            Cluster(delay=bad)
+    with pytest.raises(ValueError, match="imbalance"):
+        Cluster(imbalance=(-1, 0.1))
+
+
+@pytest.mark.parametrize("delay", [("exponential", 2e-3), ("pareto", 2e-3, 3.0)])
+def test_delays_have_the_stated_mean(delay):
+    """A per-step delay (the eager trainer's ``delay=``, which the simulator models
+    with the same draw) has the stated mean: the sample mean of 200,000 draws is
+    within 5 standard errors of it (a Pareto of shape 3 has a finite variance)."""
+    from sgd_shm.core.imbalance import delay_of, draw_delay
+    d = delay_of(delay)
+    rng = np.random.default_rng(3)
+    x = np.array([draw_delay(d, rng) for _ in range(200_000)])
+    assert (x >= 0).all()
+    assert abs(x.mean() - delay[1]) < 5 * x.std() / math.sqrt(x.size)
+    if delay[0] == "pareto":                 # Pareto's floor: mean * (shape - 1) / shape
+        assert x.min() >= delay[1] * 2 / 3
 
 
 def test_the_simulator_runs_on_the_shared_core_alone():

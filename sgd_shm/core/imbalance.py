@@ -1,10 +1,16 @@
 """The emulated load imbalance that the trainers inject and the simulator models alike,
 so both take it from here: the parameter server's stragglers (per-worker compute-time
-factors, from a profile name or given, and transient slow spells) and the load-imbalance
-model of the eager-SGD paper (Li et al., PPoPP 2020: which ranks sleep in a round)."""
+factors, from a profile name or given, and transient slow spells), the load-imbalance
+model of the eager-SGD paper (Li et al., PPoPP 2020: which ranks sleep in a round) and
+the eager trainer's random per-step delays."""
 from __future__ import annotations
 
 import numpy as np
+
+from sgd_shm.core.validation import check_number
+
+#: the distributions of a random per-step delay (``delay=``)
+DELAYS = ("exponential", "pareto")
 
 #: the parameter server's straggler profiles (``slowdown=``): "straggler" slows worker 0
 #: by 4x, "hetero" spreads the workers' factors geometrically from 4x down to 1x
@@ -58,3 +64,47 @@ def sleepers(seed, round_id, size, k):
         return ()
     rng = np.random.default_rng([int(seed) & (2**63 - 1), int(round_id), 0xE6])
     return tuple(int(x) for x in rng.choice(size, min(k, size), replace=False))
+
+
+def imbalance_of(imbalance, n_workers=None):
+    """The eager-SGD imbalance ``(k ranks, seconds)``, checked: k an int in [0, n_workers]
+    (>= 0 where the ranks are not known yet), seconds a finite number >= 0; None stays
+    None."""
+    if imbalance is None:
+        return None
+    try:
+        k, s = imbalance
+    except (TypeError, ValueError):
+        raise ValueError(f"imbalance: expected (k ranks, seconds), got {imbalance!r}") from None
+    top = n_workers if n_workers is not None else float("inf")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= top:
+        rule = "an int >= 0" if n_workers is None else f"an int in [0, n_workers={n_workers}]"
+        raise ValueError(f"imbalance: k must be {rule}, got {k!r}")
+    return int(k), check_number("imbalance", s, lo=0)
+
+
+def delay_of(delay):
+    """A random per-step delay, checked: ``("exponential", mean seconds)`` or
+    ``("pareto", mean seconds, shape > 1)`` (a finite mean), the mean >= 0; as a tuple
+    of floats after the name. None stays None."""
+    if delay is None:
+        return None
+    form = "expected ('exponential', mean) or ('pareto', mean, shape)"
+    if not isinstance(delay, (tuple, list)) or not delay or delay[0] not in DELAYS:
+        raise ValueError(f"delay: {form}, got {delay!r}")
+    if len(delay) != (2 if delay[0] == "exponential" else 3):
+        raise ValueError(f"delay: {form}, got {delay!r}")
+    mean = check_number("delay", delay[1], lo=0)
+    if delay[0] == "pareto":
+        return ("pareto", mean, check_number("delay", delay[2], lo=1, lo_open=True))
+    return ("exponential", mean)
+
+
+def draw_delay(delay, rng):
+    """One random delay (seconds) of a checked ``delay`` (:func:`delay_of`), from the
+    numpy Generator ``rng``: exponential with that mean, or Pareto of that shape
+    scaled to that mean (as eager-SGD's)."""
+    if delay[0] == "exponential":
+        return float(rng.exponential(delay[1])) if delay[1] > 0 else 0.0
+    shape = delay[2]
+    return delay[1] * (shape - 1) / shape * (1.0 + float(rng.pareto(shape)))

@@ -34,7 +34,7 @@ from sgd_shm.collectives.base import AVERAGE, KINDS, LATE, check_timeout
 from sgd_shm.compress import add_packed, pack, packed_size
 from sgd_shm.core.batches import eager_rounds
 from sgd_shm.core.errors import DivergenceError
-from sgd_shm.core.imbalance import sleepers
+from sgd_shm.core.imbalance import delay_of, draw_delay, imbalance_of, sleepers
 from sgd_shm.core.model import Model, blas_limited
 from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.results import Evaluator, Result
@@ -49,7 +49,6 @@ from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, 
 __all__ = ["train", "EagerResult", "EagerTrace", "sleepers", "BACKENDS"]
 
 BACKENDS = ("shm", "mpi")
-DELAYS = ("exponential", "pareto")
 #: rows the training loss is evaluated on during the run (a fixed sample)
 EVAL_ROWS = 4096
 
@@ -257,7 +256,7 @@ def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
         check_choice(name, v, opts)
     epochs, max_seconds = stopping_rule(epochs, max_seconds, check_positive)
     cfg = _Config(n_workers=n_workers, collective=collective, late=late, average=average,
-                  imbalance=_imbalance(imbalance, n_workers), delay=_delay(delay),
+                  imbalance=imbalance_of(imbalance, n_workers), delay=delay_of(delay),
                   max_seconds=max_seconds,
                   target_loss=None if target_loss is None else check_number("target_loss",
                                                                              target_loss),
@@ -356,39 +355,6 @@ def _mpi_size(n_workers, comm):
     return size
 
 
-def _imbalance(imbalance, n_workers):
-    if imbalance is None:
-        return None
-    try:
-        k, s = imbalance
-    except (TypeError, ValueError):
-        raise ValueError(f"imbalance: expected (k ranks, seconds), got {imbalance!r}") from None
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= n_workers:
-        raise ValueError(f"imbalance: k must be an int in [0, n_workers={n_workers}], got {k!r}")
-    if isinstance(s, bool) or not isinstance(s, (int, float)) or not (
-            math.isfinite(s) and s >= 0):
-        raise ValueError(f"imbalance: seconds must be a finite number >= 0, got {s!r}")
-    return int(k), float(s)
-
-
-def _delay(delay):
-    if delay is None:
-        return None
-    if not isinstance(delay, (tuple, list)) or not delay or delay[0] not in DELAYS:
-        raise ValueError(f"delay: expected ('exponential', mean) or ('pareto', mean, shape), "
-                         f"got {delay!r}")
-    want = 2 if delay[0] == "exponential" else 3
-    vals = tuple(delay[1:])
-    if len(delay) != want or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                     and math.isfinite(v) for v in vals):
-        raise ValueError(f"delay: expected ('exponential', mean) or ('pareto', mean, shape), "
-                         f"got {delay!r}")
-    if vals[0] < 0 or (delay[0] == "pareto" and vals[1] <= 1):
-        raise ValueError(f"delay: the mean must be >= 0 and a Pareto shape > 1 (a finite "
-                         f"mean), got {delay!r}")
-    return (delay[0],) + tuple(float(v) for v in vals)
-
-
 # ---- one rank --------------------------------------------------------------------------
 @dataclass
 class _Job:
@@ -468,11 +434,7 @@ class _Rank:
         if cfg.imbalance is not None and self.k in sleepers(cfg.seed, r, self.P, cfg.imbalance[0]):
             s += cfg.imbalance[1]
         if cfg.delay is not None:
-            if cfg.delay[0] == "exponential":
-                s += self.rng.exponential(cfg.delay[1]) if cfg.delay[1] > 0 else 0.0
-            else:
-                shape = cfg.delay[2]
-                s += cfg.delay[1] * (shape - 1) / shape * (1.0 + self.rng.pareto(shape))
+            s += draw_delay(cfg.delay, self.rng)
         if s > 0:
             time.sleep(s)
 

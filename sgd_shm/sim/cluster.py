@@ -61,38 +61,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sgd_shm.core.imbalance import factors_of, transient_of
+from sgd_shm.core.imbalance import delay_of, draw_delay, factors_of, imbalance_of, transient_of
 from sgd_shm.core.validation import check_number, check_positive
 
 __all__ = ["Cluster", "Network", "TOPOLOGIES"]
 
 TOPOLOGIES = ("ring", "tree")
-DELAYS = ("exponential", "pareto")
-
-
-def _check_delay(delay):
-    if delay is None:
-        return None
-    if not isinstance(delay, (tuple, list)) or not delay or delay[0] not in DELAYS:
-        raise ValueError(f"delay: expected ('exponential', mean) or ('pareto', mean, shape), "
-                         f"got {delay!r}")
-    want = 2 if delay[0] == "exponential" else 3
-    if len(delay) != want:
-        raise ValueError(f"delay: expected ('exponential', mean) or ('pareto', mean, shape), "
-                         f"got {delay!r}")
-    mean = check_number("delay", delay[1], lo=0)
-    if delay[0] == "pareto":
-        shape = check_number("delay", delay[2], lo=1, lo_open=True)
-        return ("pareto", mean, shape)
-    return ("exponential", mean)
-
-
-def _check_pair(name, v, what):
-    try:
-        a, b = v
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected {what}, got {v!r}") from None
-    return a, b
 
 
 @dataclass(frozen=True)
@@ -130,14 +104,11 @@ class Cluster:
             raise ValueError("classes: give factors or classes, not both")
         if self.classes is not None:
             self._classes()
-        object.__setattr__(self, "delay", _check_delay(self.delay))
+        object.__setattr__(self, "delay", delay_of(self.delay))
         if self.transient is not None:
             object.__setattr__(self, "transient", transient_of(self.transient))
         if self.imbalance is not None:
-            k, s = _check_pair("imbalance", self.imbalance, "(k ranks, seconds)")
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-                raise ValueError(f"imbalance: k must be an int >= 0, got {k!r}")
-            object.__setattr__(self, "imbalance", (int(k), check_number("imbalance", s, lo=0)))
+            object.__setattr__(self, "imbalance", imbalance_of(self.imbalance))
         if self.trace is not None:
             tr = [np.asarray(t, np.float64).ravel() for t in self.trace]
             if not tr or any(t.size == 0 or not np.isfinite(t).all() or (t < 0).any()
@@ -221,15 +192,6 @@ class StepTimes:
         if c.delay is not None:
             s += draw_delay(c.delay, self.rngs[k])
         return s
-
-
-def draw_delay(delay, rng):
-    """One random delay of ``("exponential", mean)`` or ``("pareto", mean, shape)``
-    (the Pareto scaled to that mean, as eager-SGD's)."""
-    if delay[0] == "exponential":
-        return float(rng.exponential(delay[1])) if delay[1] > 0 else 0.0
-    shape = delay[2]
-    return delay[1] * (shape - 1) / shape * (1.0 + float(rng.pareto(shape)))
 
 
 @dataclass(frozen=True)
