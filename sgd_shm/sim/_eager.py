@@ -268,5 +268,3 @@ class EagerSim:
     def participation(self):
         rounds = max(self.last_round(), 1)
         return [float(c) / rounds for c in self.contrib]
-
-
