@@ -49,6 +49,29 @@ def test_every_policy_trains(data, policy, no_shm_leak):
     assert hist.shape == (3, 32) and hist.sum() == r.updates
 
 
+def test_default_shards_fit_a_small_model(tmp_path):
+    """n_shards=None (the default) takes 8 shards, or one per weight where the model has
+    fewer: a 5-feature problem trains on 5 shards (the checkpoint's shard versions) and
+    learns (held-out rows); asking for more shards than weights is refused, naming the
+    fix; and the simulator takes the same rule."""
+    from sgd_shm.sim import simulate
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(1200, 5))
+    y = (X @ np.array([1.0, -2.0, 0.5, 0.0, 1.5]) > 0).astype(int)
+    Xt, yt = X[1000:], y[1000:]
+    X, y = X[:1000], y[:1000]
+    path = tmp_path / "ck.npz"
+    r = train(X, y, n_workers=2, policy="asp", epochs=5, eval_set=(Xt, yt), checkpoint=path,
+              progress=False)
+    assert len(load_checkpoint(path)["shard_versions"]) == 5
+    assert r.val_score > 0.9
+    with pytest.raises(ValueError, match=r"n_shards: 6 shards for 5 weights.*n_shards <= 5"):
+        train(X, y, n_workers=2, epochs=1, n_shards=6, progress=False)
+    assert simulate(X, y, n_workers=2, epochs=5, eval_set=(Xt, yt)).val_score > 0.9
+    with pytest.raises(ValueError, match=r"n_shards: 6 shards for 5 weights"):
+        simulate(X, y, n_workers=2, epochs=1, n_shards=6)
+
+
 @pytest.mark.parametrize("policy, wait", [("asp", None), ("bsp", None), ("ssp", None),
                                           ("saps", None), ("asp", "randomized"),
                                           ("saps", "abort")])

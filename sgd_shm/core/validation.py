@@ -24,7 +24,11 @@ from sgd_shm.core.errors import ParameterError
 
 __all__ = ["check_int", "check_number", "check_positive", "check_bool", "check_choice", "check_seed",
            "resolve_workers", "n_columns", "model_data", "model_X", "check_eval_set", "eval_pair",
-           "check_callbacks", "model_dtype"]
+           "check_callbacks", "model_dtype", "check_shards", "DEFAULT_SHARDS"]
+
+#: the parameter server's weight shards when ``n_shards`` is not given (or the model's
+#: weights, where it has fewer)
+DEFAULT_SHARDS = 8
 
 
 def _is_int(v):
@@ -43,6 +47,21 @@ def check_int(name, v, lo=1, hi=None) -> int:
         rule = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise ValueError(f"{name}: must be an int {rule}, got {v!r}")
     return int(v)
+
+
+def check_shards(n_shards, n_params) -> int:
+    """The weight shards of a parameter-server run over ``n_params`` weights: ``n_shards``
+    (an int >= 1, or None: ``DEFAULT_SHARDS``, or ``n_params`` where the model has fewer).
+    Every shard owns a weight at least, so asking for more shards than weights is an
+    error, not cut down silently."""
+    if n_shards is None:
+        return min(DEFAULT_SHARDS, int(n_params))
+    n_shards = check_int("n_shards", n_shards)
+    if n_shards > n_params:
+        raise ValueError(f"n_shards: {n_shards} shards for {n_params} weights; every shard "
+                         f"must own at least one weight; use n_shards <= {n_params}, or "
+                         "n_shards=None")
+    return n_shards
 
 
 def check_number(name, v, lo=None, hi=None, lo_open=False, hi_open=False) -> float:

@@ -36,7 +36,7 @@ class TrainConfig:
     target_loss: float | None
     lr: Schedule                        # the step of a push at the version it pulled
     batch_size: int
-    n_shards: int
+    n_shards: int | None              # None: check_shards picks
     sample_every: float
     transient: tuple | None
     faults: dict = field(default_factory=dict)
@@ -133,7 +133,7 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
         max_seconds=max_seconds,
         target_loss=None if target_loss is None else check_number("target_loss", target_loss),
         lr=make_schedule(lr), batch_size=check_int("batch_size", batch_size),
-        n_shards=check_int("n_shards", n_shards),
+        n_shards=None if n_shards is None else check_int("n_shards", n_shards),
         sample_every=check_positive("sample_every", sample_every),
         transient=transient_of(transient), faults=_faults(faults, n_workers),
         checkpoint=_checkpoint_path(checkpoint),

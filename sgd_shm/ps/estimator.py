@@ -33,7 +33,7 @@ class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, *, loss="log_loss", policy="saps", n_workers=2, backend="shm",
                  address=None, max_iter=5, max_seconds=None, target_loss=None, lr=0.5,
-                 alpha=1e-4, batch_size=64, staleness=None, n_shards=8, slowdown=None,
+                 alpha=1e-4, batch_size=64, staleness=None, n_shards=None, slowdown=None,
                  start_method="fork", random_state=None):
         self.loss = loss
         self.policy = policy

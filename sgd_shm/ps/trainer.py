@@ -25,7 +25,8 @@ from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.schedules import for_run
 from sgd_shm.core.status import MESSAGE_FIELDS
-from sgd_shm.core.validation import check_eval_set, model_data, model_dtype, n_columns
+from sgd_shm.core.validation import (check_eval_set, check_shards, model_data, model_dtype,
+                                     n_columns)
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.ps.checkpoint import load_checkpoint
 from sgd_shm.ps.config import make_config
@@ -153,14 +154,10 @@ def _resume_point(cfg, d):
 
 
 def _n_shards(cfg, d, ckpt):
-    """Shards of the run: n_shards, each owning one weight at least (more shards than
-    weights is an error, not cut down silently)."""
+    """Shards of the run: a checkpoint's, else :func:`check_shards` of n_shards."""
     if ckpt is not None:
         return len(ckpt["shard_versions"])
-    if cfg.n_shards > d:
-        raise ValueError(f"n_shards: {cfg.n_shards} shards for {d} weights; every shard "
-                         f"must own at least one weight; use n_shards <= {d}")
-    return cfg.n_shards
+    return check_shards(cfg.n_shards, d)
 
 
 def _backend(cfg, d, batches, rng, ckpt, budget, init=None):
@@ -236,7 +233,7 @@ def _progress_bar(cfg, label):
 
 def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
           detect_factor=2.0, slowdown=None, transient=None, max_seconds=None, epochs=None,
-          target_loss=None, loss=None, lr=0.5, alpha=None, batch_size=64, n_shards=8,
+          target_loss=None, loss=None, lr=0.5, alpha=None, batch_size=64, n_shards=None,
           sample_every=0.02, faults=None, checkpoint=None, checkpoint_every=5.0, resume=None,
           wait=None, backend="shm", address=None, start_method="fork", seed=0, progress=None,
           compress=None, drop=None, model=None, partition=None, eval_set=None,
@@ -276,7 +273,8 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         (:class:`sgd_shm.ps.StepDecay`, :class:`sgd_shm.ps.Cosine`, any callable ``t
         -> step``; RPS: of the round; :mod:`sgd_shm.core.schedules`); L2 of the linear
         model, rows per minibatch.
-    n_shards [8], sample_every [0.02] : weight shards; the coordinator's period.
+    n_shards [None: 8, or the model's weights where fewer], sample_every [0.02] : weight
+        shards (at most one per weight); the coordinator's period.
     faults [None] : {worker: seconds}: kill that worker (SIGKILL, or ``ray.kill``)
         that long into the run; reported in ``.killed``; BSP/SSP stop waiting for
         it; under SaPS its queued minibatches are stolen.

@@ -37,7 +37,7 @@ from sgd_shm.core.traces import EagerTrace, PSTrace
 from sgd_shm.core.policies import make_policy
 from sgd_shm.core.schedules import Schedule, for_run, make_schedule
 from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop, check_momentum,
-                                     check_eval_set, check_int, check_number,
+                                     check_eval_set, check_int, check_number, check_shards,
                                      check_positive, model_data, n_columns,
                                      resolve_workers, stopping_rule)
 from sgd_shm.models.linear import model_or_linear
@@ -144,7 +144,7 @@ class _Config:
     collective: str | None
     lr: Schedule                        # of the version pulled (ps) or the round
     batch_size: int
-    n_shards: int
+    n_shards: int | None       # None until the problem is known (check_shards)
     epochs: float | None
     max_seconds: float
     target_loss: float | None
@@ -168,7 +168,7 @@ class _Config:
 
 def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, cluster=None,
              network=None, compress=None, drop=None, model=None, seed=0, eval_set=None,
-             lr=None, batch_size=64, n_shards=8, staleness=None, window=None,
+             lr=None, batch_size=64, n_shards=None, staleness=None, window=None,
              detect_factor=2.0, late="carry", average="size", depth=8, sample_every=None,
              max_seconds=None, target_loss=None, faults=None, loss=None,
              alpha=None, callbacks=None, replay=None, momentum=0.0) -> SimResult:
@@ -192,7 +192,7 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
     model [None], loss [None], alpha [None] : as the trainers.
     seed [0] : an int >= 0: partitions, minibatch orders, step-time draws, loss coins.
     eval_set [None] : (X_val, y_val): held-out loss and accuracy in every record.
-    lr [0.5 ps, 2.0 collective], batch_size [64], n_shards [8] : as the trainers (a
+    lr [0.5 ps, 2.0 collective], batch_size [64], n_shards [None] : as the trainers (a
         schedule, as the trainers': of the version a push pulled, or of the round).
     staleness [None], window [None: 4 steps of the slowest worker], detect_factor
         [2.0] : for "ssp" / "saps" (the window in virtual seconds).
@@ -256,7 +256,8 @@ def _config(n_workers, policy, collective, epochs, cluster, network, compress, d
     cfg = _Config(
         n_workers=n_workers, policy=None, collective=collective,
         lr=_step(lr, collective),
-        batch_size=check_int("batch_size", batch_size), n_shards=check_int("n_shards", n_shards),
+        batch_size=check_int("batch_size", batch_size),
+        n_shards=None if n_shards is None else check_int("n_shards", n_shards),
         epochs=epochs, max_seconds=max_seconds,
         target_loss=None if target_loss is None else check_number("target_loss", target_loss),
         cluster=cluster, network=network, compress=_compressor(compress), drop=None, seed=seed,
@@ -401,6 +402,7 @@ def _problem(X, y, model, cfg, eval_set):
     prob = _Problem(model, model.prepare(X, yi), model.n_params, None,
                     Evaluator(model, X, yi, rows, evals), classes, n)
     if cfg.collective is None:
+        cfg.n_shards = check_shards(cfg.n_shards, model.n_params)
         prob.batches = Batches.draw(n, cfg.n_workers, cfg.batch_size, rng)
         prob.init = np.asarray(model.init(rng), np.float64)
         [int(rng.integers(2**31)) for _ in range(cfg.n_workers)]      # the queues' seeds
