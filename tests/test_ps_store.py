@@ -130,6 +130,10 @@ def test_pickle_attach_and_bad_input():
         s.push(np.ones(6), 0, lr=0.1, wait="spin")
     with pytest.raises(ValueError, match="n_shards"):
         ParameterStore(3, n_shards=4)
+    with ParameterStore(3, n_workers=1, shared=False) as small:     # default: one per weight
+        assert small.n_shards == 3
+    with ParameterStore(30, n_workers=1, shared=False) as big:
+        assert big.n_shards == 8
     with pytest.raises(ValueError, match="init"):
         ParameterStore(3, n_shards=1, init=[1.0, np.inf, 0])
     with pytest.raises(ValueError, match="spins"):

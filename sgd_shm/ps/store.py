@@ -99,7 +99,7 @@ from sgd_shm.core.atomics import cas_py as _cas_py
 from sgd_shm.core.atomics import store_release_py as _store_release_py
 from sgd_shm.core.launcher import pid_alive as _pid_alive
 from sgd_shm.core.status import HIST_BINS
-from sgd_shm.core.validation import check_int, check_number
+from sgd_shm.core.validation import check_int, check_number, check_shards
 
 KIND_PS = 4
 #: int64 words per padded slot (a cache line as the compiled core pads it); a segment
@@ -294,24 +294,22 @@ def _attach(name):
 
 
 class ParameterStore:
-    """ParameterStore(n_params, *, n_shards=8, n_workers=4, shared=True, init=None,
+    """ParameterStore(n_params, *, n_shards=None, n_workers=4, shared=True, init=None,
     dtype=np.float64)
 
     Sharded weights with per-shard versions and locks, a global version and
     per-worker slots, in one shared-memory segment (pickles as a handle that
-    re-attaches). ``init`` sets the initial weights (default zeros); ``dtype`` is
+    re-attaches). ``n_shards``: at most one per parameter (None: 8, or ``n_params``
+    where fewer). ``init`` sets the initial weights (default zeros); ``dtype`` is
     their float type (float64, or float32 for a model that computes in it: pulls,
     pushes and snapshots then move float32, and a push's gradient is converted to it).
     """
 
-    def __init__(self, n_params, *, n_shards=8, n_workers=4, shared=True, init=None,
+    def __init__(self, n_params, *, n_shards=None, n_workers=4, shared=True, init=None,
                  clock="exact", clock_counters=None, dtype=np.float64):
         n_params = check_int("n_params", n_params)
-        n_shards = check_int("n_shards", n_shards)
+        n_shards = check_shards(n_shards, n_params)
         n_workers = check_int("n_workers", n_workers)
-        if n_shards > n_params:
-            raise ValueError(f"n_shards={n_shards} exceeds n_params={n_params}; use at most "
-                             "one shard per parameter")
         if not isinstance(shared, bool):
             raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
         clock, m = _clock_args(clock, clock_counters, n_workers)
