@@ -136,6 +136,23 @@ def test_bad_arguments_name_the_rule(data, fn, kw, exc, words):
         assert isinstance(e.value, ParameterError) and isinstance(e.value, ValueError)
 
 
+@pytest.mark.parametrize("fn", [ps.train, eager.train])
+def test_non_numeric_X_is_refused_by_name(data, fn):
+    """Strings are refused even where numpy would parse them ("0.5"), as scikit-learn
+    does; a value that does not convert is a ValueError naming X, not numpy's message
+    alone. Numbers in an object array or a list of lists train."""
+    X, y = data[:2]
+    Xd = np.asarray(X[:200].toarray() if hasattr(X, "toarray") else X[:200])
+    with pytest.raises(ValueError, match="X: expected numbers, got an array of strings"):
+        fn(Xd.astype(str), y[:200], epochs=1, progress=False)
+    bad = Xd.astype(object)
+    bad[3, 1] = "n/a"
+    with pytest.raises(ValueError, match="X: expected numbers.*'n/a'"):
+        fn(bad, y[:200], epochs=1, progress=False)
+    r = fn(Xd.astype(object).tolist(), y[:200], n_workers=2, epochs=1, progress=False)
+    assert np.isfinite(r.final_loss)
+
+
 def test_too_many_shards_is_an_error_not_a_clamp(data):
     X, y = data[:2]
     with pytest.raises(ValueError, match="n_shards: 1000 shards for 300 weights"):

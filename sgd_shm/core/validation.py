@@ -151,9 +151,25 @@ def check_callbacks(callbacks) -> tuple:
     return out
 
 
+def _numeric(X, dtype, name):
+    """X as a C-contiguous array of ``dtype``; strings, bytes and values that do not
+    convert are a ValueError naming ``name`` (numpy would parse numeric strings)."""
+    if not hasattr(X, "dtype"):
+        X = np.asarray(X)
+    if X.dtype.kind in ("U", "S"):
+        raise ValueError(f"{name}: expected numbers, got an array of strings; convert the "
+                         "data to numbers first (e.g. X.astype(float) or an encoder)")
+    try:
+        return np.ascontiguousarray(X, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: expected numbers, and a value does not convert to "
+                         f"{np.dtype(dtype).name} ({e}); convert the data to numbers "
+                         "first") from None
+
+
 def _matrix(X, name="X"):
     X = sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else \
-        np.ascontiguousarray(X, dtype=np.float64)
+        _numeric(X, np.float64, name)
     if X.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D matrix, got {X.ndim} dimensions")
     if not np.isfinite(X.data if sp.issparse(X) else X).all():
@@ -181,7 +197,7 @@ def _samples(X, model, name="X"):
     if sp.issparse(X):
         raise TypeError(f"{name}: this model takes a dense array shaped (n, *{shape}), got a "
                         "sparse matrix; pass X.toarray()")
-    X = np.ascontiguousarray(X, dtype=dtype)
+    X = _numeric(X, dtype, name)
     if X.ndim == 2 and X.shape[1] == model.n_features and len(shape) != 1:
         X = X.reshape((X.shape[0],) + shape)
     if X.shape[1:] != shape:
