@@ -167,7 +167,8 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
     loss [None: "log_loss"], lr [2.0], alpha [None: 1e-4], batch_size [64] : the
         default linear model's loss and L2 (a ``model`` brings its own: leave them
         out), the step (applied to the mean of the round's gradients, so it can be
-        larger than the parameter server's 0.5, which applies to each worker's push):
+        larger than the parameter server's 0.5, which applies to each worker's push;
+        both suit the default linear model: pass a smaller one for a network):
         a number, or a schedule of round r (``Cosine(2.0)``: over the run's rounds,
         ``StepDecay``, any callable ``r -> step``: :mod:`sgd_shm.core.schedules`),
         rows per rank per step.

@@ -269,7 +269,8 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
         (the default :class:`sgd_shm.models.Linear`).
     lr [0.5], alpha [None: 1e-4], batch_size [64] : the step (applied to each push,
         one worker's gradient: smaller than eager-SGD's 2.0, which applies to the mean
-        of every rank's): a number, or a schedule of the version a push's worker pulled
+        of every rank's; it suits the default linear model: pass a smaller one for a
+        network): a number, or a schedule of the version a push's worker pulled
         (:class:`sgd_shm.ps.StepDecay`, :class:`sgd_shm.ps.Cosine`, any callable ``t
         -> step``; RPS: of the round; :mod:`sgd_shm.core.schedules`); L2 of the linear
         model, rows per minibatch.
