@@ -229,9 +229,12 @@ def model_data(X, y, model, n_workers):
     classes, idx = np.unique(y, return_inverse=True)
     if classes.size != model.n_outputs:
         want = "two classes" if model.n_outputs == 2 else f"{model.n_outputs} classes"
+        example = ("a network whose last layer has that many outputs"
+                   if getattr(model, "input_shape", None) is not None
+                   else "e.g. sgd_shm.models.SoftmaxRegression")
         raise ValueError(f"y: expected {want} (the model's n_outputs), got {classes.size} "
                          f"({classes[:5].tolist()}); for {classes.size} classes pass a model "
-                         f"with n_outputs={classes.size} (e.g. sgd_shm.models.SoftmaxRegression)")
+                         f"with n_outputs={classes.size} ({example})")
     if X.shape[0] < n_workers:
         raise ValueError(f"n_workers: X has only {X.shape[0]} rows, fewer than the {n_workers} "
                          "workers (each needs a partition); use fewer workers")
