@@ -221,3 +221,31 @@ def test_epochs_run_records_the_final_loss(problem):
     X, y = problem
     r = train(X, y, n_workers=2, epochs=1, lr=1.0, max_seconds=60, progress=False)
     assert r.history[-1]["step"] == r.rounds and r.final_loss < math.log(2)
+
+
+def test_default_sampling_period_stretches_for_a_costly_record(problem):
+    """With sample_every=None rank 0 samples every 0.05 s, or, where a record costs
+    more than a tenth of that (a network's forward passes), often enough that records
+    take at most a tenth of its time: a model whose loss takes 30 ms (a record: 60 ms,
+    training and held-out) gets a record every 0.54 s or more, at most 4 in a 1.5 s run
+    beside the first and the last (every 0.05 s it would be about 14), while an explicit
+    sample_every is kept as given."""
+    import time
+    from types import SimpleNamespace
+
+    from sgd_shm.eager.trainer import SAMPLE_EVERY, _period
+    from sgd_shm.models import Linear
+    X, y = problem
+    none, given = SimpleNamespace(sample_every=None), SimpleNamespace(sample_every=0.01)
+    assert _period(none, 0.001) == SAMPLE_EVERY and _period(given, 1.0) == 0.01
+    assert _period(none, 0.06) == pytest.approx(0.54)
+
+    class SlowLoss(Linear):
+        def loss(self, w, data):
+            time.sleep(0.03)
+            return super().loss(w, data)
+
+    r = train(X, y, n_workers=2, max_seconds=1.5, model=SlowLoss(X.shape[1]),
+              eval_set=(X[:100], y[:100]), progress=False)
+    gaps = np.diff([h["seconds"] for h in r.history[:-1]])
+    assert len(r.history) <= 6 and (gaps >= 0.5).all()

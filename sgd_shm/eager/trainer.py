@@ -51,6 +51,10 @@ __all__ = ["train", "EagerResult", "EagerTrace", "sleepers", "BACKENDS"]
 BACKENDS = ("shm", "mpi")
 #: rows the training loss is evaluated on during the run (a fixed sample)
 EVAL_ROWS = 4096
+#: with ``sample_every=None``: rank 0's period between records, stretched where a record
+#: costs more (a network's forward passes) so that records take at most this share of
+#: its time (the other ranks wait on rank 0 in every collective)
+SAMPLE_EVERY, SAMPLE_SHARE = 0.05, 0.1
 
 
 @dataclass(repr=False)
@@ -121,7 +125,7 @@ class _Config:
     max_rounds: int | None
     lr: Schedule                # the step at round r: lr(r)
     batch_size: int
-    sample_every: float
+    sample_every: float | None
     depth: int
     timeout: float | None
     seed: int
@@ -136,7 +140,7 @@ class _Config:
 
 def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
           imbalance=None, delay=None, max_seconds=None, target_loss=None, epochs=None,
-          loss=None, lr=2.0, alpha=None, batch_size=64, sample_every=0.05,
+          loss=None, lr=2.0, alpha=None, batch_size=64, sample_every=None,
           depth=8, timeout=None, seed=0, backend="shm", comm=None,
           compress=None, progress=None, model=None, momentum=0.0, eval_set=None,
           callbacks=None, trace=False) -> EagerResult:
@@ -172,9 +176,12 @@ def train(X, y, *, n_workers=4, collective="sync", late="carry", average="size",
         a number, or a schedule of round r (``Cosine(2.0)``: over the run's rounds,
         ``StepDecay``, any callable ``r -> step``: :mod:`sgd_shm.core.schedules`),
         rows per rank per step.
-    sample_every [0.05] : seconds between rank 0's loss samples (rank 0 computes them
+    sample_every [None] : seconds between rank 0's loss samples (rank 0 computes them
         between its rounds, so sampling costs it training time: a longer period than
         the parameter server's 0.02, whose coordinator samples beside the workers).
+        None: 0.05, or longer where a record costs more than a tenth of that (a
+        network's forward passes), so that records take at most a tenth of rank 0's
+        time.
     depth [8] : rounds a rank may fall behind before the others wait for it.
     timeout [None] : seconds a collective may wait (None: no limit; a dead rank is
         still reported).
@@ -263,7 +270,8 @@ def _config(n_workers, collective, late, average, imbalance, delay, max_seconds,
                                                                              target_loss),
                   max_rounds=None, lr=make_schedule(lr),
                   batch_size=check_int("batch_size", batch_size),
-                  sample_every=check_positive("sample_every", sample_every),
+                  sample_every=(None if sample_every is None
+                                else check_positive("sample_every", sample_every)),
                   depth=check_int("depth", depth), timeout=check_timeout("timeout", timeout),
                   seed=check_int("seed", seed, lo=0), backend=backend,
                   progress=sys.stderr.isatty() if progress is None else check_bool(
@@ -598,9 +606,10 @@ def _rank_run(comm, job):
     cfg = job.cfg
     comm.allreduce(np.zeros(comm.n, comm.dtype))     # start together
     t0 = time.perf_counter()
+    next_sample, target_hit, bar = 0.0, False, _bar(cfg, me.k)
     if me.k == 0:
         me.history.append(me.record(0.0, 0))
-    next_sample, target_hit, bar = cfg.sample_every, False, _bar(cfg, me.k)
+        next_sample = _period(cfg, time.perf_counter() - t0)
     r = 0
     while True:
         now = time.perf_counter() - t0
@@ -611,11 +620,12 @@ def _rank_run(comm, job):
         if me.k == 0 and (time.perf_counter() - t0 >= next_sample or stop):
             now = time.perf_counter() - t0
             record = me.record(now, r, final=stop)
+            cost = time.perf_counter() - t0 - now
             cur = record["loss"]
             me.history.append(record)
             target_hit = target_hit or (cfg.target_loss is not None and cur <= cfg.target_loss)
             target_hit = any([bool(cb(dict(record))) for cb in cfg.callbacks]) or target_hit
-            next_sample = now + cfg.sample_every
+            next_sample = now + _period(cfg, cost)
             if bar is not None:
                 bar.n = round(min(now, cfg.max_seconds), 1)
                 bar.set_postfix_str(f"round {r:,}  loss {cur:.4f}"
@@ -632,6 +642,15 @@ def _rank_run(comm, job):
             "contributors": me.contributors, "bytes_sent": me.exchange.bytes_sent,
             "bytes_dense": me.exchange.bytes_dense, "bytes_moved": me.exchange.bytes_moved,
             "t0": t0, "trace": me.trace}
+
+
+def _period(cfg, cost):
+    """Seconds from one of rank 0's records to the next, after one that took ``cost``
+    seconds: ``sample_every``, or with None the default stretched to keep the records'
+    share of rank 0's time at most SAMPLE_SHARE."""
+    if cfg.sample_every is not None:
+        return cfg.sample_every
+    return max(SAMPLE_EVERY, cost * (1.0 - SAMPLE_SHARE) / SAMPLE_SHARE)
 
 
 def _bar(cfg, k):
