@@ -17,7 +17,7 @@ minibatch (in all, over the workers) and step (lr, or lr (1 - momentum) with
 momentum, the same effective step):
 
 * ``sklearn``: ``MLPClassifier(solver="sgd")``, one epoch per ``partial_fit`` call;
-* ``hogwild``: :class:`sgd_shm.mlp.HogwildTrainer`, threads, every worker steps all
+* ``hogwild``: :class:`sgd_shm.hogwild.mlp.HogwildTrainer`, threads, every worker steps all
   weights, Nesterov momentum as scikit-learn;
 * ``blocks``: the same with ``partition="blocks"``; it runs ``layers x workers`` times
   the epochs, since an iteration moves one of a worker's blocks only;

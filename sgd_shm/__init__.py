@@ -12,6 +12,7 @@ Engine:
     hogwild.Problem     training data laid out for the kernels (CSR or dense)
     hogwild.HogwildSGD  weights + schedule; ``epoch()`` runs n_workers lock-free threads
     DivergenceError     raised instead of returning NaN weights
+    WorkerError         a worker process of a fit raised or died
 
 Subpackages: ``sgd_shm.ps`` (parameter server on shared memory or Ray),
 ``sgd_shm.collectives`` (allreduce, solo and majority allreduce on shared memory or MPI),
@@ -40,7 +41,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 #: a Ray actor, an MPI rank) that imports only the engine never needs it
 _LAZY = {"HogwildClassifier": "sgd_shm.hogwild.estimators",
          "HogwildRegressor": "sgd_shm.hogwild.estimators",
-         "DivergenceError": "sgd_shm.core.errors", "MatrixFactorization": "sgd_shm.hogwild.mf",
+         "DivergenceError": "sgd_shm.core.errors", "WorkerError": "sgd_shm.core.errors",
+         "MatrixFactorization": "sgd_shm.hogwild.mf",
          "HogwildMLPClassifier": "sgd_shm.hogwild.mlp"}
 
 
@@ -57,4 +59,4 @@ def __dir__():
 
 
 __all__ = ["__version__", "HogwildClassifier", "HogwildRegressor", "MatrixFactorization", "DivergenceError",
-           "HogwildMLPClassifier"]
+           "WorkerError", "HogwildMLPClassifier"]

@@ -69,3 +69,43 @@ def test_sources_carry_no_run_reports():
     hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in sources
             for i, line in enumerate(p.read_text().splitlines(), 1) if RUN_REPORT.search(line)]
     assert not hits, "run reports in source comments:\n" + "\n".join(hits)
+
+
+#: a source file named in a page's text (`sgd_shm/hogwild/_kernels.py`), or a dotted name
+#: of the kit (`sgd_shm.WorkerError`, `relaxed.quality.replay`)
+SOURCE = re.compile(r"`((?:sgd_shm|relaxed|ext|bench|tests)/[\w./-]+\.(?:py|pyx|pxd|h|hpp|cpp))`")
+DOTTED = re.compile(r"`((?:sgd_shm|relaxed)(?:\.[A-Za-z_]\w*)+)")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether a dotted name is a module of the kit or an attribute of one."""
+    import importlib
+    import warnings
+    parts = dotted.split(".")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # re-exports on their way out
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                return False
+            return True
+    return False
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_named_sources_exist(page):
+    """The source files and the dotted names a page cites exist: a page that says where
+    the code is, or what to import or catch, is not left pointing at a file that moved."""
+    text = page.read_text()
+    missing = sorted({f for f in SOURCE.findall(text) if not (ROOT / f).exists()})
+    if any(d.startswith("sgd_shm.torch") for d in DOTTED.findall(text)):
+        pytest.importorskip("torch")
+    unknown = sorted({d for d in DOTTED.findall(text) if not _resolves(d)})
+    assert not missing and not unknown, (f"{page.relative_to(ROOT)} names missing files "
+                                         f"{missing} and unknown names {unknown}")

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from naive import serial_mf_epoch
-from sgd_shm import MatrixFactorization
+from sgd_shm import MatrixFactorization, WorkerError
 from sgd_shm.hogwild import _mf
 from sgd_shm.data import make_ratings
 
@@ -114,8 +114,9 @@ def test_bad_parameters_and_divergence():
 
 
 def test_processes_worker_failure_releases_everything(monkeypatch, no_shm_leak):
-    """A worker that raises or is SIGKILLed stops the fit with a WorkerError; the
-    shared segment is gone and the estimator keeps private factors."""
+    """A worker that raises or is SIGKILLed stops the fit with a WorkerError (the public
+    sgd_shm.WorkerError, as the docs say to catch it); the shared segment is gone and
+    the estimator keeps private factors."""
     import os
     import signal
 
@@ -127,7 +128,7 @@ def test_processes_worker_failure_releases_everything(monkeypatch, no_shm_leak):
         raise RuntimeError("injected failure")
     monkeypatch.setattr(_procs, "mf_epoch", boom)      # forked workers inherit it
     mf = MatrixFactorization(n_workers=2, backend="processes", max_iter=2)
-    with pytest.raises(_procs.WorkerError, match="(?s)worker 0 .*injected.*worker 1 .*inj"):
+    with pytest.raises(WorkerError, match="(?s)worker 0 .*injected.*worker 1 .*inj"):
         mf.fit(X, y)
 
     def die(*args):
@@ -135,7 +136,7 @@ def test_processes_worker_failure_releases_everything(monkeypatch, no_shm_leak):
             os.kill(os.getpid(), signal.SIGKILL)
         real(*args)
     monkeypatch.setattr(_procs, "mf_epoch", die)
-    with pytest.raises(_procs.WorkerError, match="worker 1 .*died"):
+    with pytest.raises(WorkerError, match="worker 1 .*died"):
         mf.fit(X, y)
     monkeypatch.undo()
     mf.fit(X, y)                                        # and it works again

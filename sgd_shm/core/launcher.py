@@ -68,6 +68,7 @@ import numpy as np
 
 from relaxed.shm import HEADER_SIZE, Segment
 from sgd_shm.core.atomics import LINE_WORDS
+from sgd_shm.core.errors import WorkerError
 
 _ALIGN = 8 * LINE_WORDS          # every array starts on a padded cache line of its own
 
@@ -394,10 +395,6 @@ def _join_reapers():
     usually finds them gone."""
     while _REAPERS:
         _REAPERS.pop().join()
-
-
-class WorkerError(RuntimeError):
-    """A Hogwild worker process raised or died."""
 
 
 class SharedWorkers:

@@ -1,4 +1,4 @@
-"""Numba kernel for matrix factorization by Hogwild SGD (private; see sgd_shm.mf).
+"""Numba kernel for matrix factorization by Hogwild SGD (private; see sgd_shm.hogwild.mf).
 
 The biased model of Funk (2006) and Koren, Bell, Volinsky ("Matrix factorization
 techniques for recommender systems", 2009): r̂(u, i) = mu + b_u + b_i + p_u · q_i,

@@ -423,7 +423,7 @@ class HogwildSGD:
         if backend not in ("threads", "processes"):
             raise ValueError(f"backend must be 'threads' or 'processes', got {backend!r}")
         self.backend = backend
-        # how the processes backend starts its workers (see sgd_shm._procs)
+        # how the processes backend starts its workers (see sgd_shm.hogwild._pool)
         from sgd_shm.core.launcher import check_start_method
         self.start_method = check_start_method(start_method)
         self._pool = None

@@ -1,5 +1,5 @@
 """Numba kernels of the multi-layer perceptron on flat weights (private; see
-``sgd_shm.models`` for the interface and ``sgd_shm.mlp`` for the estimator).
+``sgd_shm.models`` for the interface and ``sgd_shm.hogwild.mlp`` for the estimator).
 
 The network: ReLU hidden layers, a softmax output, cross-entropy loss and L2 of
 strength ``alpha`` on the coefficient matrices (not the intercepts), with
