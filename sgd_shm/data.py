@@ -167,8 +167,12 @@ def make_ratings(n_users=10_000, n_items=2_000, n_ratings=500_000, *, rank=10, n
     for name, v in (("n_users", n_users), ("n_items", n_items), ("n_ratings", n_ratings),
                     ("rank", rank)):
         check_int(name, v)
-    if noise < 0:
-        raise ValueError(f"noise must be >= 0, got {noise}")
+    if n_ratings > n_users * n_items:
+        raise ValueError(f"n_ratings: at most n_users * n_items = {n_users * n_items} unique "
+                         f"(user, item) pairs exist, got {n_ratings}; ask for fewer ratings or "
+                         "more users or items")
+    noise = check_number("noise", noise, lo=0)
+    zipf = check_number("zipf", zipf, lo=0)
     rng = np.random.default_rng(random_state)
 
     def popular(n, size):

@@ -5,7 +5,7 @@ import scipy.sparse as sp
 from sklearn.datasets import dump_svmlight_file
 from sklearn.linear_model import SGDClassifier
 
-from sgd_shm.data import load_svmlight, make_rcv1_like
+from sgd_shm.data import load_svmlight, make_ratings, make_rcv1_like
 
 
 def test_rcv1_like_shape_density_norms_and_seed():
@@ -33,6 +33,26 @@ def test_rcv1_like_shape_density_norms_and_seed():
 def test_rcv1_like_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         make_rcv1_like(**{"n_samples": 10, "n_features": 10, **kwargs})
+
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_ratings=10), r"n_ratings: at most n_users \* n_items = 9 unique"),
+    (dict(rank=0), "rank: must be an int >= 1"),
+    (dict(noise=-0.1), "noise: must be a finite number >= 0"),
+    (dict(noise=float("nan")), "noise: must be a finite number"),
+    (dict(zipf=-1.0), "zipf: must be a finite number >= 0"),
+])
+def test_ratings_bad_arguments(kwargs, match):
+    """make_ratings refuses what it cannot make: more unique (user, item) pairs than exist
+    (it used to return fewer ratings than asked, without a word), or a bad noise or skew."""
+    with pytest.raises(ValueError, match=match):
+        make_ratings(**{"n_users": 3, "n_items": 3, "n_ratings": 5, **kwargs})
+
+
+def test_ratings_pairs_are_unique_up_to_every_pair():
+    X, y = make_ratings(3, 3, 9, random_state=0)
+    assert len({tuple(r) for r in X}) == len(X) <= 9 and ((1 <= y) & (y <= 5)).all()
 
 
 def _held_out_accuracy(X, y, n_train):

@@ -96,10 +96,14 @@ def test_cold_start_and_partial_fit():
     (np.array([["a", "b"]]), np.array([3.0]), ValueError, "string"),
     (np.array([[0, 1]]), np.array([np.nan]), ValueError, "NaN"),
     (np.array([[0, 1]]), np.array([1.0, 2.0]), ValueError, "inconsistent numbers of samples"),
+    # raw ids index the tables: 10^15 users would need far more memory than any machine has
+    (np.array([[10**15, 1]]), np.array([3.0]), ValueError, r"X: .* renumber the ids"),
 ])
 def test_bad_input(X, y, exc, match):
+    mf = MatrixFactorization()
     with pytest.raises(exc, match=match):
-        MatrixFactorization().fit(X, y)
+        mf.fit(X, y)
+    assert not hasattr(mf, "n_users_")              # nothing of a half-made fit is left
 
 
 def test_bad_parameters_and_divergence():

@@ -66,6 +66,14 @@ def test_make_policy_errors():
         SSP(-1).bind(2)
     with pytest.raises(ValueError, match="window"):
         SaPS(window=0)
+    # a staleness the policy would not use is refused, not silently dropped
+    for name in ("asp", "bsp", "rps"):
+        with pytest.raises(ValueError, match=f"staleness: policy '{name}' has no staleness"):
+            make_policy(name, staleness=2)
+    with pytest.raises(ValueError, match=r"carries its own settings.*SSP\(staleness=2\)"):
+        make_policy(mine, staleness=2)
+    assert make_policy("ssp", staleness=2).bind(3).s == 2
+    assert make_policy("saps", staleness=2).bind(3).s == 2
 
 
 class DropStale(Policy):

@@ -255,6 +255,10 @@ def test_carry_conserves_the_gradient_mass(data):
     (dict(drop=0.1, collective="sync"), ValueError, "drop"),
     (dict(faults={9: 1.0}), ValueError, "faults"),
     (dict(seed=-1), ValueError, "seed"),
+    # settings the run would ignore are refused, as the trainers refuse them
+    (dict(staleness=3, policy="asp"), ValueError, "staleness: policy 'asp' has no staleness"),
+    (dict(staleness=3, collective="sync"), ValueError, "staleness: .* collective='sync' does"),
+    (dict(window=1.0, collective="solo"), ValueError, "window: .* 'saps', which collective"),
 ])
 def test_bad_input(data, kw, err, match):
     X, y = data

@@ -300,12 +300,21 @@ def _bound(staleness, n_workers):
 def make_policy(policy, *, staleness=None, window=0.5, detect_factor=2.0) -> Policy:
     """A policy object from ``train``'s arguments: a name in :data:`POLICY_NAMES` (with
     ``staleness``, ``window``, ``detect_factor``), or a :class:`Policy` instance,
-    returned as it is."""
+    returned as it is. A ``staleness`` that the policy would not use is refused: a run
+    that silently ignored it would not be the run its caller asked for."""
     if isinstance(policy, Policy):
+        if staleness is not None:
+            raise ValueError(f"staleness: a policy object carries its own settings; give "
+                             f"them to it (e.g. SSP(staleness={staleness!r})) and leave "
+                             "staleness out")
         return policy
     if isinstance(policy, type) and issubclass(policy, Policy):
         raise TypeError(f"policy: pass an instance, e.g. policy={policy.__name__}(), "
                         "not the class")
+    if staleness is not None and policy in ("asp", "bsp", "rps"):
+        raise ValueError(f"staleness: policy {policy!r} has no staleness bound (it is the "
+                         f"bound of 'ssp' and of 'saps'), got staleness={staleness!r}; use "
+                         "policy='ssp' or 'saps', or leave staleness out")
     if policy == "asp":
         return Policy()
     if policy == "bsp":

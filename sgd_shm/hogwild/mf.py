@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
@@ -50,6 +51,22 @@ def _check_pairs(X, name="X"):
     if X.size and X.min() < 0:
         raise ValueError(f"{name} holds negative ids ({X.min()}); ids must be >= 0")
     return X
+
+
+def _check_tables(n_users, n_items, n_factors):
+    """Ids index the rows of the factor tables: refuse ids whose tables cannot fit in this
+    machine's memory (a sparse id space, such as raw user ids, asks for that) with the fix,
+    instead of numpy's MemoryError deep in the fit."""
+    need = (n_users + n_items) * (n_factors + 1) * 8
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):      # not POSIX: let numpy decide
+        return
+    if need > have:
+        raise ValueError(f"X: ids index the factor tables, and the largest user id "
+                         f"{n_users - 1} and item id {n_items - 1} need {need / 2**30:.1f} GiB "
+                         f"of tables, more than this machine's {have / 2**30:.1f} GiB; renumber "
+                         "the ids 0, 1, 2, ... (np.unique(ids, return_inverse=True) does)")
 
 
 class MatrixFactorization(RegressorMixin, BaseEstimator):
@@ -134,9 +151,9 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         if pair is not None:
             pair = self._data(*pair, reset=False)
         rng = check_random_state(self.random_state)
-        self.n_users_ = int(X[:, 0].max()) + 1
-        self.n_items_ = int(X[:, 1].max()) + 1
-        k = self.n_factors
+        n_users, n_items, k = int(X[:, 0].max()) + 1, int(X[:, 1].max()) + 1, self.n_factors
+        _check_tables(n_users, n_items, k)
+        self.n_users_, self.n_items_ = n_users, n_items
         init = np.random.default_rng(rng.randint(2**31 - 1))   # (ziggurat normals: cheaper)
         self.user_factors_ = init.normal(0, self.init_std, (self.n_users_, k))
         self.item_factors_ = init.normal(0, self.init_std, (self.n_items_, k))

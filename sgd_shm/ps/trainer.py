@@ -250,7 +250,8 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
     policy ["saps"] : "bsp", "asp", "ssp", "saps", "rps", or a
         :class:`sgd_shm.ps.Policy` instance (e.g. ``SSP(staleness=2)`` or a user's
         subclass).
-    staleness [n_workers] : s for "ssp" and the bound for "saps".
+    staleness [n_workers] : s for "ssp" and the bound for "saps" (refused with another
+        policy, or with a policy object, which carries its own).
     window [0.5], detect_factor [2.0] : SaPS detection; the window should span
         several steps of the slowest worker.
     slowdown [None] : stretch of each worker's step (pull, gradient, push): a sequence of

@@ -195,7 +195,8 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
     lr [0.5 ps, 2.0 collective], batch_size [64], n_shards [None] : as the trainers (a
         schedule, as the trainers': of the version a push pulled, or of the round).
     staleness [None], window [None: 4 steps of the slowest worker], detect_factor
-        [2.0] : for "ssp" / "saps" (the window in virtual seconds).
+        [2.0] : for "ssp" / "saps" (the window in virtual seconds); refused where the run
+        would not use them.
     late ["carry"], average ["size"], depth [8] : the collectives' rules.
     momentum [0.0] : heavy-ball momentum of a collective's rounds, as the eager
         trainer's (v = momentum * v - lr(r) * mean, w += v); the parameter server's
@@ -275,10 +276,22 @@ def _config(n_workers, policy, collective, epochs, cluster, network, compress, d
         cfg.policy = make_policy(pol, staleness=staleness, window=window,
                                  detect_factor=detect_factor).bind(n_workers)
         cfg.drop = check_drop(drop, cfg.policy, cfg.compress)
-    elif drop is not None:
+    else:
+        _no_server_settings(collective, drop, staleness, window)
+    return cfg
+
+
+def _no_server_settings(collective, drop, staleness, window):
+    """A collective's run refuses the parameter server's settings, which it would ignore."""
+    if drop is not None:
         raise ValueError("drop: message loss is simulated for the parameter server ('asp' or "
                          "'rps'); a collective's rounds do not lose messages; leave drop=None")
-    return cfg
+    for name, v, owners in (("staleness", staleness, "'ssp' and 'saps'"),
+                            ("window", window, "'saps'")):
+        if v is not None:
+            raise ValueError(f"{name}: a setting of the parameter server's {owners}, which "
+                             f"collective={collective!r} does not use, got {name}={v!r}; "
+                             f"leave {name} out")
 
 
 def _replay(replay, cfg):
