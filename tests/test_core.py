@@ -16,6 +16,7 @@ from sgd_shm import eager, ps
 from sgd_shm.core import DivergenceError, ParameterError
 from sgd_shm.core.results import EVAL_KEYS, HISTORY_KEYS
 from sgd_shm.data import make_rcv1_like
+from sgd_shm.sim import simulate
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "sgd_shm"
 TRAINERS = ("hogwild", "ps", "eager")
@@ -151,6 +152,24 @@ def test_non_numeric_X_is_refused_by_name(data, fn):
         fn(bad, y[:200], epochs=1, progress=False)
     r = fn(Xd.astype(object).tolist(), y[:200], n_workers=2, epochs=1, progress=False)
     assert np.isfinite(r.final_loss)
+
+
+
+@pytest.mark.parametrize("fn", [ps.train, eager.train, simulate])
+def test_labels_a_classifier_cannot_learn_are_refused(data, fn):
+    """One class, or regression targets, get the reason and the way out (at least two
+    classes; HogwildRegressor for regression), not a hint to build a model with one
+    output per distinct target value. Labels of any type, strings too, train."""
+    X, y = data[:2]
+    kw = {"n_workers": 2, "epochs": 1}
+    if fn is not simulate:
+        kw["progress"] = False
+    with pytest.raises(ValueError, match=r"y: holds a single class \(\[1\]\)"):
+        fn(X, np.ones(len(y), dtype=np.int64), **kw)
+    targets = np.random.default_rng(0).normal(size=len(y))
+    with pytest.raises(ValueError, match="y: holds non-integer values.*HogwildRegressor"):
+        fn(X, targets, loss="squared_error", **kw)
+    assert np.isfinite(fn(X, np.where(y > 0, "spam", "ham"), **kw).final_loss)
 
 
 def test_too_many_shards_is_an_error_not_a_clamp(data):

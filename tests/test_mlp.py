@@ -272,7 +272,7 @@ def test_sklearn_estimator_checks_two_partitioned_workers():
     (dict(n_workers=0), ValueError, "n_workers: must be an int >= 1 or -1"),
     (dict(n_workers=2.0), TypeError, "n_workers: must be an int"),
     (dict(backend="gpu"), ValueError, "backend: must be one of"),
-    (dict(start_method="thread"), ValueError, "start_method must be one of"),
+    (dict(start_method="thread"), ValueError, "start_method: must be one of"),
     (dict(partition="layers"), ValueError, "partition: must be one of"),
     (dict(n_workers=8, partition="blocks", hidden_layer_sizes=(4,)), ValueError,
      "would own no block; use fewer workers"),

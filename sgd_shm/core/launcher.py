@@ -84,7 +84,7 @@ def check_start_method(start_method) -> str:
     names the argument, the allowed values and what each is for."""
     if not isinstance(start_method, str) or start_method not in START_METHODS:
         raise ValueError(
-            f"start_method must be one of {START_METHODS}, got {start_method!r}; use "
+            f"start_method: must be one of {START_METHODS}, got {start_method!r}; use "
             "'fork' (the default and fastest: workers inherit the data) or, where forking "
             "is unsafe (a parent running threads, which Python 3.12+ warns about) or "
             "unavailable, 'forkserver' or 'spawn' (the data then goes through shared "

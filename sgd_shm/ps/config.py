@@ -231,10 +231,7 @@ def _ray_args(backend, address, session, wait, pol, drop):
 def _start_method(start_method, backend):
     """Check the start method: "fork", "spawn" or "forkserver" (see
     :mod:`sgd_shm.ps.shm_backend`); only the shm backend starts processes of its own."""
-    try:
-        check_start_method(start_method)
-    except ValueError as e:
-        raise ValueError(f"start_method: {e}") from None
+    check_start_method(start_method)
     if start_method != "fork" and backend != "shm":
         raise ValueError(f"start_method: {start_method!r} applies to backend='shm' (its "
                          f"worker processes); Ray starts its own actors (got "
