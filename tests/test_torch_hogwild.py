@@ -211,6 +211,20 @@ def test_bad_data(digits):
         clf.fit(X[y < 5], y[y < 5])
     with pytest.raises(ValueError, match="eval_set"):
         clf.fit(X, y, eval_set=(X[:5], np.full(5, 42)))
+    with pytest.raises(ValueError, match="y: holds NaN or infinite labels"):
+        clf.fit(X[:50], np.where(np.arange(50) == 3, np.nan, y[:50].astype(float)))
+
+
+def test_an_unfitted_classifier_says_so(digits):
+    """Every prediction of an unfitted classifier raises scikit-learn's NotFittedError."""
+    from sklearn.exceptions import NotFittedError
+    X = digits[0][:5]
+    clf = HogwildNetClassifier(DigitsCNN(seed=0))
+    for method in (clf.predict, clf.predict_proba, clf.decision_function):
+        with pytest.raises(NotFittedError):
+            method(X)
+    with pytest.raises(NotFittedError):
+        clf.score(X, digits[2][:5])
 
 
 def test_divergence_is_an_error(digits):

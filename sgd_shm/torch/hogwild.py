@@ -341,17 +341,21 @@ class HogwildNetClassifier(ClassifierMixin, BaseEstimator):
 
     # -- predict ----------------------------------------------------------------------------
     def _X(self, X):
+        # called before any fitted attribute is touched: an unfitted estimator says so
         check_is_fitted(self, "model_")
         return model_X(X, self.model_)
 
     def decision_function(self, X):
         """The module's outputs (n_samples, n_classes)."""
-        return self.model_.decision_function(self.model_.weights, self._X(X))
+        X = self._X(X)
+        return self.model_.decision_function(self.model_.weights, X)
 
     def predict_proba(self, X):
         """Class probabilities: the softmax of the module's outputs."""
-        return self.model_.predict_proba(self.model_.weights, self._X(X))
+        X = self._X(X)
+        return self.model_.predict_proba(self.model_.weights, X)
 
     def predict(self, X):
         """The class of the highest score."""
-        return self.classes_[self.model_.predict(self.model_.weights, self._X(X))]
+        X = self._X(X)
+        return self.classes_[self.model_.predict(self.model_.weights, X)]
