@@ -187,6 +187,8 @@ def test_results_share_records_held_out_score_and_to_dict(data, trainer, no_shm_
            **kw)
     assert r.history and all(tuple(h) == HISTORY_KEYS + EVAL_KEYS for h in r.history)
     assert r.val_score == r.score(Xv, yv) and r.val_score > 0.6
+    with pytest.raises(ValueError, match="y: expected one label per row of X"):
+        r.score(Xv, yv[:1])                 # would broadcast into a number otherwise
     assert r.history[-1]["val_score"] == r.val_score and r.history[-1]["val_loss"] == r.val_loss
     if trainer == "eager":       # the first record is at the initial (zero) weights: all class 0
         assert r.history[0]["val_score"] == np.mean(yv == r.classes_[0])

@@ -116,7 +116,11 @@ class Result:
 
     def score(self, X, y) -> float:
         """Accuracy of :meth:`predict` on (X, y)."""
-        return float(np.mean(self.predict(X) == np.asarray(y)))
+        pred, y = self.predict(X), np.asarray(y)
+        if y.shape != pred.shape:
+            raise ValueError(f"y: expected one label per row of X, shape {pred.shape}, got "
+                             f"shape {y.shape}")
+        return float(np.mean(pred == y))
 
     def to_dict(self) -> dict:
         """The result as JSON-safe values: every field but the weights, the model as
