@@ -164,3 +164,18 @@ def test_scikit_learn_classifier(data, no_shm_leak):
     assert pipe.score(X[2500:], y[2500:]) > majority
     with pytest.raises(ValueError, match="policy"):
         ParameterServerClassifier(policy="fast").fit(X, y)
+
+
+def test_slowdown_specs_and_their_errors():
+    """Every form of ``slowdown=`` gives the per-worker factors, and a bad one is refused
+    naming slowdown (a non-number factor used to surface as numpy's bare message)."""
+    from sgd_shm.core.imbalance import factors_of
+    assert factors_of(None, 3).tolist() == [1.0, 1.0, 1.0]
+    assert factors_of("straggler", 3).tolist() == [4.0, 1.0, 1.0]
+    assert factors_of({2: 3.0}, 3).tolist() == [1.0, 1.0, 3.0]
+    assert factors_of([1, 2, 3], 3).tolist() == [1.0, 2.0, 3.0]
+    for bad, words in [({0: "x"}, "a factor must be a number"), (["a", "b", "c"], "expected a"),
+                       ("fast", "profile must be one of"), ({5: 2.0}, "worker 5 is not in"),
+                       ([1, 2], "expected 3 factors"), ({0: 0.5}, "factors must be finite and >= 1")]:
+        with pytest.raises(ValueError, match=f"slowdown: {words}"):
+            factors_of(bad, 3)

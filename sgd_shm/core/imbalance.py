@@ -31,15 +31,27 @@ def factors_of(slowdown, n_workers):
         for k, f in slowdown.items():
             if not isinstance(k, (int, np.integer)) or not 0 <= k < n_workers:
                 raise ValueError(f"slowdown: worker {k!r} is not in [0, {n_workers})")
-            factors[k] = f
+            factors[k] = _factor(f)
     elif slowdown is not None:
-        factors = np.asarray(slowdown, dtype=float)
+        try:
+            factors = np.asarray(slowdown, dtype=float)
+        except (TypeError, ValueError):
+            raise ValueError(f"slowdown: expected a profile name, {{worker: factor}} or "
+                             f"{n_workers} factors, got {slowdown!r}") from None
         if factors.shape != (n_workers,):
             raise ValueError(f"slowdown: expected {n_workers} factors, got shape "
                              f"{factors.shape}")
     if (factors < 1).any() or not np.isfinite(factors).all():
         raise ValueError("slowdown: factors must be finite and >= 1 (1 = full speed)")
     return factors
+
+
+def _factor(f):
+    try:
+        return float(f)
+    except (TypeError, ValueError):
+        raise ValueError(f"slowdown: a factor must be a number >= 1 (1 = full speed), "
+                         f"got {f!r}") from None
 
 
 def transient_of(transient):

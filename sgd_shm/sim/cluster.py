@@ -110,7 +110,10 @@ class Cluster:
         if self.imbalance is not None:
             object.__setattr__(self, "imbalance", imbalance_of(self.imbalance))
         if self.trace is not None:
-            tr = [np.asarray(t, np.float64).ravel() for t in self.trace]
+            try:
+                tr = [np.asarray(t, np.float64).ravel() for t in self.trace]
+            except (TypeError, ValueError):
+                tr = []                 # not numbers: refused below, naming trace
             if not tr or any(t.size == 0 or not np.isfinite(t).all() or (t < 0).any()
                              for t in tr):
                 raise ValueError("trace: expected one non-empty sequence of step seconds "
