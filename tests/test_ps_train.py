@@ -307,6 +307,26 @@ def test_resume_rejects_bad_checkpoints(data, tmp_path):
     train(X, y, n_workers=1, max_seconds=0.2, checkpoint=path)
     with pytest.raises(ValueError, match="features"):
         train(X[:, :100], y, resume=path)
+    # a checkpoint cut short (a copy that stopped half-way) and one holding pickles
+    (tmp_path / "cut").write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match="'.*cut' is not a readable checkpoint"):
+        train(X, y, resume=tmp_path / "cut")
+    np.save(tmp_path / "pickles.npy", np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ValueError, match=r"readable checkpoint \(not an archive of plain arr"):
+        train(X, y, resume=tmp_path / "pickles.npy")
+    from sgd_shm.models import SoftmaxRegression
+    with pytest.raises(ValueError, match="this run's model has"):
+        train(X, y, resume=path, model=SoftmaxRegression(X.shape[1], 2))
+
+
+def test_checkpoint_path_is_checked_before_the_run(data, tmp_path):
+    """A folder given as the checkpoint is refused at the start, with the fix, not by the
+    first write after training has begun."""
+    X, y = data
+    with pytest.raises(ValueError, match="checkpoint: .* is a folder; give a file path"):
+        train(X, y, n_workers=1, max_seconds=5, checkpoint=tmp_path)
+    with pytest.raises(ValueError, match="checkpoint: folder .* does not exist"):
+        train(X, y, n_workers=1, max_seconds=5, checkpoint=tmp_path / "no" / "ck")
 
 
 def test_emulation_profiles_and_transient_spells(data):

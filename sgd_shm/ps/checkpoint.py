@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 
 import numpy as np
 
@@ -61,9 +62,12 @@ def load_checkpoint(path) -> dict:
         meta = json.loads(str(d.pop("meta")))
     except FileNotFoundError:
         raise ValueError(f"resume: no checkpoint at {os.fspath(path)!r}") from None
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        # numpy takes a file of unknown format for pickled data and suggests loading it
+        # unsafely: a checkpoint is an archive of plain arrays, never pickles
+        why = "not an archive of plain arrays" if "pickle" in str(e).lower() else str(e)
         raise ValueError(f"resume: {os.fspath(path)!r} is not a readable checkpoint "
-                         f"({e})") from None
+                         f"({why}); give a file that ps.train(checkpoint=...) wrote") from None
     need = {"weights", "shard_versions", "version", "pushes", "epochs", "seconds"}
     if not need <= d.keys() or meta.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"resume: {os.fspath(path)!r} is not a checkpoint of format "

@@ -148,8 +148,9 @@ def _resume_point(cfg, d):
         return None
     ckpt = load_checkpoint(cfg.resume)
     if ckpt["weights"].shape != (d,):
-        raise ValueError(f"resume: the checkpoint has {ckpt['weights'].shape[0]} weights but X "
-                         f"has {d} features; resume with the data it was trained on")
+        raise ValueError(f"resume: the checkpoint has {ckpt['weights'].shape[0]} weights but "
+                         f"this run's model has {d}; resume with the model and the data (as "
+                         "many features) it was trained on")
     return ckpt
 
 
