@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 from sgd_shm.ps.ray_session import RaySession, connect, require_ray
@@ -84,7 +85,7 @@ def test_session_on_running_instance(local_ray):
     assert s.cluster_cpus() == 4
     with pytest.raises(ValueError, match=r"8 workers.*need 8 CPUs.*has 4") as e:
         s.check_fits(8, 1.0)
-    assert "0.5" in str(e.value) and "num_cpus" in str(e.value)
+    assert "RaySession(worker_cpus=0.5)" in str(e.value) and "num_cpus" in str(e.value)
     s.check_fits(8, 0.5)
     s.check_fits(4)
     s.close()
@@ -112,6 +113,9 @@ def test_pool_keeps_and_kills_actors(local_ray):
     with pytest.raises(RuntimeError, match="closed"):
         s.keep("late", c)
     assert _dies(local_ray, c)
+    from sgd_shm.ps import train                  # a run on a closed session says so
+    with pytest.raises(ValueError, match="session: this RaySession is closed"):
+        train(np.zeros((4, 2)), np.array([0, 1, 0, 1]), n_workers=1, backend="ray", session=s)
 
 
 def _dies(ray, actor, within=30.0):

@@ -224,6 +224,9 @@ def _ray_args(backend, address, session, wait, pol, drop):
             raise ValueError("session: a RaySession needs backend='ray' and no address= "
                              "(the session holds the connection; give the address to "
                              "RaySession(address=...))")
+        if session.closed:
+            raise ValueError("session: this RaySession is closed (its with-block ended, or "
+                             "close() was called); make a new one, or run inside its with")
     if wait is not None and backend == "ray" and (pol.replicated or drop is not None):
         raise ValueError("wait: on Ray, policy 'rps' and drop= run their servers as actors "
                          "that apply one message at a time, so no push waits on a lock; "

@@ -335,8 +335,9 @@ class RaySession:
         if need > have:
             raise ValueError(
                 f"worker_cpus: {n_workers} workers x {cpus:g} CPUs need {need:g} CPUs, the "
-                f"Ray cluster has {have:g}: Ray would leave actors pending forever. Pass a "
-                f"smaller worker_cpus (e.g. {have / n_workers:g}: the workers share the "
+                f"Ray cluster has {have:g}: Ray would leave actors pending forever. Use "
+                f"fewer workers, a smaller worker_cpus (e.g. train(..., session="
+                f"RaySession(worker_cpus={have / n_workers:g})): the workers share the "
                 f"{have:g} CPUs), or give Ray more CPUs (ray.init(num_cpus=...) or more "
                 f"nodes)")
 
