@@ -278,7 +278,10 @@ def part_calibrate(reps, seed, quick, bar):
         cal, calc = Calibration.median(cals), Calibration.median(calcs)
         for kind, name, s, kw, real in reals:
             if kind == "ps":
-                sim = cal.simulate(X, y, slowdown="straggler", window=0.5, **kw)
+                # SaPS's window as the real run's default (the simulator's own scales
+                # with the step); the other policies take none
+                sim = cal.simulate(X, y, slowdown="straggler",
+                                   window=0.5 if name == "saps" else None, **kw)
                 rows.append(_cal_row(kind, P, name, s, cal, real, sim))
             else:
                 sim = calc.simulate(X, y, imbalance=CAL_SLEEP, **kw)

@@ -66,14 +66,21 @@ def test_make_policy_errors():
         SSP(-1).bind(2)
     with pytest.raises(ValueError, match="window"):
         SaPS(window=0)
-    # a staleness the policy would not use is refused, not silently dropped
+    # a setting the named policy does not use is ignored with a warning, not silently
     for name in ("asp", "bsp", "rps"):
-        with pytest.raises(ValueError, match=f"staleness: policy '{name}' has no staleness"):
+        with pytest.warns(UserWarning, match=f"staleness: policy '{name}' has no staleness"):
             make_policy(name, staleness=2)
+    for name in ("asp", "bsp", "ssp", "rps"):
+        with pytest.warns(UserWarning, match=f"window: .* policy '{name}' does not run"):
+            make_policy(name, window=1.0)
+    # beside a policy object, which carries its own settings, one is refused
     with pytest.raises(ValueError, match=r"carries its own settings.*SSP\(staleness=2\)"):
         make_policy(mine, staleness=2)
+    with pytest.raises(ValueError, match=r"carries its own settings.*SaPS\(window=1.0\)"):
+        make_policy(mine, window=1.0)
     assert make_policy("ssp", staleness=2).bind(3).s == 2
-    assert make_policy("saps", staleness=2).bind(3).s == 2
+    saps = make_policy("saps", staleness=2, window=0.25)
+    assert saps.bind(3).s == 2 and (saps.window, saps.detect_factor) == (0.25, 2.0)
 
 
 class DropStale(Policy):

@@ -255,15 +255,27 @@ def test_carry_conserves_the_gradient_mass(data):
     (dict(drop=0.1, collective="sync"), ValueError, "drop"),
     (dict(faults={9: 1.0}), ValueError, "faults"),
     (dict(seed=-1), ValueError, "seed"),
-    # settings the run would ignore are refused, as the trainers refuse them
-    (dict(staleness=3, policy="asp"), ValueError, "staleness: policy 'asp' has no staleness"),
-    (dict(staleness=3, collective="sync"), ValueError, "staleness: .* collective='sync' does"),
-    (dict(window=1.0, collective="solo"), ValueError, "window: .* 'saps', which collective"),
 ])
 def test_bad_input(data, kw, err, match):
     X, y = data
     with pytest.raises(err, match=match):
         simulate(X, y, n_workers=2, epochs=1, **kw)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(staleness=3, policy="asp"), "staleness: policy 'asp' has no staleness"),
+    (dict(window=1.0, policy="ssp"), "window: .* which policy 'ssp' does not run"),
+    (dict(staleness=3, collective="sync"), "staleness: .* collective='sync' does not use"),
+    (dict(window=1.0, collective="solo"), "window: .* 'saps', which collective='solo'"),
+    (dict(detect_factor=3.0, collective="majority"), "detect_factor: .* is ignored"),
+])
+def test_settings_the_run_ignores_are_warned_of(data, kw, match):
+    """A setting the run does not use is ignored with a warning pointing at the caller's
+    line (a comparison may pass one set of settings to every policy)."""
+    X, y = data
+    with pytest.warns(UserWarning, match=match) as rec:
+        simulate(X, y, n_workers=2, epochs=1, **kw)
+    assert rec[0].filename == __file__
 
 
 def test_bad_models():
@@ -634,7 +646,7 @@ def test_recorder_traces_a_real_threads_run(data):
     X, y = data
     rec = Recorder("saps", window=0.05)
     real = train(X, y, n_workers=3, policy=rec, model=rec.model(Linear(X.shape[1])),
-                 backend="threads", max_seconds=0.3, seed=0, progress=False, window=0.05)
+                 backend="threads", max_seconds=0.3, seed=0, progress=False)
     tr = rec.trace(real)
     assert tr.n_workers == 3 and real.policy == "saps"
     applied = sum(1 for _, _, d in tr.pushes if not d)

@@ -28,13 +28,16 @@ def data():
 
 def _ps_run(data, policy, backend="shm", **kw):
     X, y = data
+    if policy == "saps":
+        kw.setdefault("window", WINDOW)
     return ps_train(X, y, n_workers=N, policy=policy, backend=backend, slowdown={0: 6},
-                    max_seconds=0.6, window=WINDOW, progress=False, trace=True, seed=3, **kw)
+                    max_seconds=0.6, progress=False, trace=True, seed=3, **kw)
 
 
 def _replay(data, policy, trace, **kw):
     X, y = data
-    kw.setdefault("window", WINDOW)
+    if policy == "saps":
+        kw.setdefault("window", WINDOW)
     return simulate(X, y, n_workers=N, policy=policy, replay=trace, seed=3, **kw)
 
 

@@ -48,6 +48,7 @@ import math
 import numpy as np
 
 from sgd_shm.core.status import DEAD, FLAGGED
+from sgd_shm.core.validation import warn_caller
 
 __all__ = ["Policy", "ASP", "BSP", "SSP", "SaPS", "RPS", "POLICIES", "make_policy",
            "server_average", "SHM_POLL_S"]
@@ -297,33 +298,42 @@ def _bound(staleness, n_workers):
     return int(s)
 
 
-def make_policy(policy, *, staleness=None, window=0.5, detect_factor=2.0) -> Policy:
+def make_policy(policy, *, staleness=None, window=None, detect_factor=None) -> Policy:
     """A policy object from ``train``'s arguments: a name in :data:`POLICY_NAMES` (with
-    ``staleness``, ``window``, ``detect_factor``), or a :class:`Policy` instance,
-    returned as it is. A ``staleness`` that the policy would not use is refused: a run
-    that silently ignored it would not be the run its caller asked for."""
+    ``staleness``, ``window``, ``detect_factor``; None: the policy's default), or a
+    :class:`Policy` instance, returned as it is (a setting given beside one is refused:
+    the object carries its own). A setting that a named policy does not use is ignored
+    with a warning."""
+    given = {k: v for k, v in (("staleness", staleness), ("window", window),
+                               ("detect_factor", detect_factor)) if v is not None}
     if isinstance(policy, Policy):
-        if staleness is not None:
-            raise ValueError(f"staleness: a policy object carries its own settings; give "
-                             f"them to it (e.g. SSP(staleness={staleness!r})) and leave "
-                             "staleness out")
+        for name, v in given.items():
+            cls = "SSP" if name == "staleness" else "SaPS"
+            raise ValueError(f"{name}: a policy object carries its own settings; give "
+                             f"them to it (e.g. {cls}({name}={v!r})) and leave {name} out")
         return policy
     if isinstance(policy, type) and issubclass(policy, Policy):
         raise TypeError(f"policy: pass an instance, e.g. policy={policy.__name__}(), "
                         "not the class")
-    if staleness is not None and policy in ("asp", "bsp", "rps"):
-        raise ValueError(f"staleness: policy {policy!r} has no staleness bound (it is the "
-                         f"bound of 'ssp' and of 'saps'), got staleness={staleness!r}; use "
-                         "policy='ssp' or 'saps', or leave staleness out")
-    if policy == "asp":
-        return Policy()
-    if policy == "bsp":
-        return BSP()
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"policy: must be one of {POLICY_NAMES} or a sgd_shm.ps.Policy "
+                         f"instance, got {policy!r}")
+    _unused(policy, given)
     if policy == "ssp":
         return SSP(staleness)
     if policy == "saps":
-        return SaPS(staleness, window, detect_factor)
-    if policy == "rps":
-        return RPS()
-    raise ValueError(f"policy: must be one of {POLICY_NAMES} or a sgd_shm.ps.Policy "
-                     f"instance, got {policy!r}")
+        return SaPS(**given)
+    return {"asp": Policy, "bsp": BSP, "rps": RPS}[policy]()
+
+
+def _unused(policy, given):
+    """Warn of each setting in ``given`` that policy ``policy`` ignores (as scikit-learn
+    warns of an ``l1_ratio`` without an elastic-net penalty): a comparison may pass one
+    set of settings to every policy, but a run that ignores one should say so."""
+    for name, v in given.items():
+        if name == "staleness" and policy not in ("ssp", "saps"):
+            warn_caller(f"staleness: policy {policy!r} has no staleness bound (it is the "
+                        f"bound of 'ssp' and of 'saps'), so staleness={v!r} is ignored")
+        elif name != "staleness" and policy != "saps":
+            warn_caller(f"{name}: a setting of SaPS's straggler detection, which policy "
+                        f"{policy!r} does not run, so {name}={v!r} is ignored")

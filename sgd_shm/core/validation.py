@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
+import warnings
 
 import numpy as np
 import scipy.sparse as sp
@@ -24,11 +26,21 @@ from sgd_shm.core.errors import ParameterError
 
 __all__ = ["check_int", "check_number", "check_positive", "check_bool", "check_choice", "check_seed",
            "resolve_workers", "n_columns", "model_data", "model_X", "check_eval_set", "eval_pair",
-           "check_callbacks", "model_dtype", "check_shards", "DEFAULT_SHARDS"]
+           "check_callbacks", "model_dtype", "check_shards", "DEFAULT_SHARDS", "warn_caller"]
 
 #: the parameter server's weight shards when ``n_shards`` is not given (or the model's
 #: weights, where it has fewer)
 DEFAULT_SHARDS = 8
+
+
+def warn_caller(message, category=UserWarning):
+    """``warnings.warn``, attributed to the first frame outside the kit: the user's call,
+    however deep in the kit the rule that warns sits."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in (
+            "sgd_shm", "relaxed"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def _is_int(v):

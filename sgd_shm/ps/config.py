@@ -127,8 +127,6 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
                          f"(got backend={backend!r})")
     _start_method(start_method, backend)
     _ray_args(backend, address, session, wait, pol, drop)
-    check_positive("window", window)                   # checked for every policy, used by SaPS
-    check_positive("detect_factor", detect_factor)
     epochs, max_seconds = stopping_rule(epochs, max_seconds, check_int)
     return TrainConfig(
         n_workers=n_workers, policy=pol.bind(n_workers),

@@ -232,8 +232,8 @@ def _progress_bar(cfg, label):
     return seconds_bar(cfg.max_seconds, label) if cfg.progress else None
 
 
-def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
-          detect_factor=2.0, slowdown=None, transient=None, max_seconds=None, epochs=None,
+def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=None,
+          detect_factor=None, slowdown=None, transient=None, max_seconds=None, epochs=None,
           target_loss=None, loss=None, lr=0.5, alpha=None, batch_size=64, n_shards=None,
           sample_every=0.02, faults=None, checkpoint=None, checkpoint_every=5.0, resume=None,
           wait=None, backend="shm", address=None, start_method="fork", seed=0, progress=None,
@@ -251,10 +251,11 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=0.5,
     policy ["saps"] : "bsp", "asp", "ssp", "saps", "rps", or a
         :class:`sgd_shm.ps.Policy` instance (e.g. ``SSP(staleness=2)`` or a user's
         subclass).
-    staleness [n_workers] : s for "ssp" and the bound for "saps" (refused with another
-        policy, or with a policy object, which carries its own).
-    window [0.5], detect_factor [2.0] : SaPS detection; the window should span
-        several steps of the slowest worker.
+    staleness [n_workers] : s for "ssp" and the bound for "saps".
+    window [None: 0.5], detect_factor [None: 2.0] : SaPS detection; the window should
+        span several steps of the slowest worker. These three are ignored, with a
+        warning, by a named policy that does not use them, and refused beside a policy
+        object (which carries its own).
     slowdown [None] : stretch of each worker's step (pull, gradient, push): a sequence of
         n_workers factors >= 1, a dict {worker: factor}, or a profile: "straggler"
         (worker 0 is 4x slower), "hetero" (worker k at 4 ** (1 - k / (n_workers - 1))),

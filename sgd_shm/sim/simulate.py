@@ -38,7 +38,7 @@ from sgd_shm.core.policies import make_policy
 from sgd_shm.core.schedules import Schedule, for_run, make_schedule
 from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop, check_momentum,
                                      check_eval_set, check_int, check_number, check_shards,
-                                     check_positive, model_data, n_columns,
+                                     check_positive, model_data, n_columns, warn_caller,
                                      resolve_workers, stopping_rule)
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.sim.cluster import Cluster, Network, StepTimes
@@ -169,7 +169,7 @@ class _Config:
 def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, cluster=None,
              network=None, compress=None, drop=None, model=None, seed=0, eval_set=None,
              lr=None, batch_size=64, n_shards=None, staleness=None, window=None,
-             detect_factor=2.0, late="carry", average="size", depth=8, sample_every=None,
+             detect_factor=None, late="carry", average="size", depth=8, sample_every=None,
              max_seconds=None, target_loss=None, faults=None, loss=None,
              alpha=None, callbacks=None, replay=None, momentum=0.0) -> SimResult:
     """Simulate training ``model`` (by default the linear model of ``loss`` and
@@ -195,8 +195,8 @@ def simulate(X, y, *, n_workers, policy=None, collective=None, epochs=None, clus
     lr [0.5 ps, 2.0 collective], batch_size [64], n_shards [None] : as the trainers (a
         schedule, as the trainers': of the version a push pulled, or of the round).
     staleness [None], window [None: 4 steps of the slowest worker], detect_factor
-        [2.0] : for "ssp" / "saps" (the window in virtual seconds); refused where the run
-        would not use them.
+        [None: 2.0] : for "ssp" / "saps" (the window in virtual seconds); ignored, with a
+        warning, where the run does not use them.
     late ["carry"], average ["size"], depth [8] : the collectives' rules.
     momentum [0.0] : heavy-ball momentum of a collective's rounds, as the eager
         trainer's (v = momentum * v - lr(r) * mean, w += v); the parameter server's
@@ -270,28 +270,28 @@ def _config(n_workers, policy, collective, epochs, cluster, network, compress, d
     cfg.step_times = StepTimes(cluster, n_workers, seed)
     if collective is None:
         pol = policy if policy is not None else "asp"
-        if window is None:
-            window = 4 * _slowest_step(cfg)
-        check_positive("window", window)
+        if window is None and isinstance(pol, str) and pol == "saps":
+            window = 4 * _slowest_step(cfg)           # the simulator's default: its own scale
         cfg.policy = make_policy(pol, staleness=staleness, window=window,
                                  detect_factor=detect_factor).bind(n_workers)
         cfg.drop = check_drop(drop, cfg.policy, cfg.compress)
     else:
-        _no_server_settings(collective, drop, staleness, window)
+        _no_server_settings(collective, drop, staleness, window, detect_factor)
     return cfg
 
 
-def _no_server_settings(collective, drop, staleness, window):
-    """A collective's run refuses the parameter server's settings, which it would ignore."""
+def _no_server_settings(collective, drop, staleness, window, detect_factor):
+    """A collective's run refuses message loss (its rounds lose none) and warns of the
+    parameter server's settings, which it ignores (as ps.train warns of a policy's)."""
     if drop is not None:
         raise ValueError("drop: message loss is simulated for the parameter server ('asp' or "
                          "'rps'); a collective's rounds do not lose messages; leave drop=None")
     for name, v, owners in (("staleness", staleness, "'ssp' and 'saps'"),
-                            ("window", window, "'saps'")):
+                            ("window", window, "'saps'"), ("detect_factor", detect_factor,
+                                                           "'saps'")):
         if v is not None:
-            raise ValueError(f"{name}: a setting of the parameter server's {owners}, which "
-                             f"collective={collective!r} does not use, got {name}={v!r}; "
-                             f"leave {name} out")
+            warn_caller(f"{name}: a setting of the parameter server's {owners}, which "
+                        f"collective={collective!r} does not use, so {name}={v!r} is ignored")
 
 
 def _replay(replay, cfg):
