@@ -284,6 +284,20 @@ def test_bad_parameters(kwargs, exc, match):
         HogwildMLPClassifier(**kwargs).fit(X, y)
 
 
+
+def test_the_model_takes_the_estimators_layer_rules():
+    """models.MLP reads hidden_layer_sizes as the estimator (and scikit-learn) do: an int
+    is one layer; bad sizes and a non-finite alpha get the estimator's messages."""
+    assert MLP(6, 5, 3).hidden_layer_sizes == (5,) and MLP(6, 5, 3).n_params == 6 * 5 + 5 + 5 * 3 + 3
+    assert MLP(6, (), 3).hidden_layer_sizes == () and SoftmaxRegression(6, 3).n_params == 21
+    with pytest.raises(ValueError, match="hidden_layer_sizes must hold ints >= 1"):
+        MLP(6, (4, 0), 3)
+    with pytest.raises(TypeError, match="hidden_layer_sizes must be an int or a seq"):
+        MLP(6, None, 3)
+    with pytest.raises(ValueError, match="alpha: must be a finite number >= 0"):
+        MLP(6, 5, 3, alpha=float("inf"))
+
+
 def test_bad_data_and_divergence():
     X, y = _problem()
     with pytest.raises(ValueError, match="only 1 class"):

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import numbers
 import warnings
 
 import numpy as np
@@ -52,6 +51,7 @@ from sgd_shm.hogwild._history import EpochHistory, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
 from sgd_shm.models import MLP, one_blas_thread, scratch
+from sgd_shm.models.mlp import hidden_sizes
 
 __all__ = ["HogwildMLPClassifier", "HogwildTrainer"]
 
@@ -259,18 +259,7 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
 
     # -- parameters -------------------------------------------------------------------------
     def _hidden(self):
-        h = self.hidden_layer_sizes
-        h = (h,) if isinstance(h, numbers.Integral) and not isinstance(h, bool) else h
-        try:
-            h = tuple(h)
-        except TypeError:
-            raise TypeError(f"hidden_layer_sizes must be an int or a sequence of ints, got "
-                            f"{type(h).__name__} {h!r}") from None
-        for s in h:
-            if not isinstance(s, numbers.Integral) or isinstance(s, bool) or s < 1:
-                raise ValueError(f"hidden_layer_sizes must hold ints >= 1, got {h!r}; e.g. "
-                                 "(100,) or (256, 128)")
-        return tuple(int(s) for s in h)
+        return hidden_sizes(self.hidden_layer_sizes)
 
     def _validate_params(self):
         self._hidden()

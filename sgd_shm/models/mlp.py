@@ -29,7 +29,7 @@ import scipy.sparse as sp
 
 from sgd_shm.core.atomics import read_only_fields
 from sgd_shm.core.model import Model, one_blas_thread  # noqa: F401
-from sgd_shm.core.validation import check_int
+from sgd_shm.core.validation import check_int, check_number
 from sgd_shm.models import _mlp
 
 __all__ = ["MLP", "SoftmaxRegression", "scratch"]
@@ -44,6 +44,22 @@ def scratch(net, batch):
                         np.empty((2, batch * int(sizes[1:].max()))), np.empty(n_params))
 
 
+def hidden_sizes(h) -> tuple:
+    """``hidden_layer_sizes`` as a tuple of ints >= 1: an int (one layer, as scikit-learn's
+    MLPClassifier takes it) or a sequence of them; () is no hidden layer."""
+    h = (h,) if isinstance(h, numbers.Integral) and not isinstance(h, bool) else h
+    try:
+        h = tuple(h)
+    except TypeError:
+        raise TypeError(f"hidden_layer_sizes must be an int or a sequence of ints, got "
+                        f"{type(h).__name__} {h!r}") from None
+    for s in h:
+        if not isinstance(s, numbers.Integral) or isinstance(s, bool) or s < 1:
+            raise ValueError(f"hidden_layer_sizes must hold ints >= 1, got {h!r}; e.g. "
+                             "(100,) or (256, 128)")
+    return tuple(int(s) for s in h)
+
+
 class MLP(Model):
     """A multi-layer perceptron: ReLU hidden layers of ``hidden_layer_sizes`` units,
     a softmax output of ``n_outputs`` classes, cross-entropy loss, and L2 of
@@ -56,15 +72,13 @@ class MLP(Model):
     uses_blas = True
 
     def __init__(self, n_features, hidden_layer_sizes=(100,), n_outputs=2, alpha=0.0001):
-        hidden = tuple(hidden_layer_sizes)
-        sizes = [check_int("n_features", n_features)]
-        sizes += [check_int("hidden_layer_sizes", h) for h in hidden]
+        hidden = hidden_sizes(hidden_layer_sizes)
+        sizes = [check_int("n_features", n_features), *hidden]
         if check_int("n_outputs", n_outputs) < 2:
             raise ValueError(f"n_outputs must be >= 2 (a softmax over the classes), got "
                              f"{n_outputs}; a binary problem has 2")
         sizes.append(int(n_outputs))
-        if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not alpha >= 0:
-            raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
+        check_number("alpha", alpha, lo=0)
         self.sizes = np.array(sizes, dtype=np.int64)
         self.n_features, self.n_outputs = sizes[0], sizes[-1]
         self.hidden_layer_sizes = hidden
