@@ -307,7 +307,8 @@ def make_policy(policy, *, staleness=None, window=None, detect_factor=None) -> P
     given = {k: v for k, v in (("staleness", staleness), ("window", window),
                                ("detect_factor", detect_factor)) if v is not None}
     if isinstance(policy, Policy):
-        for name, v in given.items():
+        if given:
+            name, v = next(iter(given.items()))
             cls = "SSP" if name == "staleness" else "SaPS"
             raise ValueError(f"{name}: a policy object carries its own settings; give "
                              f"them to it (e.g. {cls}({name}={v!r})) and leave {name} out")

@@ -238,13 +238,14 @@ def model_data(X, y, model, n_workers):
     y = np.asarray(y)
     if y.shape != (X.shape[0],):
         raise ValueError(f"X has {X.shape[0]} rows but y has shape {y.shape}")
-    if y.dtype.kind in "fc" and not np.isfinite(y).all():
-        raise ValueError("y: holds NaN or infinite labels; drop those rows or fill them in")
-    if y.dtype.kind in "fc" and not np.array_equal(y, np.round(y.real)):
-        raise ValueError("y: holds non-integer values (regression targets?); the trainers "
-                         "train classifiers on class labels (the linear model's "
-                         "squared_error too: its labels map to ±1); for regression use "
-                         "sgd_shm.HogwildRegressor")
+    if y.dtype.kind in "fc":                     # float labels must still be class labels
+        if not np.isfinite(y).all():
+            raise ValueError("y: holds NaN or infinite labels; drop those rows or fill them in")
+        if not np.array_equal(y, np.round(y.real)):
+            raise ValueError("y: holds non-integer values (regression targets?); the trainers "
+                             "train classifiers on class labels (the linear model's "
+                             "squared_error too: its labels map to ±1); for regression use "
+                             "sgd_shm.HogwildRegressor")
     classes, idx = np.unique(y, return_inverse=True)
     if classes.size < 2:
         raise ValueError(f"y: holds a single class ({classes[:1].tolist()}); a classifier "

@@ -77,13 +77,14 @@ def _faults(faults, n_workers):
 def _checkpoint_path(checkpoint):
     if checkpoint is None:
         return None
-    if os.path.isdir(checkpoint):
-        raise ValueError(f"checkpoint: {os.fspath(checkpoint)!r} is a folder; give a file path "
-                         f"in it, e.g. {os.path.join(os.fspath(checkpoint), 'run.ckpt')!r}")
-    folder = os.path.dirname(os.path.abspath(os.fspath(checkpoint)))
+    path = os.fspath(checkpoint)
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint: {path!r} is a folder; give a file path in it, e.g. "
+                         f"{os.path.join(path, 'run.ckpt')!r}")
+    folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"checkpoint: folder {folder!r} does not exist; create it first")
-    return os.fspath(checkpoint)
+    return path
 
 
 def _compress(compress):

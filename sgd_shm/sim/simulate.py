@@ -270,7 +270,7 @@ def _config(n_workers, policy, collective, epochs, cluster, network, compress, d
     cfg.step_times = StepTimes(cluster, n_workers, seed)
     if collective is None:
         pol = policy if policy is not None else "asp"
-        if window is None and isinstance(pol, str) and pol == "saps":
+        if window is None and pol == "saps":
             window = 4 * _slowest_step(cfg)           # the simulator's default: its own scale
         cfg.policy = make_policy(pol, staleness=staleness, window=window,
                                  detect_factor=detect_factor).bind(n_workers)
