@@ -620,14 +620,7 @@ class ParameterStore:
         self._check_open()
         todo = range(self.n_shards) if shards is None else self._shard_list(shards)
         g = self._grad(grad)
-        lr, scale = check_number("lr", lr), check_number("scale", scale)
-        if not isinstance(wait, WaitPolicy):
-            raise TypeError(f"wait: expected a WaitPolicy, got {type(wait).__name__}")
-        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) \
-                or version < 0:
-            raise ValueError(f"version: expected the int version returned by pull(), "
-                             f"got {version!r}")
-        wid = None if worker is None else self._worker(worker)
+        lr, scale, wid = self._push_args(lr, scale, wait, version, worker)
         stale = self._stale(version)
         res = PushResult([], [], stale, g, lr * scale)
         if len(todo) < self.n_shards:                   # the other shards skip this push
@@ -681,6 +674,7 @@ class ParameterStore:
         return res
 
     def _push_args(self, lr, scale, wait, version, worker):
+        """A push's checked (lr, scale, worker id or None)."""
         lr, scale = check_number("lr", lr), check_number("scale", scale)
         if not isinstance(wait, WaitPolicy):
             raise TypeError(f"wait: expected a WaitPolicy, got {type(wait).__name__}")
