@@ -28,13 +28,13 @@ Example::
     from sgd_shm import HogwildClassifier
     clf = HogwildClassifier(loss="log_loss", n_workers=2, random_state=0).fit(X, y)
 """
-import importlib
-import logging
+import importlib as _importlib
+import logging as _logging
 
 from relaxed import __version__
 
 # a library configures no logging: the application decides what its loggers show
-logging.getLogger(__name__).addHandler(logging.NullHandler())
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 #: the estimators, imported on first use (PEP 562): scikit-learn, which they build on,
 #: takes about as long to import as the rest of the kit, and a worker process (spawned,
@@ -49,7 +49,7 @@ _LAZY = {"HogwildClassifier": "sgd_shm.hogwild.estimators",
 def __getattr__(name):
     if name not in _LAZY:
         raise AttributeError(f"module 'sgd_shm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value
 

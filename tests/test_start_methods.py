@@ -281,6 +281,10 @@ def test_worker_modules_leave_out_scikit_learn():
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["[]", "sgd_shm.hogwild.estimators sgd_shm.ps.estimator"]
     import sgd_shm
+    import sgd_shm.torch
+    for pkg in (sgd_shm, sgd_shm.torch):      # public names only: no helper modules
+        assert not {"importlib", "logging"} & set(dir(pkg))
+        assert set(pkg.__all__) <= set(dir(pkg))
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         sgd_shm.Nope
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):

@@ -20,7 +20,7 @@ Example::
                                max_epochs=10, random_state=0).fit(X, y)
     clf.score(X_test, y_test)
 """
-import importlib
+import importlib as _importlib
 
 #: the public names, each imported from its module on first use (PEP 562)
 _LAZY = {"TorchModel": "sgd_shm.torch.model", "HogwildNetClassifier": "sgd_shm.torch.hogwild",
@@ -30,7 +30,7 @@ _LAZY = {"TorchModel": "sgd_shm.torch.model", "HogwildNetClassifier": "sgd_shm.t
 def __getattr__(name):
     if name not in _LAZY:
         raise AttributeError(f"module 'sgd_shm.torch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
     return value
 
