@@ -40,6 +40,27 @@ def test_bench_all_tiny(tmp_path):
         data = json.loads((tmp_path / f"{name}.json").read_text())
         assert data["header"]["cpu_count"] == os.cpu_count()
         assert data["results"], name
+    _check_queues(tmp_path)
+    _check_hogwild(json.loads((tmp_path / "hogwild.json").read_text()))
+    _check_mis_stm(tmp_path)
+    _check_ps(json.loads((tmp_path / "ps.json").read_text()), stdout, ("shm",))
+    _check_mf_delay(tmp_path)
+    _check_nonconvex(json.loads((tmp_path / "nonconvex.json").read_text()), stdout)
+    _check_compress(json.loads((tmp_path / "compress.json").read_text()), stdout)
+    _check_unreliable(json.loads((tmp_path / "unreliable.json").read_text()), stdout)
+    ck = json.loads((tmp_path / "clock.json").read_text())
+    assert {(r["workload"], r["processes"], r["clock"]) for r in ck["results"]} == {
+        (w, p, c) for w in ("push", "clock") for p in (1, 2) for c in ("exact", "multicounter")}
+    assert all(r["median"] > 0 for r in ck["results"]) and len(ck["ratios"]) == 4
+    if torch:
+        _check_torch_nets(json.loads((tmp_path / "torch_nets.json").read_text()))
+        _check_schedules(json.loads((tmp_path / "schedules.json").read_text()))
+    _check_page(tmp_path, torch)
+
+
+def _check_queues(tmp_path):
+    """``bench quality`` and ``pq-threads``: one queue is exact, every MultiQueue
+    competitor reports its rank error at each thread count."""
     q = json.loads((tmp_path / "quality.json").read_text())["results"]
     bad = [row for row in q if row["queues"] == 1 and row["rank_max"] != 0]
     assert not bad, bad
@@ -47,7 +68,11 @@ def test_bench_all_tiny(tmp_path):
     ranked = {(r["competitor"], r["workers"]): r for r in pq if "rank_error_mean" in r}
     assert set(ranked) == {(c, w) for c in ("mq-nogil", "mq1-nogil", "mq-sticky") for w in (1, 2)}
     assert ranked["mq1-nogil", 2]["rank_error_mean"] == 0      # one queue is exact
-    hw = json.loads((tmp_path / "hogwild.json").read_text())
+
+
+def _check_hogwild(hw):
+    """``bench hogwild``: every competitor, paired speed-ups within their ranges,
+    held-out accuracy above chance, the hot-feature sweep's rows."""
     assert {r["competitor"] for r in hw["results"]} == {"sklearn", "hogwild-threads",
                                                         "hogwild-processes", "locked",
                                                         "hogwild-plain"}
@@ -67,6 +92,10 @@ def test_bench_all_tiny(tmp_path):
         for w, h in ((1, 0), (2, 0), (2, min(4096, d - 1)), (2, d))]
     assert all(r["speedup_vs_1"] == 1.0 for r in sweep if r["workers"] == 1)
     assert sum(r["auto"] for r in sweep) <= 2
+
+
+def _check_mis_stm(tmp_path):
+    """``bench mis`` and ``stm``: every scheduler, algorithm, clock and backend."""
     mis = json.loads((tmp_path / "mis.json").read_text())
     assert {r["scheduler"] for r in mis["waste"]} == {"multiqueue", "k-relaxed"}
     assert {(r["algorithm"], r["threads"]) for r in mis["results"]
@@ -76,7 +105,11 @@ def test_bench_all_tiny(tmp_path):
     assert {r["clock"] for r in stm["results"]} == {"global", "multicounter"}
     assert {r["backend"] for r in stm["results"]} == {"threads", "processes"}
     assert all(r["ratio"] > 0 for r in stm["ratios"]), stm["ratios"]
-    _check_ps(json.loads((tmp_path / "ps.json").read_text()), stdout, ("shm",))
+
+
+def _check_mf_delay(tmp_path):
+    """``bench mf`` (every backend beats the mean's RMSE on held-out ratings) and
+    ``delay`` (no delay, no excess loss)."""
     mf = json.loads((tmp_path / "mf.json").read_text())
     assert {(r["backend"], r["workers"]) for r in mf["results"]} == {
         ("threads", 1), ("threads", 2), ("processes", 1), ("processes", 2)}
@@ -87,40 +120,13 @@ def test_bench_all_tiny(tmp_path):
     assert {(r["loss"], r["mode"]) for r in dl} == {("log", "max"), ("log", "uniform"),
                                                    ("squared", "max"), ("squared", "uniform")}
     assert all(r["excess"] == 0.0 for r in dl if r["tau"] == 0), dl
-    cp = json.loads((tmp_path / "compress.json").read_text())
-    sel = {r["competitor"] for r in cp["results"] if r["part"] == "selection"}
-    assert {"kit TopK.compress", "np.argpartition"} <= sel
-    assert set(cp["claims"]) >= {"small/ps", "small/eager"}
-    assert all(c["bytes_ratio"] > 100 for c in cp["claims"].values()), cp["claims"]  # 667x
-    assert all(0.5 < r["val_score"] <= 1 for r in cp["results"] if r["part"] == "training")
-    assert cp["curve"]["curves"] and cp["curve"]["bound"][-1] == 0.0
-    page = (tmp_path / "benchmarks.md").read_text()       # --out: the page beside the JSON
+
+
+def _check_page(tmp_path, torch):
+    """The page (--out: beside the JSON): a section and a plot per scenario that ran
+    (all but mq-harness, and the torch ones only with torch)."""
+    page = (tmp_path / "benchmarks.md").read_text()
     assert "| shm | bsp |" in page
-    un = json.loads((tmp_path / "unreliable.json").read_text())
-    assert {r["series"] for r in un["results"]} == {"shards", "coupled", "asp"}
-    assert all(r["gap"] == [0.0] == r["val_gap"] for r in un["results"] if r["drop"] == 0.0), \
-        [r for r in un["results"] if r["drop"] == 0.0]
-    nc = json.loads((tmp_path / "nonconvex.json").read_text())
-    assert {(r["competitor"], r["workers"]) for r in nc["results"]} >= {
-        ("sklearn", 1), ("hogwild", 2), ("blocks", 2), ("sync", 2), ("ps-asp", 2)}
-    assert all(0 < r["final_accuracy"] <= 1 for r in nc["results"]), \
-        [(r["competitor"], r["final_accuracy"]) for r in nc["results"]]
-    sc = nc["scaling"]                                   # 1 worker vs 2 threads / processes
-    assert {(r["workers"], r["backend"]) for r in sc["rows"]} == {
-        (1, "threads"), (2, "threads"), (2, "processes")}
-    assert all(r["speedup_vs_1"] == 1.0 for r in sc["rows"] if r["workers"] == 1)
-    assert len(sc["handoff_ns"]) == sc["reps"] == len(sc["placements"])
-    assert "handoff_ns_at_start" in nc["header"]
-    _check_nonconvex(nc, stdout)
-    _check_compress(cp, stdout)
-    _check_unreliable(un, stdout)
-    ck = json.loads((tmp_path / "clock.json").read_text())
-    assert {(r["workload"], r["processes"], r["clock"]) for r in ck["results"]} == {
-        (w, p, c) for w in ("push", "clock") for p in (1, 2) for c in ("exact", "multicounter")}
-    assert all(r["median"] > 0 for r in ck["results"]) and len(ck["ratios"]) == 4
-    if torch:
-        _check_torch_nets(json.loads((tmp_path / "torch_nets.json").read_text()))
-        _check_schedules(json.loads((tmp_path / "schedules.json").read_text()))
     from bench import report
     from bench.__main__ import SCENARIOS as RUN_BY_ALL      # (mq-harness needs checkouts)
     ran = [sc for sc in report.SCENARIOS if (tmp_path / f"{sc.name}.json").exists()]
@@ -465,6 +471,12 @@ def _check_compress(cp, out):
     error feedback is compared per ratio; the page's tables and findings say so.
     Dense reaches >= 0.9 held-out accuracy on the small problem in 2 epochs (0.935
     seen)."""
+    sel = {r["competitor"] for r in cp["results"] if r["part"] == "selection"}
+    assert {"kit TopK.compress", "np.argpartition"} <= sel
+    assert set(cp["claims"]) >= {"small/ps", "small/eager"}
+    assert all(c["bytes_ratio"] > 100 for c in cp["claims"].values()), cp["claims"]  # 667x
+    assert all(0.5 < r["val_score"] <= 1 for r in cp["results"] if r["part"] == "training")
+    assert cp["curve"]["curves"] and cp["curve"]["bound"][-1] == 0.0
     runs = [r for r in cp["results"] if r["part"] == "training"]
     assert {(r["trainer"], r["config"]) for r in runs} >= {
         ("ps", "dense"), ("ps", "topk 0.001 ef"), ("ps", "topk 0.001 no-ef"),
@@ -488,6 +500,9 @@ def _check_unreliable(un, out):
     """bench unreliable --quick: every row carries the final held-out accuracies and
     their gaps to p = 0 of the same seed (0 at p = 0); the curves carry held-out
     accuracy; the findings state held-out gaps."""
+    assert {r["series"] for r in un["results"]} == {"shards", "coupled", "asp"}
+    assert all(r["gap"] == [0.0] == r["val_gap"] for r in un["results"] if r["drop"] == 0.0), \
+        [r for r in un["results"] if r["drop"] == 0.0]
     for r in un["results"]:
         assert all(0.5 < a <= 1 for a in r["val_score"]), r
         base = next(b for b in un["results"] if (b["series"], b["shards"], b["drop"]) ==
@@ -526,6 +541,16 @@ def _check_nonconvex(nc, out):
     gap to MLPClassifier, paired by seed (0 for MLPClassifier itself); the whole fits
     of the scaling part carry held-out accuracy; the findings state each trainer
     against MLPClassifier as time to a held-out accuracy and the final gap."""
+    assert {(r["competitor"], r["workers"]) for r in nc["results"]} >= {
+        ("sklearn", 1), ("hogwild", 2), ("blocks", 2), ("sync", 2), ("ps-asp", 2)}
+    assert all(0 < r["final_accuracy"] <= 1 for r in nc["results"]), \
+        [(r["competitor"], r["final_accuracy"]) for r in nc["results"]]
+    sc = nc["scaling"]                                   # 1 worker vs 2 threads / processes
+    assert {(r["workers"], r["backend"]) for r in sc["rows"]} == {
+        (1, "threads"), (2, "threads"), (2, "processes")}
+    assert all(r["speedup_vs_1"] == 1.0 for r in sc["rows"] if r["workers"] == 1)
+    assert len(sc["handoff_ns"]) == sc["reps"] == len(sc["placements"])
+    assert "handoff_ns_at_start" in nc["header"]
     for r in nc["results"]:
         assert 0 < r["final_accuracy"] <= 1 and "gap_to_sklearn" in r, r
         if r["competitor"] == "sklearn":
