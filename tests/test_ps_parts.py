@@ -182,7 +182,12 @@ def test_slowdown_specs_and_their_errors():
     assert factors_of({2: 3.0}, 3).tolist() == [1.0, 1.0, 3.0]
     assert factors_of([1, 2, 3], 3).tolist() == [1.0, 2.0, 3.0]
     for bad, words in [({0: "x"}, "a factor must be a number"), (["a", "b", "c"], "expected a"),
-                       ("fast", "profile must be one of"), ({5: 2.0}, "worker 5 is not in"),
-                       ([1, 2], "expected 3 factors"), ({0: 0.5}, "factors must be finite and >= 1")]:
+                       ("fast", "profile must be one of"), ({5: 2.0}, "worker 5 is not an int in"),
+                       ([1, 2], "expected 3 factors"), ({0: 0.5}, "factors must be finite and >= 1"),
+                       # a bool is no worker (True indexed every one); a string or complex
+                       # factor is no number (float() or numpy took them)
+                       ({True: 4.0}, "worker True is not an int"), ({0: "4"}, "a factor must"),
+                       (["1", "2", "3"], "expected a"), ([1 + 0j, 1, 1], "expected a"),
+                       ([True] * 3, "expected a")]:
         with pytest.raises(ValueError, match=f"slowdown: {words}"):
             factors_of(bad, 3)

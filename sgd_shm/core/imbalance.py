@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sgd_shm.core.validation import check_number
+from sgd_shm.core.validation import _is_int, _is_real, check_number
 
 #: the distributions of a random per-step delay (``delay=``)
 DELAYS = ("exponential", "pareto")
@@ -29,15 +29,18 @@ def factors_of(slowdown, n_workers):
             factors = 4.0 ** (1.0 - np.arange(n_workers) / (n_workers - 1))
     elif isinstance(slowdown, dict):
         for k, f in slowdown.items():
-            if not isinstance(k, (int, np.integer)) or not 0 <= k < n_workers:
-                raise ValueError(f"slowdown: worker {k!r} is not in [0, {n_workers})")
+            if not _is_int(k) or not 0 <= k < n_workers:
+                raise ValueError(f"slowdown: worker {k!r} is not an int in [0, {n_workers})")
             factors[k] = _factor(f)
     elif slowdown is not None:
         try:
-            factors = np.asarray(slowdown, dtype=float)
+            given = np.asarray(slowdown)
         except (TypeError, ValueError):
+            given = np.asarray(None)
+        if given.dtype.kind not in "iuf":          # (not strings, bools, complex, objects)
             raise ValueError(f"slowdown: expected a profile name, {{worker: factor}} or "
-                             f"{n_workers} factors, got {slowdown!r}") from None
+                             f"{n_workers} factors (numbers), got {slowdown!r}")
+        factors = given.astype(float)
         if factors.shape != (n_workers,):
             raise ValueError(f"slowdown: expected {n_workers} factors, got shape "
                              f"{factors.shape}")
@@ -47,11 +50,10 @@ def factors_of(slowdown, n_workers):
 
 
 def _factor(f):
-    try:
-        return float(f)
-    except (TypeError, ValueError):
+    if not _is_real(f):
         raise ValueError(f"slowdown: a factor must be a number >= 1 (1 = full speed), "
-                         f"got {f!r}") from None
+                         f"got {f!r}")
+    return float(f)
 
 
 def transient_of(transient):
