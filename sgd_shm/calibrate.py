@@ -20,7 +20,9 @@ release.
   charged to the step: ``step_s`` = the one-worker step times it. A slowed worker's
   step is longer than ``factor * s`` one-worker steps by what its emulation's sleep
   overran (a process that sleeps waits for a core to wake on): ``slow_extra_s``, the mean
-  overrun, is added to every slowed step of the predictions. ``wake_s``: how long a
+  overrun, is added to every slowed step of the predictions. Where ``slowdown`` slows
+  every worker, s is read off one more run of ``n_workers`` at full speed (the slowed
+  steps hold the overrun, which would pass for contention). ``wake_s``: how long a
   worker waiting at a closed gate (BSP, SSP) takes to notice it opened: half the
   transport's polling period plus the mean time a sleep of that period overran,
   measured on the calibrating machine (the period is
@@ -66,9 +68,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sgd_shm.core.imbalance import factors_of
+from sgd_shm.core.imbalance import factors_of, imbalance_of
 from sgd_shm.core.policies import SHM_POLL_S
-from sgd_shm.core.validation import check_int, check_positive, resolve_workers
+from sgd_shm.core.validation import (check_int, check_number, check_positive, check_seed,
+                                     resolve_workers)
 from sgd_shm.eager import train as eager_train
 from sgd_shm.ps import train as ps_train
 from sgd_shm.sim.cluster import Cluster, Network
@@ -101,11 +104,24 @@ class Calibration:
     start_s: float = 0.0
     measured: dict = field(default_factory=dict)
 
-    def cluster(self, slowdown=None, imbalance=None) -> Cluster:
+    def __post_init__(self):
+        if self.kind not in ("ps", "collective"):
+            raise ValueError(f"kind: must be 'ps' or 'collective', got {self.kind!r}")
+        self.n_workers = check_int("n_workers", self.n_workers, lo=1)
+        self.step_s = check_positive("step_s", self.step_s)
+        for name in ("slow_extra_s", "wake_s", "sleep_extra_s", "gate_s", "start_s"):
+            setattr(self, name, check_number(name, getattr(self, name), lo=0))
+        if self.cores is not None:
+            self.cores = check_positive("cores", self.cores)
+
+    def cluster(self, slowdown=None, imbalance=None, n_workers=None) -> Cluster:
         """The cluster of the fitted step with the trainers' ``slowdown`` (parameter
-        server) or ``imbalance`` (collectives), their overruns added."""
-        f = factors_of(slowdown, self.n_workers)
+        server) or ``imbalance`` (collectives), their overruns added, for ``n_workers``
+        (default: the calibration's; a simulation may scale beyond them)."""
+        n = self.n_workers if n_workers is None else resolve_workers(n_workers)
+        f = factors_of(slowdown, n)
         f = np.where(f > 1, f + self.slow_extra_s / self.step_s, 1.0)
+        imbalance = imbalance_of(imbalance, n)
         if imbalance is not None:
             imbalance = (imbalance[0], imbalance[1] + self.sleep_extra_s)
         return Cluster(self.step_s, factors=f, imbalance=imbalance, wake_s=self.wake_s,
@@ -138,8 +154,8 @@ class Calibration:
         kw.setdefault("n_workers", self.n_workers)
         kw.setdefault("sample_every", PS_SAMPLE_EVERY if kw.get("collective") is None
                       else EAGER_SAMPLE_EVERY)
-        return simulate(X, y, cluster=self.cluster(slowdown, imbalance), network=Network(),
-                        **kw)
+        return simulate(X, y, cluster=self.cluster(slowdown, imbalance, kw["n_workers"]),
+                        network=Network(), **kw)
 
 
 def sleep_overrun(seconds, n=50):
@@ -165,11 +181,19 @@ def calibrate(X, y, *, n_workers, collective=False, seconds=1.0, seed=0, slowdow
     n_workers = resolve_workers(n_workers)
     seconds = check_positive("seconds", seconds)
     repeats = check_int("repeats", repeats, lo=1)
+    seed = check_seed("seed", seed)
+    if seed is None:                               # fresh entropy, as the trainers take it
+        seed = int(np.random.SeedSequence().generate_state(1)[0])
     seeds = [seed + i for i in range(repeats)]
+    if not isinstance(collective, (bool, np.bool_)):
+        raise TypeError(f"collective: expected True (the collectives: the synchronous "
+                        f"allreduce is calibrated, which fits every collective a simulation "
+                        f"then runs) or False (the parameter server), got {collective!r}")
     if collective:
         if slowdown is not None:
             raise ValueError("slowdown: a parameter-server setting; the collectives' runs "
                              "take imbalance= instead")
+        imbalance = imbalance_of(imbalance, n_workers)
         return _calibrate_eager(X, y, n_workers, seconds, seeds, imbalance, train_kw)
     if imbalance is not None:
         raise ValueError("imbalance: a collectives' setting; the parameter server's runs "
@@ -215,7 +239,6 @@ def _calibrate_ps(X, y, n_workers, seconds, seeds, slowdown, train_kw):
     start = _median([st for _, st, _ in runs])
     factors = factors_of(slowdown, n_workers)
     full = factors == 1
-    stretch = float(np.median(per[full] if full.any() else per / factors)) / base
     # the box's cores serve the workers' computing first come, first served (Cluster):
     # at the workers' demand (the sum of 1 / factor_k) they stretch a full-speed step
     # by max(1, demand / cores) by waiting alone; the rest of the measured stretch is
@@ -223,7 +246,18 @@ def _calibrate_ps(X, y, n_workers, seconds, seeds, slowdown, train_kw):
     # hypervisor), charged to the step itself
     box = float(os.cpu_count() or 1)
     queued = max(1.0, float(np.sum(1.0 / factors)) / box)
-    contention = stretch / queued
+    full_speed = {}
+    if full.any():
+        contention = float(np.median(per[full])) / base / queued
+    elif n_workers == 1:            # the one-worker run is the worker at full speed
+        contention = 1.0
+    else:
+        # every worker slowed: their steps hold the sleeps' overrun too, which would
+        # pass for contention; it is read off a run of as many workers at full speed
+        per_full = np.median(np.array([asp(n_workers, None, s)[0] for s in seeds]), axis=0)
+        contention = float(np.median(per_full)) / base / max(1.0, n_workers / box)
+        full_speed = {"step_s_per_worker_full_speed": per_full.tolist()}
+    stretch = contention * queued
     step = base * contention
     slow = ~full
     extra = float(np.mean(per[slow] - factors[slow] * base * max(stretch, 1.0))) \
@@ -234,7 +268,8 @@ def _calibrate_ps(X, y, n_workers, seconds, seeds, slowdown, train_kw):
                       cores=box if n_workers > 1 else None, start_s=start,
                       measured={"seconds": r.seconds, "updates": r.updates, "step_s_alone": base,
                                 "stretch": stretch, "contention": contention,
-                                "step_s_per_worker": per.tolist(), "repeats": len(seeds)})
+                                "step_s_per_worker": per.tolist(), "repeats": len(seeds),
+                                **full_speed})
     cal.gate_s = _fit_gate(X, y, cal, seconds, seeds, slowdown, train_kw)
     return cal
 

@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -443,6 +444,84 @@ def test_calibrate_fits_the_real_runs_counts(data):
         calibrate(X, y, n_workers=2, collective=True, slowdown="straggler")
     with pytest.raises(ValueError, match="imbalance"):
         calibrate(X, y, n_workers=2, imbalance=(1, 0.001))
+
+
+def test_calibrate_reads_contention_off_a_full_speed_run_when_every_worker_is_slowed(
+        data, monkeypatch):
+    """With every worker slowed, the slowed steps hold the sleeps' overrun too, which the
+    calibration took for contention (a 2x slowdown on both workers fitted twice the
+    contention of no slowdown). It now reads the contention off a run of as many workers
+    at full speed. Oracle: trainer runs of known steps (one worker alone: BASE; n
+    workers: their factor times BASE times C, plus OVER for a slowed one)."""
+    import sgd_shm.calibrate as calib
+    from sgd_shm.core.imbalance import factors_of
+    BASE, C, OVER = 1e-4, 1.3, 4e-5
+    made = []
+
+    def fake_train(X, y, *, n_workers, slowdown=None, max_seconds, **kw):
+        f = factors_of(slowdown, n_workers)
+        step = BASE * f * (C if n_workers > 1 else 1.0) + np.where(f > 1, OVER, 0.0)
+        rate = float(np.sum(1.0 / step))
+        made.append((n_workers, tuple(f)))
+        hist = [{"seconds": t, "step": rate * (t - 0.01)} for t in np.arange(0.02, 0.3, 0.02)]
+        return SimpleNamespace(history=hist, seconds=max_seconds, updates=hist[-1]["step"],
+                               workers=[{"pushes": max_seconds / s} for s in step])
+    monkeypatch.setattr(calib, "ps_train", fake_train)
+    X, y = data
+    box = os.cpu_count()
+    for slowdown, runs in (([2.0, 2.0], [(1, (1.0,)), (2, (2.0, 2.0)), (2, (1.0, 1.0))]),
+                           ({0: 2.0}, [(1, (1.0,)), (2, (2.0, 1.0))])):
+        made.clear()
+        cal = calib.calibrate(X, y, n_workers=2, seconds=0.3, slowdown=slowdown)
+        assert made[:len(runs)] == runs                 # (then the BSP runs of gate_s)
+        contention = C / max(1.0, 2 / box)
+        assert cal.measured["contention"] == pytest.approx(contention)
+        assert cal.step_s == pytest.approx(BASE * contention)
+        stretch = cal.measured["stretch"]
+        assert stretch == pytest.approx(contention * max(1.0, sum(1 / np.array(
+            factors_of(slowdown, 2))) / box))
+        assert cal.slow_extra_s == pytest.approx(
+            (2.0 * BASE * C + OVER - 2.0 * BASE * max(stretch, 1.0)) / max(stretch, 1.0))
+    made.clear()
+    one = calib.calibrate(X, y, n_workers=1, seconds=0.3, slowdown="straggler")
+    assert one.measured["contention"] == 1.0 and made[:2] == [(1, (1.0,)), (1, (4.0,))]
+
+
+def test_calibration_arguments_and_scaling(data):
+    """Bad arguments are refused before any run; a calibration is checked when made by
+    hand; its cluster and simulate scale to other worker counts (the factors were drawn
+    for the calibration's count); the simulator refuses more sleeping ranks than the run
+    has, as eager.train does."""
+    from sgd_shm.calibrate import Calibration, calibrate
+    X, y = data
+    for kw, err, match in ((dict(seed="a"), TypeError, "seed: must be an int >= 0 or None"),
+                           (dict(seed=-1), ValueError, "seed"),
+                           (dict(collective="majority"), TypeError, "collective: expected True"),
+                           (dict(collective=True, imbalance=(1, -1.0)), ValueError,
+                            "imbalance: must be a finite number >= 0"),
+                           (dict(collective=True, imbalance=5), ValueError,
+                            r"imbalance: expected \(k ranks, seconds\)"),
+                           (dict(collective=True, imbalance=(3, 0.01)), ValueError,
+                            r"imbalance: k must be an int in \[0, n_workers=2\]")):
+        with pytest.raises(err, match=match):
+            calibrate(X, y, n_workers=2, seconds=0.3, **kw)
+    for args, match in ((("ps", 2, 0.0), "step_s: must be a finite number > 0"),
+                        (("cluster", 2, 1e-4), "kind: must be 'ps' or 'collective'"),
+                        (("ps", 0, 1e-4), "n_workers")):
+        with pytest.raises(ValueError, match=match):
+            Calibration(*args)
+    with pytest.raises(ValueError, match="slow_extra_s"):
+        Calibration("ps", 2, 1e-4, slow_extra_s=-1.0)
+    cal = Calibration("ps", 2, 1e-4, slow_extra_s=1e-4, cores=2.0)
+    assert cal.cluster("straggler", n_workers=8).worker_factors(8).tolist() == [5.0] + [1.0] * 7
+    sim = cal.simulate(X, y, n_workers=8, epochs=1)
+    assert sim.n_workers == 8 and sim.updates > 0
+    for bad in (5, (1,), (1, "x")):
+        with pytest.raises(ValueError, match="imbalance"):
+            cal.cluster(imbalance=bad)
+    with pytest.raises(ValueError, match=r"imbalance: k must be an int in \[0, n_workers=2\]"):
+        simulate(X, y, n_workers=2, collective="sync", epochs=1,
+                 cluster=Cluster(1e-3, imbalance=(5, 0.01)))
 
 
 def test_calibrate_collectives_fits_the_sync_rounds(data):

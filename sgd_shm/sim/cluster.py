@@ -146,10 +146,13 @@ class Cluster:
         return factors_of(self.factors, n_workers)
 
     def check_workers(self, n_workers):
-        """Raise when the trace does not hold one sequence per worker."""
+        """Raise when the trace does not hold one sequence per worker, or the imbalance
+        puts more ranks to sleep than the run has (as eager.train refuses)."""
         if self.trace is not None and len(self.trace) != n_workers:
             raise ValueError(f"trace: holds {len(self.trace)} workers' step times, the run "
                              f"has n_workers={n_workers}; record a run of as many workers")
+        if self.imbalance is not None:
+            imbalance_of(self.imbalance, n_workers)
         self.worker_factors(n_workers)
 
 
