@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from sgd_shm.core.validation import check_int, check_number
+from sgd_shm.core.validation import check_int, check_number, check_seed
 
 __all__ = ["make_rcv1_like", "make_ratings", "load_svmlight", "load_digits_split",
            "make_digits_augmented"]
@@ -86,11 +86,11 @@ def make_rcv1_like(n_samples=200_000, n_features=50_000, *, density=0.0015, zipf
     n_samples = check_int("n_samples", n_samples)
     n_features = check_int("n_features", n_features)
     density = check_number("density", density, lo=0, lo_open=True, hi=1)
-    zipf = check_number("zipf", zipf)
+    zipf = check_number("zipf", zipf, lo=0)
     noise = check_number("noise", noise, lo=0, hi=0.5, hi_open=True)
     margin = check_number("margin", margin, lo=0, hi=0.9)
     focus = check_number("focus", focus, lo=0)
-    rng = np.random.default_rng(random_state)
+    rng = _rng(random_state)
     # draw enough rows that n_samples remain once the `margin` fraction is left out
     n_drawn = n_samples + int(np.ceil(n_samples * margin / (1.0 - margin)))
     lengths = np.maximum(1, rng.poisson(max(1.0, density * n_features), n_drawn))
@@ -100,15 +100,17 @@ def make_rcv1_like(n_samples=200_000, n_features=50_000, *, density=0.0015, zipf
     # feature ranks: r = floor(z), z on [0, n_features) with density ∝ (z + 10)^-zipf,
     # drawn by inverting its distribution function; p[r] is the exact chance of rank r
     edges = np.arange(n_features + 1, dtype=np.float64) + 10.0
-    if abs(zipf - 1.0) < 1e-6:
-        cum = np.log(edges / 10.0)
-        z = 10.0 * np.exp(rng.random(total) * cum[-1])
-    else:
-        a = 1.0 - zipf
-        cum = (edges ** a - 10.0 ** a) / a
-        z = (10.0 ** a + a * cum[-1] * rng.random(total)) ** (1.0 / a)
+    log_form, a = abs(zipf - 1.0) < 1e-6, 1.0 - zipf
+    with np.errstate(all="ignore"):          # too steep a zipf underflows: refused below
+        cum = np.log(edges / 10.0) if log_form else (edges ** a - 10.0 ** a) / a
+        p = np.diff(cum) / cum[-1]
+    if not (np.isfinite(p).all() and p.min() > 0):
+        raise ValueError(f"zipf: {zipf} is too steep for {n_features} features (the rarest "
+                         "features' popularity underflows to 0); use a smaller zipf "
+                         "(RCV1: about 1.1)")
+    u = rng.random(total)
+    z = 10.0 * np.exp(u * cum[-1]) if log_form else (10.0 ** a + a * cum[-1] * u) ** (1.0 / a)
     rank = np.minimum(z - 10.0, n_features - 1).astype(np.int32)
-    p = np.diff(cum) / cum[-1]
     perm = rng.permutation(n_features).astype(np.int32)      # rank -> feature
     # tf-idf-like values: an idf (1 + log 1/p) that grows as the feature gets rarer,
     # times a spread
@@ -138,15 +140,28 @@ def make_rcv1_like(n_samples=200_000, n_features=50_000, *, density=0.0015, zipf
     return X, y
 
 
+def _rng(random_state):
+    """The generator of a ``random_state``: None (fresh entropy), an int >= 0, or a numpy
+    Generator (used as it is)."""
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    return np.random.default_rng(check_seed("random_state", random_state))
+
+
 def load_svmlight(path, n_features=None, *, dtype=np.float64):
     """Read a LIBSVM/svmlight file; returns (X as CSR, y). Raises a clear error for a
     missing file or malformed content."""
     from sklearn.datasets import load_svmlight_file
+    if n_features is not None:
+        n_features = check_int("n_features", n_features)
     try:
         X, y = load_svmlight_file(str(path), n_features=n_features, dtype=dtype)
     except FileNotFoundError:
         raise FileNotFoundError(f"no LIBSVM file at {str(path)!r}") from None
     except ValueError as e:
+        if n_features is not None and "n_features" in str(e):
+            raise ValueError(f"n_features: {e}; give at least the file's count, or None to "
+                             "take it from the file") from None
         raise ValueError(f"{str(path)!r} is not a valid LIBSVM/svmlight file: {e}") from None
     if not np.isfinite(X.data).all() or not np.isfinite(y).all():
         raise ValueError(f"{str(path)!r} contains NaN or infinite values")
@@ -173,7 +188,7 @@ def make_ratings(n_users=10_000, n_items=2_000, n_ratings=500_000, *, rank=10, n
                          "more users or items")
     noise = check_number("noise", noise, lo=0)
     zipf = check_number("zipf", zipf, lo=0)
-    rng = np.random.default_rng(random_state)
+    rng = _rng(random_state)
 
     def popular(n, size):
         w = 1.0 / (np.arange(n) + 5.0) ** zipf
@@ -235,6 +250,11 @@ def load_digits_split(test_size=0.2, *, random_state=0, flat=False):
     if not isinstance(flat, (bool, np.bool_)):
         raise TypeError(f"flat: must be True or False, got {type(flat).__name__} {flat!r}")
     X, y = load_digits(return_X_y=True)
+    n_test = int(np.ceil(test_size * len(y)))          # as train_test_split counts
+    if min(n_test, len(y) - n_test) < 10:
+        raise ValueError(f"test_size: {test_size} holds out {n_test} of {len(y)} images; a "
+                         "stratified split needs each of the 10 classes in both parts: use "
+                         f"a test_size in [{10 / len(y):.4f}, {1 - 10 / len(y):.4f}]")
     X = (X / 16.0).astype(np.float32)
     Xtr, Xte, ytr, yte = train_test_split(X, y.astype(np.int64), test_size=test_size,
                                           random_state=random_state, stratify=y)

@@ -29,6 +29,9 @@ def test_rcv1_like_shape_density_norms_and_seed():
     (dict(margin=0.95), "margin"),
     (dict(margin=-0.1), "margin"),
     (dict(focus=-1.0), "focus"),
+    (dict(zipf=-70.0), "zipf: must be a finite number >= 0"),
+    (dict(zipf=400.0), "zipf: 400.0 is too steep for 10 features"),   # (NaN rows before)
+    (dict(random_state=-1), "random_state: must be an int >= 0 or None"),
 ])
 def test_rcv1_like_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -42,6 +45,7 @@ def test_rcv1_like_bad_arguments(kwargs, match):
     (dict(noise=-0.1), "noise: must be a finite number >= 0"),
     (dict(noise=float("nan")), "noise: must be a finite number"),
     (dict(zipf=-1.0), "zipf: must be a finite number >= 0"),
+    (dict(random_state=-1), "random_state: must be an int >= 0 or None"),
 ])
 def test_ratings_bad_arguments(kwargs, match):
     """make_ratings refuses what it cannot make: more unique (user, item) pairs than exist
@@ -115,3 +119,10 @@ def test_load_svmlight_roundtrip_and_errors(tmp_path):
     bad.write_text("1 3:abc\n")
     with pytest.raises(ValueError, match="not a valid LIBSVM"):
         load_svmlight(bad)
+    # a bad n_features is the argument's fault, not the file's
+    with pytest.raises(ValueError, match="n_features: must be an int >= 1"):
+        load_svmlight(path, n_features=0)
+    with pytest.raises(TypeError, match="n_features: must be an int"):
+        load_svmlight(path, n_features=2.5)
+    with pytest.raises(ValueError, match="n_features: .*set to 5.*give at least the file's"):
+        load_svmlight(path, n_features=5)

@@ -78,3 +78,8 @@ def test_split_bad_arguments():
         load_digits_split(flat="yes")
     with pytest.raises(ValueError, match="test_size"):
         load_digits_split(0.0)
+    for ts, held in ((0.999, 1796), (0.001, 2)):  # a class short in a part: sklearn's words
+        with pytest.raises(ValueError, match=f"test_size: {ts} holds out {held} of 1797 "
+                                             r"images.*\[0\.0056, 0\.9944\]"):
+            load_digits_split(ts)
+    assert len(load_digits_split(0.0056)[1]) == 11 and len(load_digits_split(0.9944)[0]) == 10

@@ -74,12 +74,19 @@ class StepDecay(Schedule):
     def __init__(self, lr, milestones, gamma=0.1):
         self.lr = check_positive("lr", lr)
         self.gamma = check_number("gamma", gamma, lo=0, hi=1, lo_open=True)
-        m = np.asarray(milestones)
+        try:
+            m = np.asarray(milestones)
+        except (TypeError, ValueError):                # (ragged nesting)
+            m = np.asarray(None)
         if m.ndim != 1 or m.size == 0 or not np.issubdtype(m.dtype, np.integer) \
                 or (m < 1).any() or (np.diff(m) <= 0).any():
             raise ValueError(f"milestones: must be increasing ints >= 1 (the updates at "
                              f"which the step is multiplied by gamma), got {milestones!r}")
         self.milestones = tuple(int(v) for v in m)
+        if not self.lr * self.gamma ** len(self.milestones) > 0:
+            raise ValueError(f"gamma: the step after the last of {len(self.milestones)} "
+                             f"milestones, lr * gamma ** {len(self.milestones)}, underflows "
+                             "to 0; use fewer milestones or a gamma nearer 1")
 
     def __call__(self, t):
         passed = int(np.searchsorted(self.milestones, t, side="right"))
@@ -106,6 +113,9 @@ class Cosine(Schedule):
                              f"updates the step falls over), got {total!r}")
         self.total = None if total is None else int(total)
         self.floor = self.lr / 100 if floor is None else check_positive("floor", floor)
+        if not self.floor > 0:
+            raise ValueError(f"lr: {self.lr!r} is too small for the default floor (lr / 100 "
+                             "underflows to 0); give floor= or a larger lr")
         if self.floor >= self.lr:
             raise ValueError(f"floor: must be < lr ({self.lr}), got {self.floor}; the "
                              "schedule falls from lr to floor")
