@@ -798,9 +798,12 @@ cdef class TL2(ShmStructure):
                                "transaction of this TL2; compose the work into one "
                                "function instead of calling atomically() inside it")
         self._local.busy = True
+        self._active += 1          # close() refuses while a transaction reads the words
 
     cdef _leave(self, _TxState st):
         self._local.busy = False
+        if self._active > 0:       # (0 in a child forked inside a transaction)
+            self._active -= 1
 
     def stats(self):
         """Commits, aborts and conflict waits of this thread's transactions through

@@ -190,6 +190,50 @@ def test_bad_input():
         stm.snapshot()
 
 
+def test_close_waits_for_transactions_in_other_threads():
+    """close() refuses while another thread is inside a transaction or a snapshot (whose
+    read loop runs without the GIL: unmapping under it crashed the process), and
+    succeeds once that thread is done."""
+    stm = TL2(4)
+    inside, release = threading.Event(), threading.Event()
+
+    def hold():
+        with stm.transaction() as tx:
+            tx.write(0, 7)
+            inside.set()
+            release.wait(10)
+    t = threading.Thread(target=hold)
+    t.start()
+    assert inside.wait(10)
+    with pytest.raises(RuntimeError, match=r"close\(\) called while 1 call\(s\) use"):
+        stm.close()
+    release.set()
+    t.join()
+    assert stm.snapshot().tolist() == [7, 0, 0, 0]     # committed, and open still
+    big = TL2(200_000)
+    started, seen = threading.Event(), []
+
+    def snapshots():                                   # until the handle is closed
+        try:
+            while True:
+                seen.append(int(big.snapshot().sum()))
+                started.set()
+        except RuntimeError as e:
+            seen.append(str(e))
+    snaps = threading.Thread(target=snapshots)
+    snaps.start()
+    assert started.wait(10)
+    while not big.closed:                              # a close races the snapshots
+        try:
+            big.close()
+        except RuntimeError as e:
+            assert "call(s) use this memory" in str(e)
+    snaps.join()
+    assert seen[0] == 0 and "closed" in seen[-1]
+    assert stm._check()
+    stm.close()
+
+
 def test_aborts_raise_for_callers_who_retry():
     stm = TL2(2, conflict="abort")
     with pytest.raises(TransactionAborted):
