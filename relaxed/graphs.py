@@ -386,11 +386,18 @@ def _rmat_pairs(state, n, scale, k, ta, tab, tabc):
 
     Each level takes 32 random bits r and picks the quadrant a (r < ta),
     b (r < tab), c (r < tabc) or d; thresholds are probabilities times 2**32.
+    Returns (lo, hi, drawn): drawn < k when the redraws ran past RMAT_TRIES per pair
+    on average (quadrant probabilities that almost only give self loops or ids >= n;
+    the caller refuses them), instead of drawing on forever.
     """
     lo = np.empty(k, dtype=np.int32)
     hi = np.empty(k, dtype=np.int32)
+    budget = RMAT_TRIES * (k + 16)
     for t in range(k):
         while True:
+            budget -= 1
+            if budget < 0:
+                return lo[:t], hi[:t], t
             u = 0
             v = 0
             x = _U0
@@ -411,6 +418,22 @@ def _rmat_pairs(state, n, scale, k, ta, tab, tabc):
                 break
         lo[t] = min(u, v)
         hi[t] = max(u, v)
+    return lo, hi, k
+
+
+#: redraws per R-MAT pair, on average, before rmat gives up on (a, b, c)
+RMAT_TRIES = 10_000
+
+
+def _rmat_draw(state, n, scale, k, ta, tab, tabc, params, what):
+    """k R-MAT pairs (see _rmat_pairs), or a ValueError naming (a, b, c) where they
+    give almost only self loops or ids >= n."""
+    lo, hi, drawn = _rmat_pairs(state, n, scale, k, ta, tab, tabc)
+    if drawn < k:
+        raise ValueError(
+            f"{what}: (a, b, c) = {params} give almost only self loops or ids >= n={n} "
+            f"(fewer than 1 in {RMAT_TRIES:,} draws is an edge of the graph); raise b + c "
+            f"and a, e.g. the defaults 0.57, 0.19, 0.19")
     return lo, hi
 
 
@@ -657,10 +680,12 @@ class Graph:
         n : int
         validate : bool, default True
             Check every rule above (O(n + m)). With ``validate=False`` the arrays
-            are only converted (int64 ``indptr``, C-contiguous int32 ``indices``;
-            no copy if they already are) and trusted; a broken structure then
-            surfaces as a ValueError when ``edges``/``edge_ids`` are first used,
-            or as wrong results.
+            are converted (int64 ``indptr``, C-contiguous int32 ``indices``; no copy
+            if they already are) and checked only for what memory safety needs (a
+            few vectorised passes: the shapes, ``indptr`` from 0 to ``len(indices)``
+            without falling, every index in [0, n)); unsorted rows, duplicates,
+            self loops or asymmetry then surface as a ValueError when
+            ``edges``/``edge_ids`` are first used, or as wrong results.
 
         The Graph shares memory with arrays that need no conversion.
         """
@@ -668,19 +693,19 @@ class Graph:
         n = _check_n(n, what)
         indptr = np.asarray(indptr)
         indices = np.asarray(indices)
-        if validate:
-            _check_int_dtype(indptr, f"{what}: indptr")
-            _check_int_dtype(indices, f"{what}: indices")
-            if indptr.ndim != 1 or indptr.shape[0] != n + 1:
-                raise ValueError(
-                    f"{what}: indptr has shape {indptr.shape} but n + 1 = {n + 1}; indptr must be "
-                    f"1-D with one entry per vertex plus one"
-                )
-            if indices.ndim != 1:
-                raise ValueError(f"{what}: indices must be 1-D, got shape {indices.shape}")
+        _check_int_dtype(indptr, f"{what}: indptr")
+        _check_int_dtype(indices, f"{what}: indices")
+        if indptr.ndim != 1 or indptr.shape[0] != n + 1:
+            raise ValueError(
+                f"{what}: indptr has shape {indptr.shape} but n + 1 = {n + 1}; indptr must be "
+                f"1-D with one entry per vertex plus one"
+            )
+        if indices.ndim != 1:
+            raise ValueError(f"{what}: indices must be 1-D, got shape {indices.shape}")
         indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         _check_m(indices.shape[0] // 2, what)
         if not validate:
+            _check_csr_bounds(indptr, indices, n, what)
             return cls(indptr, np.ascontiguousarray(indices, dtype=np.int32), n)
         return cls._validated_csr(indptr, indices, n, what)
 
@@ -802,6 +827,18 @@ class Graph:
             fail("cached edges / edge_ids differ from the adjacency")
         if self.edges.dtype != np.int32 or self.edge_ids.dtype != np.int32:
             fail("edges / edge_ids are not int32")
+
+
+def _check_csr_bounds(indptr, indices, n, what):
+    """What every kernel's reads of a CSR rely on: indptr from 0 to len(indices) without
+    falling, every index in [0, n)."""
+    nnz = indices.shape[0]
+    if indptr[0] != 0 or indptr[-1] != nnz or (np.diff(indptr) < 0).any():
+        raise ValueError(f"{what}: indptr must rise from 0 to len(indices) = {nnz} without "
+                         f"falling, got {indptr[0]} ... {indptr[-1]}")
+    if nnz and (indices.min() < 0 or indices.max() >= n):
+        raise ValueError(f"{what}: indices must be vertex ids in 0..{n - 1}, got "
+                         f"{indices.min()} ... {indices.max()}")
 
 
 def _check_int_dtype(arr, what):
@@ -1160,7 +1197,8 @@ def rmat(n, m, a=0.57, b=0.19, c=0.19, seed=None, permute=False):
     th = [min(int(round(x * 2**32)), 2**32) for x in (a, a + b, a + b + c)]
     ta, tab, tabc = (np.uint64(x) for x in th)
     state = _kernel_state(rng)
-    lo, hi = _unique_pairs(*_rmat_pairs(state, n, scale, m, ta, tab, tabc), n)
+    params = (a, b, c)
+    lo, hi = _unique_pairs(*_rmat_draw(state, n, scale, m, ta, tab, tabc, params, what), n)
     drawn = m
     rounds = 0
     while lo.shape[0] < m:
@@ -1173,7 +1211,7 @@ def rmat(n, m, a=0.57, b=0.19, c=0.19, seed=None, permute=False):
             )
         have = lo.shape[0]
         k = min(int((m - have) * drawn / have * 1.2) + 64, 4 * m + 64)
-        nlo, nhi = _rmat_pairs(state, n, scale, k, ta, tab, tabc)
+        nlo, nhi = _rmat_draw(state, n, scale, k, ta, tab, tabc, params, what)
         drawn += k
         lo, hi = _unique_pairs(np.concatenate((lo, nlo)), np.concatenate((hi, nhi)), n)
     lo, hi = _trim(lo, hi, m, rng)

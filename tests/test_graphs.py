@@ -444,6 +444,15 @@ def test_from_csr_errors():
     G = Graph.from_csr([0, 1, 1], [1], 2, validate=False)
     with pytest.raises(ValueError, match=r"entry \(0, 1\) has no \(1, 0\)"):
         G.edges
+    # trusted, but what the kernels' reads rest on is checked (they read out of bounds)
+    for args, match in ((([0], [], 3_000_000), "indptr has shape"),
+                        (([0, 2], [], 1), "indptr must rise from 0 to len"),
+                        (([0, 2, 1], [1, 0], 2), "indptr must rise from 0 to len"),
+                        (([0, 1, 1], [5], 2), r"indices must be vertex ids in 0\.\.1"),
+                        (([0, 1, 1], [-1], 2), r"indices must be vertex ids")):
+        with pytest.raises(ValueError, match=match):
+            Graph.from_csr(*(np.asarray(a, np.int64) for a in args[:2]), args[2],
+                           validate=False)
 
 
 def test_check_finds_corruption():
@@ -583,6 +592,10 @@ def test_rmat_not_power_of_two_and_permute():
     # a, b, c are used: a less skewed R-MAT has a lower maximum degree
     flat = rmat(n, 5000, a=0.25, b=0.25, c=0.25, seed=2)
     assert flat.degree().max() < R.degree().max()
+    # (a, b, c) that give (almost) only self loops are refused, not redrawn forever
+    for n_, abc in ((4, (0.9, 1e-11, 0.0)), (1 << 20, (0.9, 1e-9, 1e-9))):
+        with pytest.raises(ValueError, match="almost only self loops"):
+            rmat(n_, 1, a=abc[0], b=abc[1], c=abc[2], seed=0)
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 1), (1, 5), (5, 1), (2, 2), (2, 3), (3, 3), (4, 7)])
