@@ -73,9 +73,9 @@ cdef class ShmStructure:
                 seg.close()
             return
         if self._active:
-            raise RuntimeError(f"close() called while {self._active} call(s) use this memory "
-                               "(bulk calls, transactions); finish them and join their "
-                               "threads first")
+            raise RuntimeError(f"close() called while {self._active} call(s) are running in "
+                               "other threads (bulk calls, transactions); finish them and "
+                               "join those threads first")
         _live.discard(self)
         self._on_close()
         self._base = NULL

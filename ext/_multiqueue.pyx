@@ -50,6 +50,7 @@ from libc.stdint cimport uint64_t, int64_t, uint32_t, int32_t, uint8_t
 from libc.math cimport isnan
 cimport cython
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.number cimport PyIndex_Check
 
 from _common cimport *
 from relaxed._base cimport ShmStructure
@@ -874,9 +875,12 @@ cdef class MultiQueue(ShmStructure):
         cdef double d
         cdef int64_t k
         if self.key_kind == KEY_INT64:
-            if isinstance(key, float):
+            if not PyIndex_Check(key) or isinstance(key, bool):
+                # (a float, a Decimal or a numpy float has no exact int: Cython's
+                # conversion would truncate it)
                 raise TypeError(f"key must be an integer for a key_dtype='int64' queue, got "
-                                f"float {key!r}; create the queue with key_dtype='float64'")
+                                f"{type(key).__name__} {key!r}; create the queue with "
+                                "key_dtype='float64' for other numbers")
             try:
                 k = key
             except OverflowError:
@@ -910,6 +914,8 @@ cdef class MultiQueue(ShmStructure):
         cdef int64_t v
         self._check_open()
         e.key = self._key_in(key)
+        if not PyIndex_Check(value) or isinstance(value, bool):
+            raise _bad_value(value)            # (not truncated: 2.9 is no value)
         try:
             v = value
         except (OverflowError, TypeError):
@@ -1368,9 +1374,10 @@ def _make_seed(seed):
     return s - (1 << 64) if s >= 1 << 63 else s
 
 def _bad_value(value):
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return ValueError(f"value {value!r} is outside int64 range [-2**63, 2**63-1]")
-    return TypeError(f"value must be an int (values are int64), got {type(value).__name__}")
+    return TypeError(f"value must be an int (values are int64), got {type(value).__name__} "
+                     f"{value!r}")
 
 def _as_1d(name, x, dtype, kind):
     a = np.asarray(x)

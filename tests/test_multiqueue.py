@@ -253,6 +253,16 @@ def test_bad_push_and_bulk_arguments():
         mq.push(1, "v")
     with pytest.raises(ValueError, match="int64 range"):
         mq.push(1, 2**64)
+    from decimal import Decimal
+    for bad in (np.float32(2.7), Decimal("9.99"), True):     # (truncated to 2, 9 before)
+        with pytest.raises(TypeError, match="key must be an integer"):
+            mq.push(bad, 0)
+    for bad in (2.9, np.float64(7.8), False):
+        with pytest.raises(TypeError, match="value must be an int"):
+            mq.push(1, bad)
+    assert len(mq) == 0
+    mq.push(np.int32(4), np.int16(3))                          # numpy integers are ints
+    assert mq.pop() == (4, 3)
     with pytest.raises(TypeError, match="keys must hold integers"):
         mq.push_many(np.array([1.5]), np.array([1]))
     with pytest.raises(ValueError, match="same length"):

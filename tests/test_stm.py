@@ -205,7 +205,7 @@ def test_close_waits_for_transactions_in_other_threads():
     t = threading.Thread(target=hold)
     t.start()
     assert inside.wait(10)
-    with pytest.raises(RuntimeError, match=r"close\(\) called while 1 call\(s\) use"):
+    with pytest.raises(RuntimeError, match=r"close\(\) called while 1 call\(s\) are running"):
         stm.close()
     release.set()
     t.join()
@@ -227,7 +227,7 @@ def test_close_waits_for_transactions_in_other_threads():
         try:
             big.close()
         except RuntimeError as e:
-            assert "call(s) use this memory" in str(e)
+            assert "call(s) are running in other threads" in str(e)
     snaps.join()
     assert seen[0] == 0 and "closed" in seen[-1]
     assert stm._check()
