@@ -482,8 +482,8 @@ cdef class Scheduler:
         MultiQueue push would place it), so a pop from them needs no heap work.
         """
         self._check_idle()
-        keys = np.ascontiguousarray(priorities, dtype=np.int64)
-        vals = np.ascontiguousarray(tasks, dtype=np.int64)
+        keys = _int64_array(priorities, "priorities")
+        vals = _int64_array(tasks, "tasks")
         if keys.ndim != 1 or vals.shape != keys.shape:
             raise ValueError(f"load: priorities and tasks must be 1-D arrays of one length, "
                              f"got shapes {np.shape(priorities)} and {np.shape(tasks)}")
@@ -1419,3 +1419,17 @@ def _inverse(const int32_t[::1] order):
         for r in range(n):
             rk[order[r]] = <int32_t>r
     return rank
+
+
+def _int64_array(x, name):
+    """``x`` as a C-contiguous int64 array, refused (not cast) where that would change a
+    value: floats (truncated, NaN to INT64_MIN) and uint64 values past INT64_MAX."""
+    a = np.asarray(x)
+    if a.size == 0:
+        return np.zeros(a.shape, dtype=np.int64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"load: {name} must hold integers (int64), got dtype {a.dtype}; "
+                        f"round them yourself (e.g. np.rint(x).astype(np.int64))")
+    if a.dtype.kind == "u" and a.max() > INT64_MAX:
+        raise ValueError(f"load: {name} holds {a.max()}, past int64's largest {INT64_MAX}")
+    return np.ascontiguousarray(a, dtype=np.int64)

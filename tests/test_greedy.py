@@ -240,6 +240,24 @@ def test_scheduler_conserves_tasks(make):
     assert sorted(t for t, _ in out) == list(range(500)) + [500 + i for i in range(0, 300, 3)]
 
 
+@pytest.mark.parametrize("make", [ExactScheduler, lambda: MultiQueueScheduler(4, seed=0),
+                                  lambda: KRelaxedScheduler(4, seed=0)])
+def test_load_refuses_priorities_it_would_change(make):
+    """load() takes integer arrays as push() takes ints: float priorities were truncated
+    (NaN became INT64_MIN, served first) and uint64 past INT64_MAX wrapped negative."""
+    s = make()
+    with pytest.raises(TypeError, match="load: priorities must hold integers"):
+        s.load([0.9, 0.1, float("nan")], [1, 2, 3])
+    with pytest.raises(TypeError, match="load: tasks must hold integers"):
+        s.load([1, 2], [1.5, 2.0])
+    with pytest.raises(ValueError, match="past int64's largest"):
+        s.load(np.array([2**63], np.uint64), [1])
+    s.load(np.array([3, 1, 2], np.uint32), np.array([30, 10, 20], np.int16))
+    assert sorted(s.pop() for _ in range(3)) == [(10, 1), (20, 2), (30, 3)]
+    s.load([], [])
+    assert s.pop() is None
+
+
 @pytest.mark.parametrize("k,mode", [(1, "uniform"), (6, "uniform"), (6, "adversarial")])
 def test_k_relaxed_pops_one_of_the_k_best(k, mode):
     s = KRelaxedScheduler(k, mode=mode, seed=4)
