@@ -87,6 +87,12 @@ def test_cold_start_and_partial_fit():
     assert mf.n_iter_ == 4
     with pytest.raises(ValueError, match="beyond the fitted model"):
         mf.partial_fit(np.array([[10_000, 0]]), np.array([3.0]))
+    # rmse takes one finite rating per row: a column or a single value broadcast before
+    for bad, match in ((y[:, None], r"y must have shape \(\d+,\): one rating per row"),
+                       (y[:1], "shape"), (np.full(len(y), np.nan), "NaN")):
+        with pytest.raises(ValueError, match=match):
+            mf.rmse(X, bad)
+    assert mf.rmse(X, y) == pytest.approx(np.sqrt(np.mean((mf.predict(X) - y) ** 2)))
 
 
 @pytest.mark.parametrize("X, y, exc, match", [

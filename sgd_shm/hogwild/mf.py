@@ -264,6 +264,13 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         return pred
 
     def rmse(self, X, y):
-        """Root mean squared error of predict(X) against y."""
+        """Root mean squared error of predict(X) against y (one finite rating per row
+        of X: a y of another shape is refused, not broadcast)."""
+        pred = self.predict(X)
         y = np.asarray(y, dtype=np.float64)
-        return float(np.sqrt(np.mean((self.predict(X) - y) ** 2)))
+        if y.shape != pred.shape:
+            raise ValueError(f"y must have shape {pred.shape}: one rating per row of X, got "
+                             f"{y.shape}")
+        if not np.isfinite(y).all():
+            raise ValueError("y holds NaN or infinite ratings")
+        return float(np.sqrt(np.mean((pred - y) ** 2)))
