@@ -165,6 +165,12 @@ def test_scikit_learn_classifier(data, no_shm_leak):
     assert clf.score(X[2500:], y[2500:]) > majority
     assert clf.coef_.shape == (1, X.shape[1]) and clf.n_features_in_ == X.shape[1]
     assert clf.result_.batches["lost"] == 0
+    # n_iter_: the passes made (2 partitions of 1,250 rows, 20 minibatches of 64 each),
+    # fewer than max_iter where the time limit stopped the run (it was max_iter always)
+    assert clf.n_iter_ == sum(clf.result_.batches["applied"]) // 40 <= clf.max_iter
+    short = ParameterServerClassifier(n_workers=2, policy="asp", max_iter=10_000,
+                                      max_seconds=0.3, random_state=0).fit(X[:2500], y[:2500])
+    assert short.n_iter_ == sum(short.result_.batches["applied"]) // 40 < 10_000
     with pytest.raises(ValueError, match="features"):
         clf.predict(X[:, :10])
     pipe = make_pipeline(MaxAbsScaler(), clone(clf)).fit(X[:2500], y[:2500])

@@ -27,8 +27,19 @@ class Batches:
 
     @classmethod
     def draw(cls, n_rows, n_workers, batch_size, rng):
-        bounds = np.linspace(0, n_rows, n_workers + 1).astype(np.int64)
+        bounds = cls._bounds(n_rows, n_workers)
         return cls(rng.permutation(n_rows), bounds[:-1], bounds[1:], int(batch_size))
+
+    @staticmethod
+    def _bounds(n_rows, n_workers):
+        return np.linspace(0, n_rows, n_workers + 1).astype(np.int64)
+
+    @classmethod
+    def per_pass(cls, n_rows, n_workers, batch_size) -> int:
+        """The minibatches of one pass over the data (all partitions together), as
+        :meth:`draw` cuts them."""
+        b = cls._bounds(n_rows, n_workers)
+        return int(np.maximum(1, -(-(b[1:] - b[:-1]) // int(batch_size))).sum())
 
     @property
     def n_batches(self) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from sgd_shm.core.batches import Batches
 from sgd_shm.ps.trainer import train
 
 __all__ = ["ParameterServerClassifier"]
@@ -64,7 +65,10 @@ class ParameterServerClassifier(ClassifierMixin, BaseEstimator):
         self.coef_ = self.result_.coef_[None, :]
         self.intercept_ = np.zeros(1)
         self.classes_ = self.result_.classes_
-        self.n_iter_ = self.max_iter
+        # passes over the data made: fewer than max_iter where max_seconds or target_loss
+        # stopped the run
+        per_pass = Batches.per_pass(X.shape[0], len(self.result_.workers), self.batch_size)
+        self.n_iter_ = int(sum(self.result_.batches["applied"]) // per_pass)
         return self
 
     def decision_function(self, X):
