@@ -705,14 +705,20 @@ def competitive_table(policies=DEFAULT_POLICIES, workloads=None, models=DEFAULT_
     of one (workload, model) share the holder times (same seed)."""
     workloads = default_workloads(B) if workloads is None else tuple(workloads)
     rows = []
-    for model, k in models:
+    for pair in models:
+        try:
+            model, k = pair
+        except (TypeError, ValueError):
+            raise ValueError(f"models: expected (model, k) pairs, e.g. ('requestor-wins', 4.0) "
+                             f"or ('requestor-aborts', None), got {pair!r}") from None
         mc = _model_code(model)
         for wi, w in enumerate(workloads):
             w = _workload(w)
             for spec in policies:
                 if isinstance(spec, Policy):
                     p = spec
-                elif str(spec).startswith("rw-"):
+                elif str(spec).strip().lower().replace("_", "-").startswith("rw-"):
+                    # (spelled as policy() reads names)
                     p = policy(spec, B=B, k=(1.0 if k is None else k))
                 else:
                     p = policy(spec, B=B)

@@ -351,6 +351,12 @@ def test_competitive_table_rows():
     assert by[(RA, 1.0, "deterministic", "adversarial")]["exact"] == pytest.approx(2.0)
     assert by[(RW, 4.0, "rw-randomized(k=4)", "adversarial")]["exact"] == pytest.approx(c_rw(4))
     assert by[(RW, 4.0, "rw-deterministic(k=4)", "adversarial")]["documented"] == 2.25
+    # a name spelled as policy() takes it is tuned for the model's k, as the plain spelling
+    for name in ("rw_randomized", "RW-Randomized"):
+        row, = C.competitive_table([name], [C.Fixed(1.0)], [(RW, 4.0)], n=200)
+        assert row["policy"] == "rw-randomized(k=4)" and row["documented"] is not None
+    with pytest.raises(ValueError, match=r"models: expected \(model, k\) pairs"):
+        C.competitive_table(["randomized"], models=[RA])
 
 
 # ----------------------------------------------------------------------------- API and validation
