@@ -174,6 +174,29 @@ def threshold_indices(g, k, sample_ratio, salt):
     return out[:c].copy()
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def _bucket_norm(g, lo, hi):
+    """||g[lo:hi]|| in float64 (a float32 g's squares too); where the plain sum of
+    squares overflows or underflows to 0, again scaled by the largest magnitude (as
+    LAPACK's nrm2), so that the norm is right wherever it is a float64 at all."""
+    acc = 0.0
+    for i in range(lo, hi):
+        x = np.float64(g[i])
+        acc += x * x
+    if acc > 0.0 and acc < math.inf and acc > 1e-290:
+        return math.sqrt(acc)
+    big = 0.0
+    for i in range(lo, hi):
+        big = max(big, abs(np.float64(g[i])))
+    if big == 0.0:
+        return 0.0
+    acc = 0.0
+    for i in range(lo, hi):
+        x = np.float64(g[i]) / big
+        acc += x * x
+    return big * math.sqrt(acc)
+
+
 @nb.njit(nogil=True, cache=True)
 def _qsgd_kernel(g, s, d, state, idx, lvl, norms):
     """QSGD's stochastic rounding of s |g_i| / ||bucket|| to the integers around it (up
@@ -191,10 +214,7 @@ def _qsgd_kernel(g, s, d, state, idx, lvl, norms):
     m2 = np.uint64(0x94D049BB133111EB)
     for b in range(norms.size):
         lo, hi = b * d, min((b + 1) * d, g.size)
-        acc = 0.0
-        for i in range(lo, hi):
-            acc += float(g[i]) * float(g[i])
-        norm = norms[b] = math.sqrt(acc)
+        norm = norms[b] = _bucket_norm(g, lo, hi)
         for i in range(lo, hi):
             x = x + golden
             if norm == 0.0:
@@ -204,7 +224,7 @@ def _qsgd_kernel(g, s, d, state, idx, lvl, norms):
             z = (z ^ (z >> np.uint64(27))) * m2
             z = z ^ (z >> np.uint64(31))
             u = float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-            a = s * abs(g[i]) / norm
+            a = s * (abs(g[i]) / norm)        # (|g_i| / norm <= 1: no overflow)
             fl = math.floor(a)
             q = fl + 1.0 if u < a - fl else fl
             if q != 0.0:
@@ -223,6 +243,9 @@ def _qsgd(g, s, d, rng):
     lvl = np.empty(g.size, np.float64)
     norms = np.empty(max(1, -(-g.size // d)), np.float64)
     c = _qsgd_kernel(g, float(s), int(d), int(rng.integers(0, 2**63)), idx, lvl, norms)
+    if not np.isfinite(norms).all():
+        raise ValueError("g: its norm overflows float64 (entries near 1e308), so no level "
+                         "can be drawn; lower the step or clip the gradient")
     return idx[:c].copy(), lvl[:c].copy(), norms
 
 

@@ -199,6 +199,19 @@ class RandomK(_Sized):
     def max_entries(self, n):
         return self.k_for(n)
 
+    def check(self, n):
+        k = self.k_for(n)
+        if self.rescale and self.error_feedback and k < n:
+            raise ValueError(
+                f"RandomK(rescale=True) with error_feedback=True diverges: each sent entry "
+                f"is scaled by n/k = {n / k:.3g}, so the memory takes back {n / k - 1:.3g} "
+                f"times the entry each step and the residual grows without bound; use "
+                f"rescale=False with error feedback, or error_feedback=False (the rescaled "
+                f"message is unbiased without it)")
+
+    def __repr__(self):
+        return super().__repr__()[:-1] + (", rescale=True)" if self.rescale else ")")
+
     def compress(self, g):
         _check_g(g)
         k = self.k_for(g.size)
@@ -332,35 +345,52 @@ class ErrorFeedback:
         self.compressor, self.n = compressor, int(n)
         self.residual = np.zeros(self.n, dtype)
         self._acc = np.zeros(self.n, dtype)
+        self._carried = False            # (no error feedback) residual holds kept messages
         # the kit's own compressors are tested against the contract: only the messages
-        # of other classes (a user's, a subclass) are checked at every step
+        # of other classes (a user's, a subclass) are checked at every step, and they
+        # see the gradient read-only (one that edited it would lose mass from the memory)
         self._check = type(compressor) not in _BUILTIN
 
     def step(self, g):
-        """The message for gradient g (plus the residual, with error feedback on)."""
+        """The message for gradient g (plus the residual: with error feedback on, what
+        was not sent; without, the messages :meth:`keep` took back)."""
         if np.shape(g) != (self.n,):
             raise ValueError(f"g must be a 1-D array of the memory's {self.n} entries "
                              f"(one per weight), got shape {np.shape(g)}; make the memory "
                              "with compressor.memory(n) for this model's n")
-        if not self.compressor.error_feedback:
-            msg = self.compressor.compress(np.asarray(g, self.residual.dtype))
+        if not self.compressor.error_feedback and not self._carried:
+            msg = self.compressor.compress(self._view(np.asarray(g, self.residual.dtype)))
             return self._checked(msg) if self._check else msg
         np.add(self.residual, g, out=self._acc)
-        msg = self.compressor.compress(self._acc)
+        msg = self.compressor.compress(self._view(self._acc))
         if self._check:
             self._checked(msg)
+        if not self.compressor.error_feedback:      # the carried mass went out with it
+            self.residual[:] = 0.0
+            self._carried = False
+            return msg
         self.residual[:] = self._acc
         # acc - decoded: exactly zero where values travel verbatim (scale 1)
         self.residual[msg.indices] -= msg.values * msg.scale
         return msg
 
     def keep(self, msg):
-        """A message that was not applied: its mass goes back into the residual."""
-        if self.compressor.error_feedback:
-            self.residual[msg.indices] += msg.values * msg.scale
+        """A message that was not applied: its mass goes back into the residual (and,
+        without error feedback, into the next step's gradient)."""
+        self.residual[msg.indices] += msg.values * msg.scale
+        self._carried = not self.compressor.error_feedback
+
+    def _view(self, x):
+        """x as a user's compressor sees it: read-only (the kit's own, as it is)."""
+        if not self._check:
+            return x
+        x = x.view()
+        x.flags.writeable = False
+        return x
 
     def reset(self):
         self.residual[:] = 0.0
+        self._carried = False
 
     def _checked(self, msg):
         """A compressor's message, checked against the contract (a user's subclass

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from sgd_shm import _select
-from sgd_shm.compress import QSGD, Dense, RandomK, ThresholdTopK, TopK, make_compressor
+from sgd_shm.compress import (QSGD, Channel, Compressor, Dense, RandomK, SparseMessage,
+                              ThresholdTopK, TopK, make_compressor)
 from tests.naive import topk_naive
 
 
@@ -158,6 +159,27 @@ def test_qsgd_bucket_bytes_error_feedback_and_bad_input():
         make_compressor("qsgd:8:0")
 
 
+def test_qsgd_norm_neither_overflows_nor_underflows():
+    """The bucket norm is summed in float64 (a float32 gradient's squares overflowed at
+    1e20: an empty message of scale inf) and rescaled by the largest entry where the
+    squares overflow or vanish (1e160 decoded to 0); |g_i| / norm comes before the
+    levels' factor (s |g_i| overflowed near 1e308: flipped signs). The decoding is still
+    unbiased: each entry lies between the levels around it."""
+    for g in (np.array([1e20, -2e20], np.float32), np.array([1e-25, 2e-25], np.float32),
+              np.array([1e160, -1e160, 1.0]), np.array([1e308, 1e308, -1e308]),
+              np.array([1e-200, 0.0, -1e-200])):
+        q = QSGD(levels=4, seed=0)
+        msg = q.compress(g)
+        g64 = g.astype(np.float64)
+        norm = np.max(np.abs(g64)) * np.linalg.norm(g64 / np.max(np.abs(g64)))
+        assert msg.scale == pytest.approx(norm / 4, rel=1e-6), g
+        dec = msg.to_dense().astype(np.float64)
+        assert np.all(np.sign(dec) * np.sign(g64) >= 0), (g, dec)        # no flipped sign
+        assert np.all(np.abs(dec) <= norm * (1 + 1e-6)) and dec[np.argmax(np.abs(g64))] != 0
+    with pytest.raises(ValueError, match="norm overflows float64"):
+        QSGD(levels=4).compress(np.full(4, 1.5e308))
+
+
 def test_qsgd_bytes():
     comp = QSGD(levels=16)
     g = np.random.default_rng(0).normal(size=10_000)
@@ -225,6 +247,58 @@ def test_no_error_feedback_keeps_nothing():
     mem = TopK(k=2, error_feedback=False).memory(5)
     msg = mem.step(np.array([1.0, -5.0, 2.0, 0.5, 3.0]))
     assert msg.indices.tolist() == [1, 4] and not mem.residual.any()
+
+
+@pytest.mark.parametrize("comp", [Dense(), QSGD(levels=4, seed=1), TopK(k=3, error_feedback=False),
+                                  RandomK(k=3, rescale=True, error_feedback=False, seed=2)],
+                         ids=repr)
+def test_kept_messages_come_back_without_error_feedback(comp):
+    """A message kept (eager-SGD's late="carry") goes out again with the next step also
+    when the compressor keeps no error feedback (it was dropped): over a run, the
+    messages applied plus what is held equal the inputs minus only what compression
+    itself dropped (nothing for Dense)."""
+    ch = Channel(comp, 40, keep_lost=True)
+    rng = np.random.default_rng(0)
+    total_in, applied, kept = np.zeros(40), np.zeros(40), 0
+    for t in range(60):
+        g = rng.integers(-9, 9, 40).astype(np.float64)
+        total_in += g
+        msg = ch.message(g)
+        late = t % 4 == 1
+        ch.delivered(msg, applied=not late)
+        if late:
+            kept += 1
+            assert ch.memory.residual.any()
+        else:
+            msg.add_to(applied)
+            assert not ch.memory.residual.any()          # carried out with this message
+    assert kept == 15
+    if isinstance(comp, Dense):
+        np.testing.assert_array_equal(applied + ch.memory.residual, total_in)
+    q = Channel(Dense(), 3, keep_lost=True)
+    q.delivered(q.message(np.array([1.0, 2.0, 3.0])), applied=False)
+    assert q.message(np.zeros(3)).to_dense().tolist() == [1.0, 2.0, 3.0]
+
+
+def test_rescaled_randomk_refuses_error_feedback_and_user_compressors_see_g_read_only():
+    """RandomK(rescale=True) with error feedback takes back n/k - 1 times each sent entry:
+    its residual grows without bound, so a memory refuses it (as QSGD with too few
+    levels). A user's compressor that edits its input would take mass out of the memory
+    (sent + residual no longer the inputs): it gets the input read-only."""
+    with pytest.raises(ValueError, match=r"RandomK\(rescale=True\) with error_feedback=True "
+                                         r"diverges: each sent entry is scaled by n/k = 10"):
+        RandomK(ratio=0.1, rescale=True).memory(100)
+    RandomK(ratio=1.0, rescale=True).memory(100)            # n/k = 1: nothing rescaled
+    assert repr(RandomK(k=3, rescale=True, error_feedback=False)).endswith("rescale=True)")
+
+    class Edits(Compressor):
+        def compress(self, g):
+            g[0] = 0.0
+            return SparseMessage(np.array([1]), g[1:2].copy(), g.size, 8)
+    for ef in (True, False):
+        Edits.error_feedback = ef
+        with pytest.raises(ValueError, match="read-only"):
+            Edits().memory(6).step(np.arange(1.0, 7.0))
 
 
 def test_randomk_uniform_and_unbiased():
