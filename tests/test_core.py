@@ -225,6 +225,12 @@ def test_a_callback_sees_every_record_and_can_stop_the_run(data, trainer, tmp_pa
     seen = [json.loads(line) for line in open(log)]
     assert r.seconds < 10                          # stopped long before max_seconds
     assert len(seen) >= 3 and all(s in r.history for s in seen)
+    # every record, from the first (eager-SGD's start record skipped the callbacks and
+    # the target: a target the start met was noted and the run went on)
+    assert seen == r.history[:len(seen)]
+    met = fn(X, y, n_workers=2, max_seconds=30, sample_every=0.05, target_loss=100.0,
+             progress=False)
+    assert met.time_to_target == met.history[0]["seconds"] and met.seconds < 10
 
 
 def test_epochs_are_the_default_stopping_rule():

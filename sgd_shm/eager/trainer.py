@@ -601,14 +601,22 @@ def rank_main(comm, job):
         return _rank_run(comm, job)
 
 
+def _stops(cfg, record):
+    """Whether a history record stops the run: the target loss reached, or a callback
+    returning True (every callback is called with it)."""
+    called = any([bool(cb(dict(record))) for cb in cfg.callbacks])
+    return called or (cfg.target_loss is not None and record["loss"] <= cfg.target_loss)
+
+
 def _rank_run(comm, job):
     me = _Rank(comm, job)
     cfg = job.cfg
     comm.allreduce(np.zeros(comm.n, comm.dtype))     # start together
     t0 = time.perf_counter()
     next_sample, target_hit, bar = 0.0, False, _bar(cfg, me.k)
-    if me.k == 0:
+    if me.k == 0:                   # the start's record: a target or a callback may stop
         me.history.append(me.record(0.0, 0))
+        target_hit = _stops(cfg, me.history[-1])
         next_sample = _period(cfg, time.perf_counter() - t0)
     r = 0
     while True:
@@ -623,8 +631,7 @@ def _rank_run(comm, job):
             cost = time.perf_counter() - t0 - now
             cur = record["loss"]
             me.history.append(record)
-            target_hit = target_hit or (cfg.target_loss is not None and cur <= cfg.target_loss)
-            target_hit = any([bool(cb(dict(record))) for cb in cfg.callbacks]) or target_hit
+            target_hit = _stops(cfg, record) or target_hit
             next_sample = now + _period(cfg, cost)
             if bar is not None:
                 bar.n = round(min(now, cfg.max_seconds), 1)
