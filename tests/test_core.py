@@ -189,6 +189,14 @@ def test_results_share_records_held_out_score_and_to_dict(data, trainer, no_shm_
     assert r.val_score == r.score(Xv, yv) and r.val_score > 0.6
     with pytest.raises(ValueError, match="y: expected one label per row of X"):
         r.score(Xv, yv[:1])                 # would broadcast into a number otherwise
+    bad = Xv.toarray() if hasattr(Xv, "toarray") else np.array(Xv, dtype=np.float64)
+    bad[0, 0] = np.nan                      # a score of NaN rows was a number
+    with pytest.raises(ValueError, match="X: contains NaN or infinite values"):
+        r.score(bad, yv)
+    with pytest.raises(ValueError, match="eval_set: contains NaN"):
+        fn(X, y, n_workers=2, epochs=1, eval_set=(bad, yv), progress=False, **kw)
+    with pytest.raises(ValueError, match="eval_set: X_val has no rows"):
+        fn(X, y, n_workers=2, epochs=1, eval_set=(Xv[:0], yv[:0]), progress=False, **kw)
     assert r.history[-1]["val_score"] == r.val_score and r.history[-1]["val_loss"] == r.val_loss
     if trainer == "eager":       # the first record is at the initial (zero) weights: all class 0
         assert r.history[0]["val_score"] == np.mean(yv == r.classes_[0])

@@ -273,6 +273,9 @@ def model_X(X, model, name="X"):
     if X.ndim != 2 or X.shape[1] != model.n_features:
         raise ValueError(f"{name}: expected a 2-D matrix with {model.n_features} features, got "
                          f"shape {X.shape}")
+    if not np.isfinite(X.data if sp.issparse(X) else X).all():
+        raise ValueError(f"{name}: contains NaN or infinite values; a prediction from them "
+                         "is meaningless (impute or drop those rows)")
     return X
 
 
@@ -325,6 +328,8 @@ def check_eval_set(eval_set, model, classes):
         return None
     Xv, yv = eval_pair(eval_set)
     Xv = model_X(Xv, model, "eval_set")
+    if Xv.shape[0] == 0:
+        raise ValueError("eval_set: X_val has no rows; pass held-out data, or None")
     yv = np.asarray(yv)
     if yv.shape != (Xv.shape[0],):
         raise ValueError(f"eval_set: X_val has {Xv.shape[0]} rows but y_val has shape "
