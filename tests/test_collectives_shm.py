@@ -269,6 +269,32 @@ def test_timeouts():
         assert time.monotonic() - t < 5
 
 
+def _retry_after_timeout(comm):
+    if comm.rank == 1:
+        time.sleep(0.5)
+        comm.allreduce(np.ones(8))
+        comm.allreduce(np.ones(8))
+        return "arrived"
+    buf = np.ones(8)
+    with pytest.raises(ValueError, match="timeout"):
+        comm.allreduce(buf, timeout=-1)          # checked before the round is posted
+    try:
+        comm.allreduce(buf, timeout=0.1)
+        return "no timeout"
+    except CollectiveTimeout as e:
+        late = e.request.wait(10)                # the pending round, waited for again
+    return late.round, buf.tolist(), comm.allreduce(np.ones(8)).round
+
+
+def test_a_blocking_call_left_pending_can_be_finished():
+    """A bad timeout is refused before the round starts (it left a round started and
+    never waited for: every later call failed), and a blocking call that times out
+    hands over its pending round's request, which completes once the others arrive."""
+    with ShmGroup(2, 8) as g:
+        res = g.run(_retry_after_timeout)
+    assert res == [(0, [2.0] * 8, 1), "arrived"]
+
+
 def test_dead_rank_detected_without_run():
     import multiprocess as mp
 

@@ -62,7 +62,10 @@ class RankFailure(CollectiveError):
 
 
 class CollectiveTimeout(CollectiveError, TimeoutError):
-    """A wait ran past its timeout."""
+    """A wait ran past its timeout; the round stays pending. Raised by a blocking call
+    (``allreduce``, ...), it carries that round's ``request``, whose ``wait()`` may be
+    called again."""
+    request = None
 
 
 @dataclass(frozen=True)
@@ -169,21 +172,36 @@ class Communicator:
 
     # ---- the public calls ---------------------------------------------------------
     def allreduce(self, buf, op="sum", *, timeout=None) -> Round:
-        """Sum (or mean) of every rank's ``buf``, in place. Returns the Round."""
-        return self.start(buf, "sync", op).wait(timeout)
+        """Sum (or mean) of every rank's ``buf``, in place. Returns the Round. A wait
+        past ``timeout`` raises :class:`CollectiveTimeout` with the round still pending:
+        its ``request`` waits again (as every blocking call's)."""
+        return self._blocking(lambda: self.start(buf, "sync", op), timeout)
 
     def solo_allreduce(self, buf, op="sum", *, timeout=None) -> Round:
         """Partial allreduce activated by the first rank to arrive, in place."""
-        return self.start(buf, "solo", op).wait(timeout)
+        return self._blocking(lambda: self.start(buf, "solo", op), timeout)
 
     def majority_allreduce(self, buf, op="sum", *, timeout=None) -> Round:
         """Partial allreduce activated by the round's drawn initiator, in place."""
-        return self.start(buf, "majority", op).wait(timeout)
+        return self._blocking(lambda: self.start(buf, "majority", op), timeout)
 
     def allgather(self, payload, kind="sync", *, timeout=None) -> Round:
         """Every contributor's ``payload`` (at most n elements of this communicator's
         dtype), in ``Round.parts``; ``kind`` as for a reduction."""
-        return self.start_gather(payload, kind).wait(timeout)
+        return self._blocking(lambda: self.start_gather(payload, kind), timeout)
+
+    def _blocking(self, start, timeout):
+        """start() then wait: the timeout is checked before the round is posted (a bad
+        one left it started and never waited for), and a timeout hands the caller the
+        pending round's request on the exception."""
+        if timeout is not None:
+            check_timeout("timeout", timeout)
+        req = start()
+        try:
+            return req.wait(timeout)
+        except CollectiveTimeout as e:
+            e.request = req
+            raise
 
     def start_gather(self, payload, kind="sync") -> Request:
         """Start this rank's next round as a gather of ``payload`` (non-blocking); its
