@@ -241,6 +241,37 @@ def test_a_callback_sees_every_record_and_can_stop_the_run(data, trainer, tmp_pa
     assert met.time_to_target == met.history[0]["seconds"] and met.seconds < 10
 
 
+def _linear_with_init(ret):
+    from sgd_shm.models import Linear
+
+    class BadInit(Linear):
+        def init(self, rng):
+            return ret(self.n_params)
+    BadInit.__qualname__ = BadInit.__name__ = "BadInit"
+    return BadInit
+
+
+@pytest.mark.parametrize("ret, err, match", [
+    (lambda n: np.zeros(n + 1), ValueError, r"BadInit.init returned shape \(\d+,\); the "
+                                            r"weights are a flat vector of the model's n_params"),
+    (lambda n: np.zeros((n, 1)), ValueError, "returned shape"),
+    (lambda n: None, ValueError, r"returned shape \(\)"),
+    (lambda n: np.full(n, np.nan), ValueError, "NaN or infinite weights"),
+    (lambda n: "w", TypeError, "must return the initial weights as a float array")])
+def test_a_models_init_is_checked_by_every_trainer(data, ret, err, match):
+    """The model contract's init is checked where a run starts, the same in every
+    trainer (eager-SGD failed inside a rank with numpy's words; the parameter server
+    took None for zeros)."""
+    from sgd_shm.sim import simulate
+    X, y = data[:2]
+    model = _linear_with_init(ret)(X.shape[1])
+    for fn in (ps.train, eager.train):
+        with pytest.raises(err, match=match):
+            fn(X, y, n_workers=2, epochs=1, model=model, progress=False)
+    with pytest.raises(err, match=match):
+        simulate(X, y, n_workers=2, epochs=1, model=model)
+
+
 def test_epochs_are_the_default_stopping_rule():
     """With neither epochs nor max_seconds both trainers run DEFAULT_EPOCHS epochs (the
     same work on any machine); max_seconds alone is a wall clock with no epoch limit."""

@@ -124,6 +124,25 @@ class Model(abc.ABC):
         return one_blas_thread() if self.uses_blas else _null()
 
 
+def initial_weights(model, rng, dtype=np.float64) -> np.ndarray:
+    """``model.init(rng)`` checked against the contract, as a fresh array of ``dtype``:
+    a flat vector of ``model.n_params`` finite numbers (a user's model that breaks it
+    fails here, naming its init, not inside a worker)."""
+    w = model.init(rng)
+    who = f"{type(model).__name__}.init"
+    try:
+        a = np.array(w, dtype=dtype, copy=True)
+    except (TypeError, ValueError):
+        raise TypeError(f"{who} must return the initial weights as a float array, got "
+                        f"{type(w).__name__}") from None
+    if w is None or a.shape != (model.n_params,):
+        raise ValueError(f"{who} returned shape {np.shape(w)}; the weights are a flat vector "
+                         f"of the model's n_params = {model.n_params}")
+    if not np.isfinite(a).all():
+        raise ValueError(f"{who} returned NaN or infinite weights")
+    return a
+
+
 def one_blas_thread():
     """BLAS on one thread: from now on in this process, or, used as ``with
     one_blas_thread():``, for the block (the limiter restores the pools on exit).

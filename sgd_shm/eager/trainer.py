@@ -35,7 +35,7 @@ from sgd_shm.compress import add_packed, pack, packed_size
 from sgd_shm.core.batches import eager_rounds
 from sgd_shm.core.errors import DivergenceError
 from sgd_shm.core.imbalance import delay_of, draw_delay, imbalance_of, sleepers
-from sgd_shm.core.model import Model, blas_limited
+from sgd_shm.core.model import Model, blas_limited, initial_weights
 from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.schedules import Schedule, for_run, make_schedule
@@ -377,8 +377,8 @@ class _Job:
     def init(self):
         """The replicas' first weights: ``model.init`` from the seed (the linear
         model's are zeros), in the run's float type (a copy)."""
-        return np.array(self.cfg.model.init(np.random.default_rng(self.cfg.seed)),
-                        dtype=self.dtype, copy=True)
+        return initial_weights(self.cfg.model, np.random.default_rng(self.cfg.seed),
+                               self.dtype)
 
     def gradient(self, rows, w, g):
         """The model's minibatch gradient at ``w`` into ``g``."""
@@ -406,8 +406,9 @@ class _Job:
 
 def _warm_up(job):
     """Compile (or load from Numba's cache) the kernels before the ranks start, so
-    that no rank compiles on its first step (at weights of the run's float type)."""
-    w = np.zeros(job.d, job.dtype)
+    that no rank compiles on its first step (at the run's first weights, so that a
+    model's init that breaks the contract fails here, not in every rank)."""
+    w = job.init()
     n = job.cfg.model.n_rows(job.data)
     job.gradient(np.arange(min(2, n), dtype=np.int64), w, np.empty(job.d, job.dtype))
     job.loss(w)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from sgd_shm.core.batches import Batches
-from sgd_shm.core.model import blas_limited
+from sgd_shm.core.model import blas_limited, initial_weights
 from sgd_shm.core.progress import seconds_bar
 from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.schedules import for_run
@@ -382,7 +382,7 @@ def train(X, y, *, n_workers=4, policy="saps", staleness=None, window=None,
     cfg = replace(cfg, lr=for_run(cfg.lr, start, None if budget is None else start + budget,
                                   slack=cfg.n_workers))
     blocks = None if cfg.partition is None else cfg.model.blocks(cfg.n_workers)
-    init = None if ckpt is not None else cfg.model.init(rng)
+    init = None if ckpt is not None else initial_weights(cfg.model, rng)
     backend = _backend(cfg, d, batches, rng, ckpt, budget, init)
     try:
         job = Job(cfg.model, prob["data"], d, batches, cfg.policy, cfg.lr, cfg.factors,

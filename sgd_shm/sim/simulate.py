@@ -31,7 +31,7 @@ import numpy as np
 
 from sgd_shm.collectives.base import AVERAGE, KINDS, LATE
 from sgd_shm.core.batches import Batches, eager_rounds
-from sgd_shm.core.model import blas_limited
+from sgd_shm.core.model import blas_limited, initial_weights
 from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.traces import EagerTrace, PSTrace
 from sgd_shm.core.policies import make_policy
@@ -417,13 +417,13 @@ def _problem(X, y, model, cfg, eval_set):
     if cfg.collective is None:
         cfg.n_shards = check_shards(cfg.n_shards, model.n_params)
         prob.batches = Batches.draw(n, cfg.n_workers, cfg.batch_size, rng)
-        prob.init = np.asarray(model.init(rng), np.float64)
+        prob.init = initial_weights(model, rng)
         [int(rng.integers(2**31)) for _ in range(cfg.n_workers)]      # the queues' seeds
         prob.worker_seeds = rng.integers(0, 2**63 - 1, cfg.n_workers)
         if cfg.epochs is not None:
             cfg.budget = prob.batches.budget(cfg.epochs, cfg.policy.replicated)
     else:
-        prob.init = np.asarray(model.init(np.random.default_rng(cfg.seed)), np.float64)
+        prob.init = initial_weights(model, np.random.default_rng(cfg.seed))
         cfg.budget = (eager_rounds(cfg.epochs, n, cfg.n_workers, cfg.batch_size)
                       if cfg.epochs is not None else 2**62)
     if cfg.sample_every is None:
