@@ -399,6 +399,10 @@ cdef class Scheduler:
         cdef SQueue *q
         if seed is None:
             seed = int.from_bytes(np.random.default_rng().bytes(7), "little")
+        elif isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed: must be None or an int in [0, 2**63), got {seed!r}")
+        elif not 0 <= seed < 2**63:
+            raise ValueError(f"seed: must be None or an int in [0, 2**63), got {seed!r}")
         self.seed = int(seed)
         self.rng = rlx_mix64(<uint64_t>self.seed)
         self.s.kind = kind

@@ -255,9 +255,21 @@ def _check_threads(n_threads):
     return int(n_threads)
 
 
+def _seed_sequence(seed):
+    """The SeedSequence of ``seed``: None (fresh entropy) or an int >= 0, the same seed
+    giving the same priorities in the parallel and the sequential functions."""
+    if seed is not None and (isinstance(seed, (bool, np.bool_))
+                             or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise (ValueError if isinstance(seed, (int, np.integer))
+               and not isinstance(seed, (bool, np.bool_)) else TypeError)(
+            f"seed: must be None or an int >= 0 (the priorities are drawn from it, the "
+            f"same in greedy_* and sequential_greedy_*), got {seed!r}")
+    return np.random.SeedSequence(None if seed is None else int(seed))
+
+
 def _prepare(scheduler, n_threads, seed, options):
     n_threads = _check_threads(n_threads)
-    ss = np.random.SeedSequence(seed)
+    ss = _seed_sequence(seed)
     prio_ss, sched_ss, run_ss = ss.spawn(3)
     sched_seed = int(sched_ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
     run_seed = int(run_ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
@@ -539,7 +551,7 @@ def sequential_greedy_mis(graph, priorities=None, *, seed=None) -> np.ndarray:
     each one that has no neighbour taken. Returns the mask. With the same
     ``seed`` (or priorities) it equals :func:`greedy_mis`'s answer."""
     g = as_graph(graph)
-    prio_ss = np.random.SeedSequence(seed).spawn(3)[0]
+    prio_ss = _seed_sequence(seed).spawn(3)[0]
     _, order = _ranks(priorities, g.n, "vertex", np.random.default_rng(prio_ss), need_rank=False)
     return _seq_mis(g.indptr, g.indices, order)
 
@@ -548,7 +560,7 @@ def sequential_greedy_matching(graph, priorities=None, *, seed=None) -> np.ndarr
     """The sequential greedy matching (Numba): scan edges in priority order,
     take each whose endpoints are both free. Returns ``mate``."""
     g = as_graph(graph)
-    prio_ss = np.random.SeedSequence(seed).spawn(3)[0]
+    prio_ss = _seed_sequence(seed).spawn(3)[0]
     _, order = _ranks(priorities, g.m, "edge", np.random.default_rng(prio_ss), need_rank=False)
     edges = g.edges
     return _seq_matching(np.ascontiguousarray(edges[:, 0]), np.ascontiguousarray(edges[:, 1]),

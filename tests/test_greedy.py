@@ -240,6 +240,27 @@ def test_scheduler_conserves_tasks(make):
     assert sorted(t for t, _ in out) == list(range(500)) + [500 + i for i in range(0, 300, 3)]
 
 
+def test_seeds_are_checked_by_name():
+    """A seed that is not None or an int >= 0 is refused naming seed (numpy's words
+    before, or a silent truncation of 1.5 in the compiled schedulers)."""
+    from relaxed.graphs import erdos_renyi
+    g = erdos_renyi(50, 100, seed=1)
+    for bad, err in ((-1, ValueError), (1.5, TypeError), (True, TypeError), ("3", TypeError),
+                     (np.random.default_rng(0), TypeError)):
+        for fn in (relaxed.greedy_mis, relaxed.greedy_matching,
+                   relaxed.sequential_greedy_mis, relaxed.sequential_greedy_matching):
+            with pytest.raises(err, match="seed: must be None or an int >= 0"):
+                fn(g, seed=bad)
+    for make in (ExactScheduler, lambda **kw: MultiQueueScheduler(4, **kw),
+                 lambda **kw: KRelaxedScheduler(4, **kw)):
+        for bad, err in ((1.5, TypeError), ("7", TypeError), (2**64, ValueError),
+                         (-1, ValueError)):
+            with pytest.raises(err, match=r"seed: must be None or an int in \[0, 2\*\*63\)"):
+                make(seed=bad)
+    assert (relaxed.greedy_mis(g, seed=np.int64(5)).mask
+            == relaxed.sequential_greedy_mis(g, seed=5)).all()
+
+
 @pytest.mark.parametrize("make", [ExactScheduler, lambda: MultiQueueScheduler(4, seed=0),
                                   lambda: KRelaxedScheduler(4, seed=0)])
 def test_load_refuses_priorities_it_would_change(make):
