@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,8 +90,12 @@ def _reseeded(comp, stream):
 
 
 def _check_g(g):
-    if not isinstance(g, np.ndarray) or g.ndim != 1 or g.dtype.kind != "f":
-        raise TypeError("g must be a 1-D float numpy array")
+    if not isinstance(g, np.ndarray) or g.ndim != 1 or g.dtype not in _WIRE:
+        raise TypeError(f"g must be a 1-D float64 or float32 numpy array (a model's "
+                        f"weights' type), got {type(g).__name__} "
+                        f"{getattr(g, 'dtype', '')} of shape {np.shape(g)}")
+    if g.size == 0:
+        raise ValueError("g is empty: a message needs at least one weight")
     if not np.isfinite(g).all():
         raise ValueError("g contains NaN or inf: the gradient diverged; lower the step")
 
@@ -131,7 +136,12 @@ class Compressor(abc.ABC):
         return _reseeded(self, stream)
 
     def memory(self, n, dtype=np.float64, stream=0) -> "ErrorFeedback":
-        """Worker ``stream``'s memory for a model of n weights."""
+        """Worker ``stream``'s memory for a model of n weights (float64 or float32)."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"n: the model's weights, an int >= 1, got {n!r}")
+        if n < 1:
+            raise ValueError(f"n: the model's weights, an int >= 1, got {n!r}")
+        _wire_dtype(dtype)
         self.check(n)
         return ErrorFeedback(self.for_stream(stream), n, dtype)
 
@@ -146,13 +156,14 @@ class _Sized(Compressor):
         if (ratio is None) == (k is None):
             raise ValueError(f"{type(self).__name__}: give exactly one of ratio and k, "
                              f"got ratio={ratio!r}, k={k!r}")
-        if ratio is not None and not (isinstance(ratio, (int, float))
+        if ratio is not None and not (isinstance(ratio, numbers.Real)
                                       and not isinstance(ratio, bool) and 0 < ratio <= 1):
             raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
         if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer))
                               or k < 1):
             raise ValueError(f"k must be an int >= 1, got {k!r}")
-        self.ratio, self.k, self.error_feedback = ratio, k, bool(error_feedback)
+        self.ratio = None if ratio is None else float(ratio)
+        self.k, self.error_feedback = k, bool(error_feedback)
 
     def k_for(self, n):
         """Entries of a message on n weights."""
@@ -423,6 +434,8 @@ class Channel:
     which the worker is not told)."""
 
     def __init__(self, compressor, n, *, stream=0, keep_lost=False, dtype=np.float64):
+        if not isinstance(keep_lost, (bool, np.bool_)):
+            raise TypeError(f"keep_lost: must be True or False, got {keep_lost!r}")
         self.memory = compressor.memory(n, dtype, stream=stream)
         self.keep_lost = bool(keep_lost)
         self.bytes_sent = 0                 # the compressor's count of applied messages
@@ -551,6 +564,10 @@ def make_compressor(spec):
                 return _SPECS[name](ratio=float(arg))
             if name == "qsgd" and arg:
                 levels, _, bucket = arg.partition(":")
+                if not levels.strip().isdigit():
+                    raise ValueError(f"levels must be an int >= 1, got {levels!r}")
+                if bucket and not bucket.strip().isdigit():
+                    raise ValueError(f"bucket must be None or an int >= 1, got {bucket!r}")
                 return QSGD(levels=int(levels), bucket=int(bucket) if bucket else None)
         except ValueError as e:
             raise ValueError(f"compress: {e} (in {spec!r})") from None

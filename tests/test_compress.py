@@ -159,6 +159,31 @@ def test_qsgd_bucket_bytes_error_feedback_and_bad_input():
         make_compressor("qsgd:8:0")
 
 
+def test_odd_arguments_are_refused_by_name():
+    """An empty or float16 gradient, a memory of no weights or of an integer type, a
+    keep_lost that is not a bool and a spec with a bad number are refused by name
+    (ZeroDivisionError, numpy's or numba's words, or a truthy "no" before); a numpy
+    float ratio is a ratio."""
+    for comp in (TopK(ratio=0.5), RandomK(ratio=0.5), ThresholdTopK(ratio=0.5), QSGD(4),
+                 Dense()):
+        with pytest.raises(ValueError, match="g is empty"):
+            comp.compress(np.zeros(0))
+        with pytest.raises(TypeError, match="g must be a 1-D float64 or float32"):
+            comp.compress(np.ones(4, np.float16))
+    assert TopK(ratio=np.float32(0.5)).k_for(10) == 5
+    for n, err in ((2.5, TypeError), (-1, ValueError), (0, ValueError)):
+        with pytest.raises(err, match="n: the model's weights, an int >= 1"):
+            TopK(ratio=0.5).memory(n)
+    with pytest.raises(TypeError, match="dtype"):
+        TopK(ratio=0.5).memory(4, dtype=np.int64)
+    with pytest.raises(TypeError, match="keep_lost: must be True or False"):
+        Channel(Dense(), 4, keep_lost="no")
+    with pytest.raises(ValueError, match=r"levels must be an int >= 1, got 'x' \(in 'qsgd:x'\)"):
+        make_compressor("qsgd:x")
+    with pytest.raises(ValueError, match="bucket must be None or an int >= 1, got 'x'"):
+        make_compressor("qsgd:8:x")
+
+
 def test_qsgd_norm_neither_overflows_nor_underflows():
     """The bucket norm is summed in float64 (a float32 gradient's squares overflowed at
     1e20: an empty message of scale inf) and rescaled by the largest entry where the
