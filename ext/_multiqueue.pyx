@@ -760,9 +760,9 @@ cdef class MultiQueue(ShmStructure):
         stickiness = _check_int("stickiness", stickiness, 1, "use 1 for no stickiness")
         if not isinstance(shared, bool):
             raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
-        if key_dtype not in _KEY_KINDS:
+        if not isinstance(key_dtype, str) or key_dtype not in _KEY_KINDS:
             kd = getattr(np.dtype(key_dtype), "name", key_dtype) if _is_dtype(key_dtype) else key_dtype
-            if kd not in _KEY_KINDS:
+            if not isinstance(kd, str) or kd not in _KEY_KINDS:
                 raise ValueError(f"key_dtype must be 'int64' or 'float64', got {key_dtype!r}")
             key_dtype = kd
         seed = _make_seed(seed)
@@ -1359,6 +1359,8 @@ def _check_int(name, value, lo, fix):
     return value
 
 def _is_dtype(x):
+    if x is None:                  # (np.dtype(None) is float64: no choice made is no dtype)
+        return False
     try:
         np.dtype(x)
         return True

@@ -713,6 +713,7 @@ cdef class TL2(ShmStructure):
 
     @property
     def n_words(self):
+        self._check_open()
         return int(self.m.n_words)
 
     @property

@@ -232,6 +232,8 @@ def test_without_stickiness_pushes_spread_over_every_queue():
     (dict(capacity=10, n_queues=0), ValueError, "n_queues"),
     (dict(capacity=10, stickiness=0), ValueError, "stickiness"),
     (dict(capacity=10, key_dtype="int32"), ValueError, "key_dtype"),
+    (dict(capacity=10, key_dtype=None), ValueError, "key_dtype"),      # (was float64)
+    (dict(capacity=10, key_dtype=[1]), ValueError, "key_dtype"),
     (dict(capacity=10, shared="yes"), TypeError, "shared"),
     (dict(capacity=10, seed="x"), TypeError, "seed"),
 ])

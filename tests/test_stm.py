@@ -188,6 +188,8 @@ def test_bad_input():
     stm.close()
     with pytest.raises(RuntimeError, match="closed"):
         stm.snapshot()
+    with pytest.raises(RuntimeError, match="closed"):
+        stm.n_words                                      # (0 before)
 
 
 def test_close_waits_for_transactions_in_other_threads():
