@@ -591,6 +591,12 @@ def check_matching(graph, mate) -> None:
     mate = np.asarray(mate)
     if mate.shape != (g.n,):
         raise ValueError(f"mate: expected shape ({g.n},), got {mate.shape}")
+    if mate.size and mate.dtype.kind not in "iu":
+        raise TypeError(f"mate: expected integer partners (-1: unmatched), got dtype "
+                        f"{mate.dtype}")
+    if mate.size and mate.max() >= g.n:
+        raise AssertionError(f"mate names vertex {int(mate.max())}, past the graph's "
+                             f"{g.n} vertices")
     m = np.flatnonzero(mate >= 0)
     if (mate[mate[m]] != m).any():
         raise AssertionError("mate is not symmetric")

@@ -407,6 +407,10 @@ def test_checkers_catch_bad_answers():
         check_matching(g, [1, 2, -1, -1])
     with pytest.raises(AssertionError, match="not an edge"):
         check_matching(g, [3, -1, -1, 0])
+    with pytest.raises(AssertionError, match="names vertex 9, past the graph's 4"):
+        check_matching(g, [9, -1, -1, -1])                 # (an IndexError before)
+    with pytest.raises(TypeError, match="mate: expected integer partners"):
+        check_matching(g, [1.0, 0.0, 3.0, 2.0])
 
 
 def test_empty_graphs():
