@@ -118,6 +118,9 @@ def test_bad_parameters_and_divergence():
         MatrixFactorization(backend="gpu").fit(X, y)
     with pytest.raises(ValueError, match="learning_rate: must be a finite number > 0"):
         MatrixFactorization(learning_rate=0.0).fit(X, y)
+    for bad in ("no", None, 1):                    # ("no" fitted biases)
+        with pytest.raises(TypeError, match="fit_bias: must be True or False"):
+            MatrixFactorization(fit_bias=bad).fit(X, y)
     from sgd_shm import DivergenceError
     with pytest.raises(DivergenceError, match="diverged"):
         MatrixFactorization(learning_rate=1e6, decay=1.0, max_iter=5, random_state=0).fit(X, y)

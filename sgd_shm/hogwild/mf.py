@@ -27,7 +27,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from sgd_shm.hogwild import _mf
 from sgd_shm.core.atomics import LINE_WORDS
 from sgd_shm.core.launcher import check_start_method
-from sgd_shm.core.validation import eval_pair, check_choice, check_int, check_number, resolve_workers
+from sgd_shm.core.validation import (check_bool, check_choice, check_int, check_number, eval_pair,
+                                     resolve_workers)
 from sgd_shm.hogwild._history import EpochHistory, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
@@ -123,6 +124,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         check_int("max_iter", self.max_iter, lo=1)
         check_number("decay", self.decay, lo=0, hi=1, lo_open=True)
         check_number("init_std", self.init_std, lo=0)
+        check_bool("fit_bias", self.fit_bias)            # ("no" is truthy)
         resolve_workers(self.n_workers)
         check_choice("backend", self.backend, ("threads", "processes"))
         check_start_method(self.start_method)        # checked with either backend
