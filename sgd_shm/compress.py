@@ -411,6 +411,17 @@ class ErrorFeedback:
             raise TypeError(f"{who}.compress must return a sgd_shm.compress.SparseMessage, "
                             f"got {type(msg).__name__}")
         idx, vals = msg.indices, msg.values
+        if not isinstance(idx, np.ndarray) or not isinstance(vals, np.ndarray):
+            raise TypeError(f"{who}.compress: indices and values must be numpy arrays, got "
+                            f"{type(idx).__name__} and {type(vals).__name__}")
+        if isinstance(msg.scale, bool) or not isinstance(msg.scale, numbers.Real) \
+                or not np.isfinite(msg.scale):
+            raise ValueError(f"{who}.compress: the message's scale must be a finite number, "
+                             f"got {msg.scale!r}")
+        if isinstance(msg.nbytes, bool) or not isinstance(msg.nbytes, numbers.Integral) \
+                or msg.nbytes < 0:
+            raise ValueError(f"{who}.compress: nbytes (the bytes the message costs) must be "
+                             f"an int >= 0, got {msg.nbytes!r}")
         if msg.n != self.n or idx.ndim != 1 or idx.shape != vals.shape:
             raise ValueError(f"{who}.compress returned a message with n={msg.n}, "
                              f"{idx.shape} indices and {vals.shape} values; it needs "
@@ -422,6 +433,9 @@ class ErrorFeedback:
                          (idx.size > 1 and not np.all(idx[1:] > idx[:-1]))):
             raise ValueError(f"{who}.compress: indices must be distinct, ascending and in "
                              f"[0, {self.n}); sort them (np.sort) and drop repeats")
+        if not np.isfinite(vals).all():
+            raise ValueError(f"{who}.compress: the message's values hold NaN or inf (the "
+                             f"gradient it was given is finite)")
         return msg
 
 

@@ -162,6 +162,18 @@ def test_contract_violations_are_clear_errors(split):
         _WrongN().memory(4).step(g)
     with pytest.raises(TypeError, match="SparseMessage"):
         _NotAMessage().memory(4).step(g)
+    # the message's parts: lists, a NaN or string scale, a bad byte count, NaN values
+    # (an AttributeError, numpy's words, or a divergence blamed on the step before)
+    for kw, err, match in ((dict(indices=[0]), TypeError, "numpy arrays"),
+                           (dict(scale=float("nan")), ValueError, "scale must be a finite"),
+                           (dict(scale="2"), ValueError, "scale must be a finite"),
+                           (dict(nbytes="many"), ValueError, "nbytes .* an int >= 0"),
+                           (dict(values=np.array([np.nan])), ValueError, "values hold NaN")):
+        parts = dict(indices=np.array([0]), values=np.array([1.0]), n=4, nbytes=12, scale=1.0)
+        parts.update(kw)
+        bad = type("Bad", (Compressor,), {"compress": lambda self, g, p=parts: SparseMessage(**p)})
+        with pytest.raises(err, match=match):
+            bad().memory(4).step(g)
     with pytest.raises(ValueError, match="4 entries"):
         TopK(k=1).memory(4).step(np.zeros(5))          # was a raw broadcast error
     with pytest.raises(TypeError, match="abstract"):
