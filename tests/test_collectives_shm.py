@@ -295,6 +295,25 @@ def test_a_blocking_call_left_pending_can_be_finished():
     assert res == [(0, [2.0] * 8, 1), "arrived"]
 
 
+def test_calls_after_close_say_closed():
+    """Every call on a closed communicator (or one of a closed group) is a
+    CollectiveError saying so (numba's typing errors or a NoneType subscript before),
+    and a failed start takes no round."""
+    g = ShmGroup(2, 8)
+    c = g.communicator(0)
+    req = c.start(np.ones(8))                       # pending when the communicator closes
+    c.close()
+    for call in (c.lag, req.test, req.wait, lambda: c.allreduce(np.ones(8))):
+        with pytest.raises(CollectiveError, match="rank 0: this communicator is closed"):
+            call()
+    c1 = g.communicator(1)
+    g.close()
+    with pytest.raises(CollectiveError, match="closed"):
+        c1.allreduce(np.ones(8))
+    assert c1.next_round == 0
+    c1.close()
+
+
 def test_dead_rank_detected_without_run():
     import multiprocess as mp
 

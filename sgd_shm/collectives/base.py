@@ -230,8 +230,8 @@ class Communicator:
             self._carry[:] = 0
             self._carry_live = False
         r = self._next
-        self._next += 1
         req = Request(self, self._post(r, kind, buf), buf, op, kind, r)
+        self._next = r + 1                 # (only once posted: a failed start takes none)
         self._pending = req
         return req
 

@@ -823,8 +823,7 @@ class ShmCommunicator(Communicator):
 
     # ---- transport ----------------------------------------------------------------------
     def _post(self, r, kind, buf, gather=False):
-        if self._closed:
-            self._check_open()
+        self._check_open()
         if kind == "sync":
             mode = _SYNC
         elif kind == "solo":
@@ -892,12 +891,14 @@ class ShmCommunicator(Communicator):
     def _test(self, h) -> bool:
         if h.done:
             return True
+        self._check_open()
         self._health(h, None, time.monotonic(), "close")
         if not h.arrived and not self._arrive(h):
             return False
         return self._complete_once(h, 1)
 
     def _finish(self, h, buf, deadline):
+        self._check_open()                 # (a round pending at close cannot finish)
         if not h.done:
             if not h.arrived and not self._arrive(h):
                 self._backoff(h, deadline, "slot", lambda: self._arrive(h))
@@ -987,6 +988,7 @@ class ShmCommunicator(Communicator):
                 f"({int(W[h.base + _S_DONE * L])} of {self.group.nchunks} chunks done)")
 
     def _closed_upto(self) -> int:
+        self._check_open()
         return int(_k_load(self._W, _CLOSED_UPTO))
 
     def _close(self) -> None:
