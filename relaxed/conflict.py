@@ -250,7 +250,7 @@ def _number(name, value, rule="finite and > 0", fix="", integer=False):
         raise TypeError(f"{name} must be a real number ({rule}), got {type(value).__name__} "
                         f"{value!r}{fix}")
     v = float(value)
-    if integer and v != int(v):
+    if integer and not (math.isfinite(v) and v == int(v)):
         raise ValueError(f"{name} must be an integer ({rule}), got {value!r}{fix}")
     return v
 

@@ -395,6 +395,8 @@ def test_policies_pickle(spec):
     (lambda: C.policy("rw-deterministic", m=3), ValueError, ["m (backoff probes)"]),
     (lambda: C.policy("backoff", m=0), ValueError, ["integer in 1..30"]),
     (lambda: C.policy("backoff", m=2.5), ValueError, ["m must be an integer"]),
+    (lambda: C.policy("backoff", m=float("nan")), ValueError, ["m must be an integer"]),
+    (lambda: C.Adversarial(points=float("inf")), ValueError, ["points must be an integer"]),
     (lambda: C.policy("wait", m=2), ValueError, ["applies only to 'backoff'"]),
     (lambda: C.Policy(9), ValueError, ["kind must be one of the codes"]),
     (lambda: C.Policy("randomized"), TypeError, ["kind must be an int code", "policy(spec)"]),
