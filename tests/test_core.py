@@ -272,6 +272,32 @@ def test_a_models_init_is_checked_by_every_trainer(data, ret, err, match):
         simulate(X, y, n_workers=2, epochs=1, model=model)
 
 
+def _linear_with_loss(ret):
+    from sgd_shm.models import Linear
+
+    from sgd_shm.models import Model
+
+    class BadLoss(Linear):
+        loss = Model.loss                    # the contract's loss, through loss_grad
+
+        def loss_grad(self, w, data, rows, grad, block=None):
+            super().loss_grad(w, data, rows, grad, block)
+            return ret
+    return BadLoss
+
+
+@pytest.mark.parametrize("ret", [np.zeros(3), None, "0.5", True])
+def test_a_models_loss_must_be_a_number(data, ret):
+    """A loss_grad that returns no number fails naming it, in every trainer (float()'s
+    or numpy's words before)."""
+    X, y = data[:2]
+    model = _linear_with_loss(ret)(X.shape[1])
+    for fn in (ps.train, eager.train):
+        with pytest.raises(TypeError, match="BadLoss.loss_grad must return the loss as one "
+                                            "number"):
+            fn(X, y, n_workers=2, epochs=1, model=model, progress=False)
+
+
 def test_epochs_are_the_default_stopping_rule():
     """With neither epochs nor max_seconds both trainers run DEFAULT_EPOCHS epochs (the
     same work on any machine); max_seconds alone is a wall clock with no epoch limit."""

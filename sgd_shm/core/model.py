@@ -82,8 +82,12 @@ class Model(abc.ABC):
     def loss(self, w, data) -> float:
         """The loss (with its regulariser) of every row of the prepared ``data``."""
         n = self.n_rows(data)
-        return float(self.loss_grad(w, data, np.arange(n, dtype=np.int64),
-                                    np.empty(self.n_params)))
+        v = self.loss_grad(w, data, np.arange(n, dtype=np.int64), np.empty(self.n_params))
+        if isinstance(v, (bool, np.bool_)) or np.ndim(v) != 0 \
+                or not np.issubdtype(np.asarray(v).dtype, np.number):
+            raise TypeError(f"{type(self).__name__}.loss_grad must return the loss as one "
+                            f"number, got {type(v).__name__} of shape {np.shape(v)}")
+        return float(v)
 
     def n_rows(self, data) -> int:
         """Rows of the prepared data (by default its ``y``)."""
