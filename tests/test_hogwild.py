@@ -475,9 +475,9 @@ def test_accuracy_within_one_point_of_sgdclassifier(loader, loss):
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, random_state=0, stratify=y)
     ours, theirs = [], []
     # two workers' races move a seed's test accuracy by about a sample, which on breast
-    # cancer's 171 held-out rows is 0.6 points: on a loaded machine (CI's two test
-    # processes on two cores) the mean of ten seeds strayed past the point now and then,
-    # that of forty stays within half of it; digits' 540 rows need ten (a fit costs more)
+    # cancer's 171 held-out rows is 0.6 points, and more so on a loaded machine (CI's two
+    # test processes on two cores): there the mean takes forty seeds to be a steady
+    # measure; digits' 540 rows (a sample is 0.2 points) need ten, and a fit costs more
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for seed in range(40 if loader is load_breast_cancer else 10):

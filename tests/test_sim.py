@@ -449,9 +449,8 @@ def test_calibrate_fits_the_real_runs_counts(data):
 def test_calibrate_reads_contention_off_a_full_speed_run_when_every_worker_is_slowed(
         data, monkeypatch):
     """With every worker slowed, the slowed steps hold the sleeps' overrun too, which the
-    calibration took for contention (a 2x slowdown on both workers fitted twice the
-    contention of no slowdown). It now reads the contention off a run of as many workers
-    at full speed. Oracle: trainer runs of known steps (one worker alone: BASE; n
+    calibration took for contention. It now reads the contention off a run of as many
+    workers at full speed. Oracle: trainer runs of known steps (one worker alone: BASE; n
     workers: their factor times BASE times C, plus OVER for a slowed one)."""
     import sgd_shm.calibrate as calib
     from sgd_shm.core.imbalance import factors_of
