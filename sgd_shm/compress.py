@@ -434,8 +434,9 @@ class ErrorFeedback:
             raise ValueError(f"{who}.compress: indices must be distinct, ascending and in "
                              f"[0, {self.n}); sort them (np.sort) and drop repeats")
         if not np.isfinite(vals).all():
-            raise ValueError(f"{who}.compress: the message's values hold NaN or inf (the "
-                             f"gradient it was given is finite)")
+            raise ValueError(f"{who}.compress: the message's values hold NaN or inf (made "
+                             f"by the compressor, or by a gradient that diverged: then lower "
+                             f"the step)")
         return msg
 
 
