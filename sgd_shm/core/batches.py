@@ -39,12 +39,12 @@ class Batches:
         """The minibatches of one pass over the data (all partitions together), as
         :meth:`draw` cuts them."""
         b = cls._bounds(n_rows, n_workers)
-        return int(np.maximum(1, -(-(b[1:] - b[:-1]) // int(batch_size))).sum())
+        return int(_per_part(b[:-1], b[1:], int(batch_size)).sum())
 
     @property
     def n_batches(self) -> np.ndarray:
         """Minibatches per partition (at least one)."""
-        return np.maximum(1, -(-(self.part_hi - self.part_lo) // self.size))
+        return _per_part(self.part_lo, self.part_hi, self.size)
 
     def rows_of(self, p, j):
         lo = int(self.part_lo[p]) + j * self.size
@@ -57,6 +57,11 @@ class Batches:
         partition per round). At least one."""
         per = int(self.n_batches.max()) if replicated else int(self.n_batches.sum())
         return max(1, math.ceil(epochs * per))
+
+
+def _per_part(lo, hi, size):
+    """Minibatches of ``size`` rows in each partition [lo, hi) (at least one)."""
+    return np.maximum(1, -(-(hi - lo) // size))
 
 
 def eager_rounds(epochs, n_rows, n_workers, batch_size):
