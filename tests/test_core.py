@@ -241,14 +241,10 @@ def test_a_callback_sees_every_record_and_can_stop_the_run(data, trainer, tmp_pa
     assert met.time_to_target == met.history[0]["seconds"] and met.seconds < 10
 
 
-def _linear_with_init(ret):
+def _linear_with(name, **methods):
+    """A Linear model whose named methods break the contract (a test's subclass)."""
     from sgd_shm.models import Linear
-
-    class BadInit(Linear):
-        def init(self, rng):
-            return ret(self.n_params)
-    BadInit.__qualname__ = BadInit.__name__ = "BadInit"
-    return BadInit
+    return type(name, (Linear,), methods)
 
 
 @pytest.mark.parametrize("ret, err, match", [
@@ -264,7 +260,7 @@ def test_a_models_init_is_checked_by_every_trainer(data, ret, err, match):
     took None for zeros)."""
     from sgd_shm.sim import simulate
     X, y = data[:2]
-    model = _linear_with_init(ret)(X.shape[1])
+    model = _linear_with("BadInit", init=lambda self, rng: ret(self.n_params))(X.shape[1])
     for fn in (ps.train, eager.train):
         with pytest.raises(err, match=match):
             fn(X, y, n_workers=2, epochs=1, model=model, progress=False)
@@ -272,26 +268,18 @@ def test_a_models_init_is_checked_by_every_trainer(data, ret, err, match):
         simulate(X, y, n_workers=2, epochs=1, model=model)
 
 
-def _linear_with_loss(ret):
-    from sgd_shm.models import Linear
-
-    from sgd_shm.models import Model
-
-    class BadLoss(Linear):
-        loss = Model.loss                    # the contract's loss, through loss_grad
-
-        def loss_grad(self, w, data, rows, grad, block=None):
-            super().loss_grad(w, data, rows, grad, block)
-            return ret
-    return BadLoss
-
-
 @pytest.mark.parametrize("ret", [np.zeros(3), None, "0.5", True])
 def test_a_models_loss_must_be_a_number(data, ret):
     """A loss_grad that returns no number fails naming it, in every trainer (float()'s
     or numpy's words before)."""
+    from sgd_shm.models import Linear, Model
+
+    def loss_grad(self, w, data, rows, grad, block=None):
+        Linear.loss_grad(self, w, data, rows, grad, block)
+        return ret
     X, y = data[:2]
-    model = _linear_with_loss(ret)(X.shape[1])
+    # the contract's loss, through loss_grad (Linear's own loss does not call it)
+    model = _linear_with("BadLoss", loss=Model.loss, loss_grad=loss_grad)(X.shape[1])
     for fn in (ps.train, eager.train):
         with pytest.raises(TypeError, match="BadLoss.loss_grad must return the loss as one "
                                             "number"):
