@@ -752,7 +752,8 @@ cdef class MultiQueue(ShmStructure):
 
     def __init__(self, capacity, n_queues=8, *, shared=False, seed=None,
                  key_dtype="int64", stickiness=1):
-        capacity = _check_int("capacity", capacity, 1, "use a positive number of items")
+        capacity = _check_int("capacity", capacity, 1, "use a positive number of items",
+                              MAX_ITEMS)
         n_queues = _check_int("n_queues", n_queues, 1,
                               "use at least 1 queue (2-4 per thread is usual)")
         if n_queues > 1 << 20:
@@ -1010,7 +1011,7 @@ cdef class MultiQueue(ShmStructure):
             self._active -= 1
 
     cdef _pop_many(self, n):
-        cdef int64_t m = _check_int("n", n, 0, "ask for zero or more items")
+        cdef int64_t m = _check_int("n", n, 0, "ask for zero or more items", MAX_ITEMS)
         keys = np.empty(m, dtype=np.float64 if self.key_kind == KEY_FLOAT64 else np.int64)
         vals = np.empty(m, dtype=np.int64)
         cdef int64_t[::1] vv = vals
@@ -1350,12 +1351,21 @@ cdef class MultiQueue(ShmStructure):
 # ---------------------------------------------------------------------------
 # validation helpers (the other compiled modules import them from relaxed._multiqueue)
 # ---------------------------------------------------------------------------
-def _check_int(name, value, lo, fix):
+INT64_MAX = (1 << 63) - 1
+# sizes that become byte counts (16 bytes an item, 32 a write, 8 a word) stay far inside int64
+MAX_ITEMS = 1 << 56
+
+def _check_int(name, value, lo, fix, hi=INT64_MAX):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     value = int(value)
     if value < lo:
         raise ValueError(f"{name} must be >= {lo}, got {value}; {fix}")
+    if value > hi:
+        if hi == INT64_MAX:
+            raise ValueError(f"{name} must be <= 2**63-1, got {value}; it is stored as an int64")
+        bound = f"2**{hi.bit_length() - 1}" if hi & (hi - 1) == 0 else str(hi)
+        raise ValueError(f"{name} must be <= {bound}, got {value}; larger sizes cannot be mapped")
     return value
 
 def _is_dtype(x):

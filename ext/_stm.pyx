@@ -56,7 +56,7 @@ import threading
 import numpy as np
 
 from relaxed import shm as _shm
-from relaxed._multiqueue import _check_int, _make_seed
+from relaxed._multiqueue import MAX_ITEMS, _check_int, _make_seed
 
 cdef enum:
     KIND_TL2 = 3
@@ -593,7 +593,7 @@ cdef class TL2(ShmStructure):
     def __init__(self, n_words, *, clock="global", n_counters=None, shared=False,
                  conflict="randomized", n_stripes=None, max_writes=1024, n_slots=64,
                  seed=None):
-        n_words = _check_int("n_words", n_words, 1, "use at least one word")
+        n_words = _check_int("n_words", n_words, 1, "use at least one word", MAX_ITEMS)
         if clock not in ("global", "multicounter"):
             raise ValueError(f"clock must be 'global' or 'multicounter', got {clock!r}")
         if n_counters is None:
@@ -604,9 +604,9 @@ cdef class TL2(ShmStructure):
         if n_counters > 4096:
             raise ValueError(f"n_counters must be at most 4096, got {n_counters}")
         n_stripes = _check_int("n_stripes", n_words if n_stripes is None else n_stripes, 1,
-                               "use at least one stripe")
-        max_writes = _check_int("max_writes", max_writes, 1, "use at least 1")
-        n_slots = _check_int("n_slots", n_slots, 1, "use at least 1 (one per thread)")
+                               "use at least one stripe", MAX_ITEMS)
+        max_writes = _check_int("max_writes", max_writes, 1, "use at least 1", 1 << 32)
+        n_slots = _check_int("n_slots", n_slots, 1, "use at least 1 (one per thread)", 1 << 20)
         if not isinstance(shared, bool):
             raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
         self._policy, self.pkind, self.pB, self.pextra = _policy_native(conflict)

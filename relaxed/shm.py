@@ -90,6 +90,16 @@ def _full(size: int, free: int | None) -> SharedMemoryFull:
         "or ask for a smaller structure (capacity, workers, weights)")
 
 
+def _is_no_memory(e: BaseException) -> bool:
+    return isinstance(e, OverflowError) or (isinstance(e, OSError) and e.errno == errno.ENOMEM)
+
+
+def _no_memory(size: int, cause: BaseException) -> MemoryError:
+    return MemoryError(
+        f"cannot map a segment of {size:,} bytes ({size / 2**30:.1f} GiB): {cause}; "
+        "ask for a smaller structure (capacity, n_words, max_writes, workers, weights)")
+
+
 def _reserve(fd: int, size: int) -> None:
     """Allocate the segment's pages now, so a full /dev/shm is a clear error here and
     never a SIGBUS at the first write past the real space (a sparse ftruncate'd file
@@ -166,7 +176,12 @@ class Segment:
         if size < HEADER_SIZE:
             raise ValueError(f"size must be at least {HEADER_SIZE} bytes, got {size}")
         if not shared:
-            return cls(mmap.mmap(-1, size), None, size, True)
+            try:
+                return cls(mmap.mmap(-1, size), None, size, True)
+            except (OSError, OverflowError) as e:
+                if not _is_no_memory(e):
+                    raise
+                raise _no_memory(size, e) from e
         for _ in range(100):
             name = f"{_PREFIX}_{os.getpid()}_{secrets.token_hex(6)}"
             try:
@@ -184,9 +199,11 @@ class Segment:
             os.ftruncate(fd, size)
             _reserve(fd, size)
             mm = mmap.mmap(fd, size)
-        except BaseException:
+        except BaseException as e:
             os.close(fd)
             _unlink_name(name)
+            if _is_no_memory(e):
+                raise _no_memory(size, e) from e
             raise
         os.close(fd)
         return cls(mm, name, size, True)

@@ -154,6 +154,8 @@ def test_bad_input_and_close():
         c.increment_many(-1)
     with pytest.raises(TypeError, match="k must be an int"):
         c.increment_many(1.0)
+    with pytest.raises(ValueError, match=r"k must be <= 2\*\*63-1.*int64"):
+        c.increment_many(2**63)                           # (an OverflowError before)
     with pytest.raises(TypeError, match="shared=True"):
         pickle.dumps(c)
     c.close()

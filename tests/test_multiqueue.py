@@ -229,6 +229,7 @@ def test_without_stickiness_pushes_spread_over_every_queue():
     (dict(capacity=-5), ValueError, "capacity"),
     (dict(capacity=1.5), TypeError, "capacity must be an int"),
     (dict(capacity=True), TypeError, "capacity"),
+    (dict(capacity=2**62), ValueError, r"capacity must be <= 2\*\*56"),   # (OverflowError)
     (dict(capacity=10, n_queues=0), ValueError, "n_queues"),
     (dict(capacity=10, stickiness=0), ValueError, "stickiness"),
     (dict(capacity=10, key_dtype="int32"), ValueError, "key_dtype"),
@@ -275,6 +276,9 @@ def test_bad_push_and_bulk_arguments():
         mq.push_many(np.array([1]), np.array(["x"]))
     with pytest.raises(ValueError, match="n must be >= 0"):
         mq.pop_many(-1)
+    for huge in (2**62, 2**63):                # (numpy's "array is too big", OverflowError)
+        with pytest.raises(ValueError, match=r"n must be <= 2\*\*56"):
+            mq.pop_many(huge)
     assert len(mq) == 0
     f = MultiQueue(10, key_dtype="float64")
     with pytest.raises(ValueError, match="NaN"):

@@ -231,6 +231,24 @@ def test_reservation_failure_is_a_clear_error(no_shm_leak, monkeypatch):
     seg.close()
 
 
+def test_segment_beyond_memory_is_a_memory_error(no_shm_leak, monkeypatch):
+    """A size no mapping can hold is a MemoryError naming the bytes and the fix (was a
+    bare ENOMEM OSError, or an OverflowError past ssize_t); a shared one leaves no name."""
+    for size in (2**62, 2**64):                   # beyond the address space / ssize_t
+        with pytest.raises(MemoryError, match=f"cannot map a segment of {size:,} bytes.*"
+                                              "ask for a smaller structure"):
+            Segment.create(size, shared=False)
+    import mmap
+
+    def enomem(*a, **k):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+    before = shm_names()
+    monkeypatch.setattr(mmap, "mmap", enomem)
+    with pytest.raises(MemoryError, match="cannot map a segment of 1,048,576 bytes"):
+        Segment.create(2**20)
+    assert new_segments(before) == set()
+
+
 def test_page_rounded_mapping_is_accepted():
     """Some systems (macOS) round a segment up to a page: the header's size may be
     smaller than the mapping by less than a page, not more."""

@@ -166,6 +166,10 @@ def test_bad_input():
         TL2(4, conflict=3)
     with pytest.raises(ValueError, match="n_counters"):
         TL2(4, n_counters=4)
+    with pytest.raises(ValueError, match=r"max_writes must be <= 2\*\*32"):
+        TL2(4, max_writes=2**40)                          # (an OSError before)
+    with pytest.raises(ValueError, match=r"n_words must be <= 2\*\*56"):
+        TL2(2**62)                                        # (an OverflowError before)
     stm = TL2(4, max_writes=2)
     with pytest.raises(IndexError, match="out of range"):
         stm.atomically(lambda tx: tx.read(4))
