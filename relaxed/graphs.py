@@ -443,8 +443,9 @@ def _rmat_draw(state, n, scale, k, ta, tab, tabc, params, what):
 @nb.njit(cache=True, nogil=True)
 def _parse_edgelist(buf, cap):
     """Two integers per line; '#'/'%' lines and blank lines skipped; further
-    columns ignored. Returns (u, v, error_line, error_offset); error_line 0 = ok,
-    else the 1-based number of the bad line and the offset where it starts."""
+    columns ignored. Returns (u, v, error_line, error_offset, too_long); error_line
+    0 = ok, else the 1-based number of the bad line and the offset where it starts;
+    too_long says the line's fault is a number of more than 18 digits."""
     u = np.empty(cap, dtype=np.int64)
     v = np.empty(cap, dtype=np.int64)
     size = buf.shape[0]
@@ -472,7 +473,7 @@ def _parse_edgelist(buf, cap):
         for col in range(2):
             if col == 1:
                 if i >= size or not (buf[i] == 32 or buf[i] == 9):
-                    return u[:k], v[:k], line, begin
+                    return u[:k], v[:k], line, begin, False
                 while i < size and (buf[i] == 32 or buf[i] == 9):
                     i += 1
             neg = False
@@ -486,7 +487,7 @@ def _parse_edgelist(buf, cap):
                 digits += 1
                 i += 1
             if digits == 0 or digits > 18:
-                return u[:k], v[:k], line, begin
+                return u[:k], v[:k], line, begin, digits > 18
             if neg:
                 val = -val
             if col == 0:
@@ -494,14 +495,14 @@ def _parse_edgelist(buf, cap):
             else:
                 b = val
         if i < size and not (buf[i] == 32 or buf[i] == 9 or buf[i] == 13 or buf[i] == 10):
-            return u[:k], v[:k], line, begin
+            return u[:k], v[:k], line, begin, False
         while i < size and buf[i] != 10:
             i += 1
         i += 1
         u[k] = a
         v[k] = b
         k += 1
-    return u[:k], v[:k], 0, 0
+    return u[:k], v[:k], 0, 0, False
 
 
 # --------------------------------------------------------------------------
@@ -944,12 +945,16 @@ def read_edgelist(path, n=None, one_based=False):
     else:
         buf = np.fromfile(path, dtype=np.uint8)
     cap = int(np.count_nonzero(buf == 10)) + 1
-    uu, vv, bad_line, start = _parse_edgelist(buf, cap)
+    uu, vv, bad_line, start, too_long = _parse_edgelist(buf, cap)
     if bad_line:
         end = start
         while end < buf.shape[0] and buf[end] != 10 and end - start < 80:
             end += 1
         text = bytes(buf[start:end]).decode("utf-8", "replace")
+        if too_long:
+            raise ValueError(
+                f"{what}: line {bad_line} has an id of more than 18 digits: {text!r}; "
+                f"vertex ids must be < 2**31, relabel the vertices to 0..n-1")
         raise ValueError(
             f"{what}: line {bad_line} is not two whitespace-separated integers: {text!r}; "
             f"an edge list has lines 'u v', comment lines start with '#' or '%'"

@@ -104,6 +104,10 @@ def test_cold_start_and_partial_fit():
     (np.array([[0, 1]]), np.array([1.0, 2.0]), ValueError, "inconsistent numbers of samples"),
     # raw ids index the tables: 10^15 users would need far more memory than any machine has
     (np.array([[10**15, 1]]), np.array([3.0]), ValueError, r"X: .* renumber the ids"),
+    # ids past int64 were reported as negative (they wrapped in the int64 copy)
+    (np.array([[2**63 + 5, 1]], dtype=np.uint64), np.array([3.0]), ValueError,
+     r"X holds ids of 2\*\*63 or more \(9223372036854775813\); renumber"),
+    (np.array([[1e19, 1]]), np.array([3.0]), ValueError, r"ids of 2\*\*63 or more"),
 ])
 def test_bad_input(X, y, exc, match):
     mf = MatrixFactorization()

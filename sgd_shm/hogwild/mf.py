@@ -48,6 +48,9 @@ def _check_pairs(X, name="X"):
             raise ValueError(f"{name} must hold integer ids; found non-integer values")
     elif X.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integer ids, got dtype {X.dtype}")
+    if X.dtype.kind in "uf" and X.size and X.max() >= 2**63:     # (wrapped negative before)
+        raise ValueError(f"{name} holds ids of 2**63 or more ({X.max()}); renumber the ids "
+                         "0, 1, 2, ... (np.unique(ids, return_inverse=True) does)")
     X = X.astype(np.int64)
     if X.size and X.min() < 0:
         raise ValueError(f"{name} holds negative ids ({X.min()}); ids must be >= 0")
