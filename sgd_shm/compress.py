@@ -530,19 +530,37 @@ def pack(msg, out) -> int:
 def _read(buf, n):
     """(entries, scale, indices (a view), values (a view), elements used) of the
     message :func:`pack` wrote at the start of ``buf``."""
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"buf must be the numpy array pack() wrote, got {type(buf).__name__}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"n must be the message's dense length (an int >= 1), got {n!r}")
     dt = _wire_dtype(buf.dtype)
     h = _head(dt)
+    if buf.ndim != 1 or buf.size < h:
+        raise _not_packed(buf, n, "too short for the header")
     if h == _HEAD:
-        m, scale, width = int(buf[0]), float(buf[1]), int(buf[2])
+        m_read, scale, w_read = float(buf[0]), float(buf[1]), float(buf[2])
+        m = int(m_read) if m_read.is_integer() else -1    # (NaN, inf, fractions: no count)
+        width = int(w_read) if w_read.is_integer() else -1
     else:
         raw = buf[:h].view(np.uint8)
-        m = int(raw[:8].view(np.int64)[0])
+        m = m_read = int(raw[:8].view(np.int64)[0])
         scale = float(raw[8:16].view(np.float64)[0])
-        width = int(raw[16:24].view(np.int64)[0])
+        width = w_read = int(raw[16:24].view(np.int64)[0])
+    if not 0 <= m <= n or width != (4 if n < 2 ** 31 else 8) or not np.isfinite(scale):
+        raise _not_packed(buf, n, f"entries {m_read}, index width {w_read}, scale {scale}")
     used = packed_size(m, n, dt)
+    if used > buf.size:
+        raise _not_packed(buf, n, f"{m} entries need {used} elements")
     idx = buf[h:used - m].view(np.uint8)[:m * width].view(
         np.int32 if width == 4 else np.int64)
     return m, scale, idx, buf[used - m:used], used
+
+
+def _not_packed(buf, n, why):
+    return ValueError(f"buf ({buf.size} {buf.dtype} elements) does not hold a message "
+                      f"pack() wrote for n={n} weights ({why}); pass the buffer pack() "
+                      "filled and the same n")
 
 
 def add_packed(buf, n, out):
@@ -557,6 +575,8 @@ def unpack(buf, n) -> SparseMessage:
     """The message :func:`pack` wrote at the start of ``buf`` (n: the dense length);
     its values are of ``buf``'s float type."""
     _, scale, idx, vals, used = _read(buf, n)
+    if idx.size and (idx[0] < 0 or idx[-1] >= n or (np.diff(idx) <= 0).any()):
+        raise _not_packed(buf, n, "its indices are not ascending in [0, n)")
     return SparseMessage(idx.copy(), vals.copy(), n, buf.itemsize * used, scale)
 
 

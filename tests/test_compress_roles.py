@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,8 +17,8 @@ from sklearn.model_selection import train_test_split
 
 from sgd_shm import eager, ps
 from sgd_shm.compress import (QSGD, Channel, Compressor, Dense, ErrorFeedback, RandomK,
-                              SparseMessage, ThresholdTopK, TopK, make_compressor, pack,
-                              packed_size, unpack)
+                              SparseMessage, ThresholdTopK, TopK, add_packed,
+                              make_compressor, pack, packed_size, unpack)
 from sgd_shm.data import make_rcv1_like
 from tests.naive import topk_feedback_sgd_naive
 
@@ -115,6 +116,36 @@ def test_wire_format_is_bit_exact():
         pack(msg, np.zeros(1))
 
 
+@pytest.mark.parametrize("head, why", [
+    ([7.0, 7.0, 7.0], r"entries 7.0, index width 7.0"),          # no such width
+    ([-3.0, 1.0, 4.0], r"entries -3.0"),
+    ([11.0, 1.0, 4.0], r"entries 11.0"),                          # more entries than n
+    ([np.nan, 1.0, 4.0], r"entries nan"),
+    ([3.0, np.inf, 4.0], r"entries 3.0, index width 4.0, scale inf"),
+    ([9.0, 1.0, 4.0], r"9 entries need 17 elements"),             # past the buffer's end
+])
+def test_unpack_refuses_what_pack_did_not_write(head, why):
+    """A buffer pack() did not fill (or read with another n) is refused by name before
+    anything is decoded: it gave messages whose indices and values had different
+    lengths, indices of raw float bits, or a negative byte count."""
+    buf = np.zeros(12)
+    buf[:3] = head
+    for read in (unpack, lambda b, n: add_packed(b, n, np.zeros(n))):
+        with pytest.raises(ValueError, match=r"buf \(12 float64 elements\) does not hold a "
+                                             r"message pack\(\) wrote for n=10 weights \("
+                                             + why):
+            read(buf, 10)
+    buf[:6] = [3.0, 1.0, 4.0, 0.0, 0.0, 0.0]          # three index 0s: not ascending
+    with pytest.raises(ValueError, match="indices are not ascending in"):
+        unpack(buf, 10)
+    with pytest.raises(ValueError, match="too short for the header"):
+        unpack(np.zeros(2), 10)
+    with pytest.raises(TypeError, match="buf must be the numpy array"):
+        unpack([3.0, 1.0, 4.0], 10)
+    with pytest.raises(ValueError, match="n must be the message's dense length"):
+        unpack(buf, 0)
+
+
 def test_channel_keeps_lost_messages_only_when_asked():
     g = np.array([3.0, -1.0, 0.5, 2.0])
     for keep in (True, False):
@@ -187,6 +218,14 @@ def test_contract_violations_are_clear_errors(split):
     with pytest.raises(Exception, match="max_entries"):
         eager.train(Xtr, ytr, n_workers=2, compress=_Overflowing(), epochs=1,
                     max_seconds=30, progress=False)
+    # a max_entries that is no count (int() of "abc" or None, or a negative bound that
+    # sized the exchange below zero, before)
+    for bound in ("abc", None, -3, 2.5, True):
+        bad = type("BadBound", (TopK,), {"max_entries": lambda self, n, b=bound: b})(k=1)
+        with pytest.raises(ValueError, match=r"BadBound.max_entries\(\d+\) must return an "
+                                             r"int >= 0 .*got " + re.escape(repr(bound))):
+            eager.train(Xtr, ytr, n_workers=2, compress=bad, epochs=1, max_seconds=30,
+                        progress=False)
 
 
 def test_error_feedback_conserves_mass_for_a_user_compressor():

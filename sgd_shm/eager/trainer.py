@@ -24,6 +24,7 @@ or heavy-tailed Pareto).
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -508,7 +509,12 @@ def message_capacity(comp, d):
     """The most entries of a message of ``comp`` on d weights (its ``max_entries``;
     d when it states no tighter bound), checking that it runs on d weights."""
     comp.check(d)
-    return min(int(comp.max_entries(d)), d)
+    bound = comp.max_entries(d)
+    if isinstance(bound, bool) or not isinstance(bound, numbers.Integral) or bound < 0:
+        raise ValueError(f"{type(comp).__name__}.max_entries({d}) must return an int >= 0 "
+                         f"(the most entries of a message on {d} weights), got {bound!r}; "
+                         "return a true bound, or leave max_entries out")
+    return min(int(bound), d)
 
 
 class _DenseExchange:
