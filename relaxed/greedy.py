@@ -48,6 +48,7 @@ of *undecided* only wastes an iteration.
 """
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -342,17 +343,19 @@ def _python_loop(sched, n_tasks, order, process, t0):
         for r in range(n_tasks):
             sched.push(int(order[r]), r)
     c = dict.fromkeys(STAT_NAMES, 0)
+    held = np.ones(n_tasks, bool)          # pushed and not popped since: each task once
     while True:
         item = sched.pop()
         if item is None:
             break
-        task, prio = item
+        task, prio = _popped(sched, item, held, order)
         c["pops"] += 1
-        verdict = process(int(task), int(prio))
+        verdict = process(task, prio)
         if verdict == "skip":
             c["skipped"] += 1
         elif verdict == "wasted":
             c["wasted"] += 1
+            held[task] = True
             sched.push(task, prio)
         else:
             c["decided"] += 1
@@ -363,6 +366,26 @@ def _python_loop(sched, n_tasks, order, process, t0):
                            f"{n_tasks - done} tasks never served; it lost tasks")
     return SchedulerStats(_sched_name(sched), 1, n_tasks, c["pops"], c["wasted"], c["skipped"],
                           c["decided"], 0, time.perf_counter() - t0, [c])
+
+
+def _popped(sched, item, held, order):
+    """(task, priority) of what a Python-level scheduler's pop() returned, checked: a
+    pair of ints, a task it holds (not one it returned already: a duplicate would be
+    decided twice), and the priority it was pushed with (a wrong one gives a wrong set)."""
+    try:
+        task, prio = (operator.index(x) for x in item)
+    except (TypeError, ValueError):
+        raise RuntimeError(f"scheduler {_sched_name(sched)}: pop() must return None or a "
+                           f"(task, priority) pair of ints, got {item!r}") from None
+    if not 0 <= task < held.size or not held[task]:
+        raise RuntimeError(f"scheduler {_sched_name(sched)}: pop() returned task {task}, which "
+                           "it does not hold (never pushed, or returned twice): a scheduler "
+                           "returns each push once")
+    if not 0 <= prio < held.size or order[prio] != task:
+        raise RuntimeError(f"scheduler {_sched_name(sched)}: pop() returned task {task} with "
+                           f"priority {prio}, not the priority it was pushed with")
+    held[task] = False
+    return task, prio
 
 
 # ---- MIS ---------------------------------------------------------------------------

@@ -178,6 +178,47 @@ def test_python_protocol_scheduler(case):
     np.testing.assert_array_equal(res.mask, case["mis"])
 
 
+class _Faulty(HeapScheduler):
+    """A user scheduler with one fault: its pop() returns what ``fault`` makes of the
+    item a heap would return (once, at the third pop)."""
+
+    def __init__(self, fault):
+        super().__init__()
+        self.fault, self.pops = fault, 0
+
+    def pop(self):
+        item = super().pop()
+        self.pops += 1
+        if item is not None and self.pops == 3:
+            item = self.fault(self, item)
+        return item
+
+
+def _again(s, item):
+    s.push(item[0], item[1])                    # keeps a copy: the task comes back twice
+    return item
+
+
+@pytest.mark.parametrize("fault, match", [
+    (_again, r"returned task \d+, which it does not hold \(never pushed, or returned twice"),
+    (lambda s, item: (item[0], item[1] + 1), r"with priority \d+, not the priority it was "
+                                             "pushed with"),
+    (lambda s, item: (10**6, item[1]), r"returned task 1000000, which it does not hold"),
+    (lambda s, item: (-1, item[1]), r"returned task -1, which it does not hold"),
+    (lambda s, item: ("a", item[1]), r"must return None or a \(task, priority\) pair of ints, "
+                                     r"got \('a'"),
+    (lambda s, item: item[0], r"must return None or a \(task, priority\) pair"),
+])
+def test_python_scheduler_faults_are_named(fault, match):
+    """A user scheduler that duplicates a task, changes its priority or returns no task
+    is named (a duplicate was reported as "-1 tasks never served", a wrong priority
+    gave a wrong set, task -1 decided the last vertex)."""
+    g = relaxed.graphs.erdos_renyi(40, 80, seed=1)
+    for run in (relaxed.greedy_mis, relaxed.greedy_matching):
+        with pytest.raises(RuntimeError, match=r"scheduler _Faulty: pop\(\) .*" + match):
+            run(g, seed=2, scheduler=_Faulty(fault))
+
+
 class PyAdversarial:
     """k-relaxed, adversarial, in Python: pop the k-th best task present, but
     the best one after at most k - 1 pops have passed it over (fairness)."""
