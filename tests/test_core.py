@@ -286,6 +286,33 @@ def test_a_models_loss_must_be_a_number(data, ret):
             fn(X, y, n_workers=2, epochs=1, model=model, progress=False)
 
 
+def test_a_binary_models_one_score_predicts_through_the_contract(data):
+    """A binary model may give one score per row (the contract says so): the contract's
+    own predict and predict_proba then read it as the positive class's score (numpy's
+    axis error before); scores of another shape are named."""
+    from sgd_shm.models import Model
+    X, y, Xte, yte = data
+    one = _linear_with("OneScore", predict=Model.predict,
+                       predict_proba=Model.predict_proba)(X.shape[1])
+    r = ps.train(X, y, n_workers=2, epochs=2, model=one, eval_set=(Xte, yte), progress=False,
+                 seed=0)
+    z = np.asarray(Xte @ r.coef_).ravel()
+    np.testing.assert_array_equal(r.predict(Xte), r.classes_[(z > 0).astype(int)])
+    np.testing.assert_allclose(r.predict_proba(Xte)[:, 1], 1 / (1 + np.exp(-z)), rtol=1e-12)
+    assert r.score(Xte, yte) == np.mean(r.predict(Xte) == yte) > 0.6
+    assert r.history[-1]["val_score"] == pytest.approx(r.score(Xte, yte))
+    for cols in (1, 3):
+        bad = _linear_with("BadScores", predict=Model.predict, predict_proba=Model.predict_proba,
+                           decision_function=lambda self, w, X, k=cols: np.zeros((X.shape[0], k))
+                           )(X.shape[1])
+        for call in (bad.predict, bad.predict_proba):
+            with pytest.raises(ValueError, match=r"BadScores.decision_function must return "
+                                                 r"scores of shape \(600, 2\) or \(600,\) "
+                                                 r"\(the positive class's score\), got shape "
+                                                 rf"\(600, {cols}\)"):
+                call(r.coef_, Xte)
+
+
 def test_epochs_are_the_default_stopping_rule():
     """With neither epochs nor max_seconds both trainers run DEFAULT_EPOCHS epochs (the
     same work on any machine); max_seconds alone is a wall clock with no epoch limit."""

@@ -110,14 +110,31 @@ class Model(abc.ABC):
         return bounds, [np.array([p], np.int64) for p in range(int(n_parts))]
 
     def predict_proba(self, w, X) -> np.ndarray:
-        """Class probabilities: the softmax of the decision function."""
-        z = self.decision_function(w, X)
+        """Class probabilities: the softmax of the decision function (the logistic
+        function of a binary model's one score)."""
+        z = self._scores(w, X)
+        if z.ndim == 1:
+            p = 0.5 * (1.0 + np.tanh(0.5 * z))           # 1 / (1 + e^-z), no overflow
+            return np.column_stack([1.0 - p, p])
         z = np.exp(z - z.max(axis=1, keepdims=True))
         return z / z.sum(axis=1, keepdims=True)
 
     def predict(self, w, X) -> np.ndarray:
-        """The class index of the highest score of each row."""
-        return np.argmax(self.decision_function(w, X), axis=1)
+        """The class index of the highest score of each row (a binary model's one
+        score: class 1 where it is > 0)."""
+        z = self._scores(w, X)
+        return (z > 0).astype(np.int64) if z.ndim == 1 else np.argmax(z, axis=1)
+
+    def _scores(self, w, X) -> np.ndarray:
+        """decision_function checked against the contract's shapes, so a model that
+        breaks it is named here rather than by numpy's axis errors in predict."""
+        z = np.asarray(self.decision_function(w, X))
+        n = X.shape[0] if hasattr(X, "shape") else len(X)
+        if z.shape == (n, self.n_outputs) or (z.shape == (n,) and self.n_outputs == 2):
+            return z
+        binary = f" or ({n},) (the positive class's score)" if self.n_outputs == 2 else ""
+        raise ValueError(f"{type(self).__name__}.decision_function must return scores of "
+                         f"shape ({n}, {self.n_outputs}){binary}, got shape {z.shape}")
 
     def threads_limited(self):
         """A context in which the model computes on one thread per worker (the
