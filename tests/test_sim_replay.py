@@ -109,7 +109,7 @@ def test_threads_trace_replayed_exactly(data):
     assert sim.events == real.events
 
 
-@pytest.mark.parametrize("collective", ["solo", "majority"])
+@pytest.mark.parametrize("collective", ["solo", "majority", "sync"])
 def test_eager_trace_replayed_exactly(data, collective):
     X, y = data
     real = eager_train(X, y, n_workers=N, collective=collective, imbalance=(1, 0.003),
@@ -131,6 +131,13 @@ def test_eager_trace_replayed_exactly(data, collective):
     assert sorted(sim.log["skips"]) == skips
     assert sim.skipped == real.skipped and sim.late == real.late
     assert sim.replay["beyond_s"] == 0.0
+    # the trace's round ids start at 1: the count, the steps and the shares are the run's
+    # (one round more, and a sync run's participation below 1, before)
+    assert sim.rounds == len(sim.log["round"]) == real.rounds
+    assert sim.history[-1]["step"] == real.history[-1]["step"] == real.rounds
+    np.testing.assert_allclose(sim.participation, real.participation, rtol=1e-12)
+    if collective == "sync":
+        assert sim.participation == [1.0] * N
 
 
 def test_trace_off_by_default_and_bad_input(data):

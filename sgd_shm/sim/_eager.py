@@ -110,7 +110,12 @@ class EagerSim:
 
     # ---- a rank's round ----------------------------------------------------------------
     def last_round(self):
+        """One past the id of the run's last round (ids start at ``round0``)."""
         return self.rounds if self.stop_round is None else min(self.rounds, self.stop_round)
+
+    def n_rounds(self):
+        """Rounds the run closed (a replay's ids start at its trace's first round)."""
+        return max(self.last_round() - self.round0, 0)
 
     def start(self, t, k):
         r = self.next[k]
@@ -228,7 +233,7 @@ class EagerSim:
         for k in ranks:
             self.at(ready, DONE, k)
         if ready >= self.next_sample or r + 1 >= self.last_round():
-            rec = self.record(ready, r + 1)
+            rec = self.record(ready, r + 1 - self.round0)
             stop = any([bool(cb(dict(rec))) for cb in cfg.callbacks])
             if (cfg.target_loss is not None and self.t_target is None
                     and rec["loss"] <= cfg.target_loss):
@@ -266,5 +271,5 @@ class EagerSim:
         return max(self.end) if self.end else 0.0
 
     def participation(self):
-        rounds = max(self.last_round(), 1)
+        rounds = max(self.n_rounds(), 1)
         return [float(c) / rounds for c in self.contrib]

@@ -493,7 +493,7 @@ def _run_collective(prob, cfg):
         from sgd_shm.sim.replay import eager_replay_class
         kind = eager_replay_class()
     sim = kind(prob, cfg).run()
-    rounds = sim.last_round()
+    rounds = sim.n_rounds()
     last = prob.evaluate(sim.w, final=True)
     sim.history.append({"seconds": sim.seconds, "step": rounds, **last})
     log = {f: [e[i] for e in sim.log] for i, f in enumerate(ROUND_FIELDS)}
