@@ -331,17 +331,22 @@ def model_averaging_naive(X, y, rows, lr, alpha, bounds, up=None, down=None):
     j sums the blocks it received in worker order and divides by their count (it
     keeps its last average when it received none, and then sends nothing); a worker
     takes block j of the average where the answer reached it and keeps its own
-    otherwise. Returns (the servers' model, the replicas)."""
+    otherwise. ``rows[t][k]`` None: worker k takes no part in round t (no step, no
+    block sent, no answer). Returns (the servers' model, the replicas)."""
     X = np.asarray(X.todense()) if hasattr(X, "todense") else np.asarray(X, dtype=float)
     n_rounds, n = len(rows), len(rows[0])
     S = len(bounds) - 1
-    up = np.ones((n_rounds, n, S), bool) if up is None else np.asarray(up, bool)
-    down = np.ones((n_rounds, n, S), bool) if down is None else np.asarray(down, bool)
+    up = np.ones((n_rounds, n, S), bool) if up is None else np.array(up, bool)
+    down = np.ones((n_rounds, n, S), bool) if down is None else np.array(down, bool)
     xs = [np.zeros(X.shape[1]) for _ in range(n)]
     server = np.zeros(X.shape[1])
     for t in range(n_rounds):
         step = _at(lr, t)
+        gone = [rows[t][k] is None for k in range(n)]
+        up[t, gone], down[t, gone] = False, False
         for k in range(n):
+            if gone[k]:
+                continue
             Xb, yb = X[rows[t][k]], y[rows[t][k]]
             dl = -yb / (1.0 + np.exp(yb * (Xb @ xs[k])))
             xs[k] = xs[k] - step * (Xb.T @ dl / len(yb) + alpha * xs[k])
@@ -371,16 +376,30 @@ def rounds_of_log(res, n):
     return rounds
 
 
+def rps_rounds_of_log(res, n):
+    """A simulated RPS run's logged sends as rounds (a send's ``pulled`` column is its
+    round): round t's row indices, one array per worker in worker order, None for a
+    worker that sent nothing that round (it had died)."""
+    log = res.log
+    rounds = [[None] * n for _ in range(max(log["pulled"], default=-1) + 1)]
+    for q, (t, k) in enumerate(zip(log["pulled"], log["worker"])):
+        assert rounds[t][k] is None, "one send per worker and round"
+        rounds[t][k] = res.batches.rows_of(log["partition"][q], log["batch"][q])
+    return rounds
+
+
 def model_averaging_of_log(X, y, res, n, S, p, seed, lr, alpha):
     """:func:`model_averaging_naive` on the rounds a simulated RPS run logged (``res``:
     its result; worker k's minibatch of round t from ``res.log`` and ``res.batches``)
     with the run's documented loss coins (``core.status.Losses`` of ``seed``, one
     draw per worker and round). Returns (the servers' model, up, down)."""
     from sgd_shm.core.status import Losses
-    rows = rounds_of_log(res, n)
+    rows = rps_rounds_of_log(res, n)
     rounds = len(rows)
     coins = [Losses(p, seed, k, S) for k in range(n)]
-    draws = [[coins[k].draw() for k in range(n)] for _ in range(rounds)]
+    none = (np.zeros(S, bool), np.zeros(S, bool))      # a dead worker draws no coins
+    draws = [[none if rows[t][k] is None else coins[k].draw() for k in range(n)]
+             for t in range(rounds)]
     up = np.array([[d[k][0] for k in range(n)] for d in draws])
     down = np.array([[d[k][1] for k in range(n)] for d in draws])
     bounds = np.linspace(0, X.shape[1], S + 1).astype(np.int64)

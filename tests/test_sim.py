@@ -111,6 +111,33 @@ def test_rps_is_model_averaging_with_the_real_coins(data):
     assert lost == (~up).sum() + ((~down) & up.any(axis=1)[:, None, :]).sum()
 
 
+def test_rps_simulates_faults_and_shared_cores(data):
+    """RPS under faults: a worker whose fault comes before its step ends dies then (its
+    blocks never sent); later rounds average the live workers' blocks only, which is
+    the naive model averaging without it. On shared cores a round's steps queue for
+    them. (Both were ignored: the dead worker kept pushing, cores changed no time.)"""
+    X, y = data
+    n, S, lr, p, step = 3, 4, 0.5, 0.2, 1e-3
+    kw = dict(n_workers=n, policy="rps", epochs=1, drop=p, n_shards=S, lr=lr, batch_size=32,
+              seed=5, cluster=Cluster(step))
+    r = simulate(**kw, X=X, y=y, faults={1: 3.5 * step})   # dies in its fourth step
+    assert r.killed == [1]
+    per = math.ceil(X.shape[0] / n / 32)                   # rounds of an epoch
+    assert [w["pushes"] for w in r.workers] == [per, 3, per]
+    server, up, down = model_averaging_of_log(X, y, r, n, S, p, 5, lr, ALPHA)
+    assert not up[3:, 1].any()
+    np.testing.assert_allclose(r.coef_, server, rtol=1e-7, atol=1e-10)
+    every = simulate(**kw, X=X, y=y, faults={0: 0.0, 1: 0.0, 2: 0.5 * step})
+    assert every.killed == [0, 1, 2] and every.updates == 0
+    four = {**kw, "drop": None, "n_workers": 4}
+    free = simulate(X, y, **four)
+    shared = simulate(X, y, **{**four, "cluster": Cluster(step, cores=2)})
+    rounds = free.updates                                  # (RPS: a round is an update)
+    assert shared.updates == free.updates == math.ceil(X.shape[0] / 4 / 32)
+    assert free.seconds == pytest.approx(rounds * step, rel=1e-9)
+    assert shared.seconds == pytest.approx(rounds * 2 * step, rel=1e-9)   # two waves
+
+
 def test_bytes_and_network_times_of_compressors(data):
     """One worker on a 1 MB/s link, no latency: a dense step is its compute plus a
     dense pull and a dense push; TopK's push carries k (index, value) pairs of 12

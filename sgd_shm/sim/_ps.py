@@ -523,54 +523,21 @@ class RPSSim(PSSim):
     arrived; each worker starts its next round when the answers reach it."""
 
     def run(self):
-        cfg, n, S, b = self.cfg, self.n, self.S, self.bounds
-        losses = [Losses(cfg.drop or 0.0, cfg.loss_seed, k, S) for k in range(n)]
-        self.msgs = np.zeros((n, S, 4), np.int64)
-        xs = [self.w.copy() for _ in range(n)]
-        g = np.empty(self.d)
+        cfg, n = self.cfg, self.n
+        self.losses = [Losses(cfg.drop or 0.0, cfg.loss_seed, k, self.S) for k in range(n)]
+        self.msgs = np.zeros((n, self.S, 4), np.int64)
+        self.xs = [self.w.copy() for _ in range(n)]
         start = np.full(n, cfg.cluster.start_s)        # after the run's start-up
         rounds = cfg.budget if cfg.budget is not None else math.inf
         next_sample = cfg.sample_every
         self.record(0.0)
         r, t_end = 0, 0.0
-        net = self.net
-        blk = 8 * self.d / S
         while r < rounds:
-            arrive = np.empty(n)
-            ups, downs = [], []
-            for k in range(n):
-                p, key, j = self.queues.take([(k, None)], self.rngs[k])
-                t_send = start[k] + self.times.of(k, start[k])
-                self.model.grad(xs[k], self.data, self.batches.rows_of(p, j), g)
-                xs[k] -= cfg.lr(r) * g
-                up, down = losses[k].draw()
-                ups.append(up)
-                downs.append(down)
-                arrive[k] = t_send + net.latency + 8 * self.d / net.bandwidth
-                self.state.pushes_[k] += 1
-                self.log.append((t_send, k, p, j, r, r, 1.0))
-            t_bar = max(float(arrive.max()), self.in_free) + 8 * self.d * n / (
-                S * net.bandwidth)
-            self.in_free = t_bar
-            for k in range(n):                        # the barrier: BSP's gate
-                assert self.policy.may_step(k, self.state.pushes_[k], self.state)
-            for s in range(S):
-                got = [xs[k][b[s]:b[s + 1]] for k in range(n) if ups[k][s]]
-                avg = server_average(got)
-                if avg is None:
-                    continue
-                self.w[b[s]:b[s + 1]] = avg
-                for k in range(n):
-                    if downs[k][s]:
-                        xs[k][b[s]:b[s + 1]] = avg
-            answered = np.any(ups, axis=0)
-            for k in range(n):
-                self.msgs[k] += losses[k].counts(up=ups[k]) + losses[k].counts(
-                    down=downs[k], answered=answered)
-                start[k] = t_bar + net.latency + blk * answered.sum() / net.bandwidth
-            self.state.version += 1
-            r += 1
+            t_bar = self._round(r, start)
+            if t_bar is None:                         # every worker died
+                break
             t_end = t_bar
+            r += 1
             if t_end >= next_sample:                  # a record after the round
                 rec = self.record(t_end)
                 next_sample = t_end + cfg.sample_every
@@ -582,7 +549,67 @@ class RPSSim(PSSim):
                     break
             if t_end >= cfg.max_seconds:
                 break
-        self.applied = r * n
+        self.applied = int(sum(self.state.pushes_))
         self.stop_t = t_end
-        self.losses = losses
         return self
+
+    def _step_end(self, k, t):
+        """When worker k's step begun at t ends (on shared cores: stretched by the
+        cores' queue), or None when its fault comes first: it dies then, its
+        minibatch lost and its blocks never sent, and the round's barrier waits for
+        the live workers only (as the real run's)."""
+        dur = self.times.of(k, t)
+        if self.cores is not None:
+            dur *= self.stretch(k, t, dur)
+        fault = self.cfg.faults.get(k)
+        if fault is not None and fault <= t + dur:
+            self.killed.append(k)
+            self.state.status_[k] = DEAD
+            return None
+        return t + dur
+
+    def _round(self, r, start):
+        """Round r of the live workers; returns when its barrier passed (None: no
+        worker is left)."""
+        cfg, S, b, net = self.cfg, self.S, self.bounds, self.net
+        g = np.empty(self.d)
+        arrive, ups, downs = {}, {}, {}
+        live = []
+        for k in range(self.n):
+            if self.state.status_[k] == DEAD:
+                continue
+            p, key, j = self.queues.take([(k, None)], self.rngs[k])
+            t_send = self._step_end(k, start[k])
+            if t_send is None:
+                continue
+            live.append(k)
+            self.model.grad(self.xs[k], self.data, self.batches.rows_of(p, j), g)
+            self.xs[k] -= cfg.lr(r) * g
+            ups[k], downs[k] = self.losses[k].draw()
+            arrive[k] = t_send + net.latency + 8 * self.d / net.bandwidth
+            self.state.pushes_[k] += 1
+            self.log.append((t_send, k, p, j, r, r, 1.0))
+        if not live:
+            return None
+        t_bar = max(max(arrive.values()), self.in_free) + 8 * self.d * len(live) / (
+            S * net.bandwidth)
+        self.in_free = t_bar
+        for k in live:                                # the barrier: BSP's gate
+            assert self.policy.may_step(k, self.state.pushes_[k], self.state)
+        for s in range(S):
+            got = [self.xs[k][b[s]:b[s + 1]] for k in live if ups[k][s]]
+            avg = server_average(got)
+            if avg is None:
+                continue
+            self.w[b[s]:b[s + 1]] = avg
+            for k in live:
+                if downs[k][s]:
+                    self.xs[k][b[s]:b[s + 1]] = avg
+        answered = np.any([ups[k] for k in live], axis=0)
+        blk = 8 * self.d / S
+        for k in live:
+            self.msgs[k] += self.losses[k].counts(up=ups[k]) + self.losses[k].counts(
+                down=downs[k], answered=answered)
+            start[k] = t_bar + net.latency + blk * answered.sum() / net.bandwidth
+        self.state.version += 1
+        return t_bar
