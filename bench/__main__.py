@@ -24,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bench import common
+from sgd_shm._argtypes import finite_float, out_dir, seed_int
 from bench.common import Series, fmt_rate
 
 
@@ -508,7 +509,7 @@ FLAGS = {
                                   "(default 1..CPU count)")),
     "reps": ("--reps", dict(type=int, default=5,
                             help="repetitions after a warm-up (default 5)")),
-    "seed": ("--seed", dict(type=int, default=0, help="seed (default 0)")),
+    "seed": ("--seed", dict(type=seed_int, default=0, help="seed (default 0)")),
     "prefill": ("--prefill", dict(type=int, default=1_000_000,
                                   help="prefill size (default 1M)")),
     "iters": ("--iters", dict(type=int, default=1_000_000,
@@ -581,24 +582,24 @@ FLAGS = {
                                         help="rows of the PS problem (default 20000)")),
     "ps_features": ("--ps-features", dict(type=int, default=2_000,
                                           help="columns of the PS problem (default 2000)")),
-    "ps_seconds": ("--ps-seconds", dict(type=float, default=4.0,
+    "ps_seconds": ("--ps-seconds", dict(type=finite_float, default=4.0,
                                         help="seconds per PS run (default 4)")),
-    "ps_target": ("--ps-target", dict(type=float, default=0.935,
+    "ps_target": ("--ps-target", dict(type=finite_float, default=0.935,
                                       help="target held-out accuracy (default 0.935)")),
-    "ps_tight": ("--ps-tight", dict(type=float, default=0.94, help="tighter target held-out "
+    "ps_tight": ("--ps-tight", dict(type=finite_float, default=0.94, help="tighter target held-out "
                                     "accuracy, also reported (default 0.94)")),
-    "ps_loose": ("--ps-loose", dict(type=float, default=0.93, help="looser target held-out "
+    "ps_loose": ("--ps-loose", dict(type=finite_float, default=0.93, help="looser target held-out "
                                     "accuracy, also reported (default 0.93)")),
     "backend": ("--backend", dict(choices=["shm", "ray", "both"], default="shm",
                                   help="the parameter server's transport: shared memory, Ray "
                                        "or both side by side (default shm)")),
-    "eager_seconds": ("--eager-seconds", dict(type=float, default=3.0,
+    "eager_seconds": ("--eager-seconds", dict(type=finite_float, default=3.0,
                                               help="seconds per eager-SGD trainer run "
                                                    "(default 3)")),
-    "eager_target": ("--eager-target", dict(type=float, default=0.935,
+    "eager_target": ("--eager-target", dict(type=finite_float, default=0.935,
                                             help="eager-SGD target held-out accuracy "
                                                  "(default 0.935)")),
-    "eager_sleep": ("--eager-sleep", dict(type=float, default=0.002,
+    "eager_sleep": ("--eager-sleep", dict(type=finite_float, default=0.002,
                                           help="seconds the rank drawn each round sleeps "
                                                "(default 0.002)")),
     "compress_reps": ("--compress-reps", dict(type=int, default=3, help="repetitions of every "
@@ -616,10 +617,10 @@ FLAGS = {
                                                          "(default 15)")),
     "torch_ddp_compress_epochs": ("--torch-ddp-compress-epochs", dict(
         type=int, default=30, help="epochs per compression run (default 30)")),
-    "torch_ddp_sleep": ("--torch-ddp-sleep", dict(type=float, default=0.05,
+    "torch_ddp_sleep": ("--torch-ddp-sleep", dict(type=finite_float, default=0.05,
                                                   help="seconds one rank per step sleeps "
                                                        "(default 0.05)")),
-    "torch_ddp_target": ("--torch-ddp-target", dict(type=float, default=0.95,
+    "torch_ddp_target": ("--torch-ddp-target", dict(type=finite_float, default=0.95,
                                                     help="target held-out accuracy "
                                                          "(default 0.95)")),
     "torch_ddp_late": ("--torch-ddp-late", dict(choices=("drop", "carry"), default="drop",
@@ -631,16 +632,16 @@ FLAGS = {
                                                            "the ranks or the round's "
                                                            "contributors (default "
                                                            "contributors)")),
-    "torch_ddp_lr": ("--torch-ddp-lr", dict(type=float, default=0.2,
+    "torch_ddp_lr": ("--torch-ddp-lr", dict(type=finite_float, default=0.2,
                                             help="SGD step (default 0.2)")),
-    "torch_ddp_momentum": ("--torch-ddp-momentum", dict(type=float, default=0.0,
+    "torch_ddp_momentum": ("--torch-ddp-momentum", dict(type=finite_float, default=0.0,
                                                         help="SGD momentum; the compression "
                                                              "hook applies it as DGC's "
                                                              "momentum correction (default 0)")),
     "unreliable_epochs": ("--unreliable-epochs", dict(type=int, default=5,
                                                       help="epochs per run, the work every "
                                                            "run does (default 5)")),
-    "clock_seconds": ("--clock-seconds", dict(type=float, default=1.0,
+    "clock_seconds": ("--clock-seconds", dict(type=finite_float, default=1.0,
                                               help="seconds per clock run (default 1)")),
     "sim_parts": ("--sim-parts", dict(default="", help="comma-separated parts of the sim "
                                       "scenario: saps, eager, rps, topk, speed, calibrate "
@@ -892,6 +893,7 @@ def check(ap, args):
             ap.error(f"--pbbs {args.pbbs!r}: no built binary found; build e.g. "
                      f"{mis.PBBS_BINARIES[('MIS', 'PBBS incrementalMIS')]} (make in its folder)")
     if args.out:
+        out_dir(ap, args.out)
         common.set_results_dir(args.out)
     try:
         common.set_label(getattr(args, "label", None))

@@ -68,6 +68,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.items < 1:
         ap.error("--items must be >= 1")
+    if args.seed < 0:
+        ap.error(f"--seed must be an int >= 0, got {args.seed}")
     rng = np.random.default_rng(args.seed)
     ctx = mp.get_context("fork")
     print(f"relaxed demo  (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, seed {args.seed})")

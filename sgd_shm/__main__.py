@@ -97,7 +97,15 @@ def build_parser(prog: str = "python -m sgd_shm"):
 def _run(name, ap, args) -> int:
     configure_logging(args.verbose)
     mod = _module(name)
-    return mod.run(mod.check(ap, args))
+    args = mod.check(ap, args)
+    try:
+        return mod.run(args)
+    except (ValueError, TypeError) as e:
+        # the library's refusal of a combination of options the checks above let
+        # through (e.g. --imbalance K above --workers): its message, not a traceback
+        if args.verbose:
+            raise
+        ap.error(f"{e} (-v shows the traceback)")
 
 
 def main(argv=None) -> int:

@@ -308,6 +308,10 @@ def test_main_jobs_run():
     r = subprocess.run([sys.executable, "-m", "sgd_shm", "hogwild", "--epochs", "0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--epochs must be >= 1" in r.stderr
+    from relaxed.__main__ import main as relaxed_main
+    with pytest.raises(SystemExit) as e:                   # (numpy's words before)
+        relaxed_main(["--seed", "-1"])
+    assert e.value.code == 2
 
 
 def test_parameter_server_cli(tmp_path):

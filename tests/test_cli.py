@@ -83,13 +83,44 @@ def test_selftest_help_does_not_run_the_selftest():
     (["eager", "--collectives", "gossip"], "--collectives: unknown ['gossip']"),
     (["selftest", "--only", "nope"], "--only: unknown check(s) ['nope']"),
     (["bogus"], "argument COMMAND: invalid choice: 'bogus'"),
+    # tracebacks before: a negative seed, non-finite numbers (--seconds inf ran forever,
+    # --slow nan ran unslowed), a combination only the library refuses
+    (["sim", "--seed", "-1"], "argument --seed: must be an int >= 0, got -1"),
+    (["hogwild", "--seed", "-3"], "argument --seed: must be an int >= 0, got -3"),
+    (["ps", "--seconds", "inf"], "argument --seconds: must be a finite number, got 'inf'"),
+    (["ps", "--slow", "nan"], "argument --slow: must be a finite number, got 'nan'"),
+    (["eager", "--imbalance", "nan", "0"], "argument --imbalance: must be a finite number"),
+    (["sim", "--lr", "x"], "argument --lr: expected a number, got 'x'"),
+    (["sim", "--workers", "4", "--samples", "400", "--holdout", "100", "--features", "50",
+      "--epochs", "1", "--policies", "asp", "--imbalance", "5", "0.001"],
+     "imbalance: k must be an int in [0, n_workers=4], got 5 (-v shows the traceback)"),
 ])
-def test_kit_bad_flags_exit_2_with_argparse_message(argv, message, capsys):
+def test_kit_bad_flags_exit_2_with_argparse_message(argv, message, capsys, tmp_path,
+                                                    monkeypatch):
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
         kit_cli.main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "usage: python -m sgd_shm" in err and message in err, err
+
+
+@pytest.mark.parametrize("command", ["ps", "eager", "sim"])
+def test_kit_out_that_cannot_be_a_folder_fails_before_the_work(command, tmp_path, capsys):
+    """--out naming a file (or a path under one) is refused by the checks, before any
+    run (a FileExistsError traceback after all the work, before)."""
+    f = tmp_path / "a-file"
+    f.write_text("")
+    for out in (f, f / "below"):
+        with pytest.raises(SystemExit) as e:
+            kit_cli.main([command, "--out", str(out)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--out '{out}': cannot create the folder" in err, err
+    fresh = tmp_path / "new" / "folder"
+    args = kit_cli.build_parser()[1][command].parse_args(["--out", str(fresh)])
+    kit_cli._module(command).check(kit_cli.build_parser()[1][command], args)
+    assert fresh.is_dir()                                 # made by the check
 
 
 def test_console_script_is_declared_and_installed():
@@ -203,6 +234,8 @@ def test_bench_flags_of_an_old_invocation_still_parse():
     (["mis", "--mis-parts", "speed"], "--mis-parts: unknown part(s) ['speed']"),
     (["nope"], "argument SCENARIO: invalid choice: 'nope'"),
     ([], "the following arguments are required: SCENARIO"),
+    (["delay", "--seed", "-1"], "argument --seed: must be an int >= 0, got -1"),
+    (["delay", "--out", "/proc/version"], "--out '/proc/version': cannot create the folder"),
 ])
 def test_bench_bad_flags_exit_2(argv, message, capsys):
     bench_cli = _bench()

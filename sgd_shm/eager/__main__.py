@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 
+from sgd_shm._argtypes import finite_float, out_dir, seed_int
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.eager.trainer import train
 
@@ -34,22 +35,22 @@ def add_arguments(ap):
                     help="comma-separated, from sync, solo, majority (default all)")
     ap.add_argument("--late", choices=("carry", "drop"), default="carry",
                     help="what a late gradient does (default carry)")
-    ap.add_argument("--imbalance", type=float, nargs=2, default=(1, 0.002),
+    ap.add_argument("--imbalance", type=finite_float, nargs=2, default=(1, 0.002),
                     metavar=("K", "SECONDS"),
                     help="each round K ranks sleep SECONDS (default 1 0.002)")
-    ap.add_argument("--seconds", type=float, default=3.0, help="seconds per run (default 3)")
-    ap.add_argument("--target", type=float, default=0.935,
+    ap.add_argument("--seconds", type=finite_float, default=3.0, help="seconds per run (default 3)")
+    ap.add_argument("--target", type=finite_float, default=0.935,
                     help="target held-out accuracy (default 0.935)")
     ap.add_argument("--reps", type=int, default=1, help="runs per collective (default 1)")
-    ap.add_argument("--lr", type=float, default=8.0, help="step size (default 8)")
-    ap.add_argument("--alpha", type=float, default=1e-4, help="L2 penalty (default 1e-4)")
+    ap.add_argument("--lr", type=finite_float, default=8.0, help="step size (default 8)")
+    ap.add_argument("--alpha", type=finite_float, default=1e-4, help="L2 penalty (default 1e-4)")
     ap.add_argument("--batch", type=int, default=64, help="rows per rank per step")
     ap.add_argument("--samples", type=int, default=20_000,
                     help="training rows (default 20000)")
     ap.add_argument("--holdout", type=int, default=5_000,
                     help="held-out rows, scored as the runs go (default 5000)")
     ap.add_argument("--features", type=int, default=2_000, help="columns (default 2000)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the data, the imbalance "
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the data, the imbalance "
                     "draws and the runs (default 0)")
     ap.add_argument("--compress", default=None,
                     help="send compressed gradients: 'topk:RATIO' or 'randomk:RATIO' "
@@ -89,6 +90,7 @@ def check(ap, args):
     if k != int(k) or k < 0 or s < 0:
         ap.error("--imbalance: K must be a whole number >= 0 and SECONDS >= 0")
     args.imbalance = (int(k), float(s))
+    out_dir(ap, args.out)
     return args
 
 

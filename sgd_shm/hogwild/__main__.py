@@ -15,13 +15,15 @@ import sys
 import time
 import warnings
 
+from sgd_shm._argtypes import seed_int
+
 
 def add_arguments(ap):
     """The command's options, on ``ap``."""
     ap.add_argument("--samples", type=int, default=200_000, help="rows (default 200000)")
     ap.add_argument("--features", type=int, default=50_000, help="columns (default 50000)")
     ap.add_argument("--epochs", type=int, default=5, help="epochs (default 5)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the data and the fits "
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the data and the fits "
                     "(default 0)")
     return ap
 

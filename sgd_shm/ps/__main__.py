@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 
+from sgd_shm._argtypes import finite_float, out_dir, seed_int
 from sgd_shm.data import make_rcv1_like
 from sgd_shm.ps import POLICIES, curves_of, plot_losses, train
 
@@ -22,19 +23,19 @@ from sgd_shm.ps import POLICIES, curves_of, plot_losses, train
 def add_arguments(ap):
     """The main job's options, on ``ap`` (its own parser, or the ``ps`` subcommand's)."""
     ap.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
-    ap.add_argument("--slow", type=float, default=4.0,
+    ap.add_argument("--slow", type=finite_float, default=4.0,
                     help="slowdown factor of worker 0 (default 4; 1 for none)")
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help=f"comma-separated, from {', '.join(POLICIES)} (default all)")
-    ap.add_argument("--seconds", type=float, default=5.0, help="seconds per policy (default 5)")
-    ap.add_argument("--target", type=float, default=0.935,
+    ap.add_argument("--seconds", type=finite_float, default=5.0, help="seconds per policy (default 5)")
+    ap.add_argument("--target", type=finite_float, default=0.935,
                     help="target held-out accuracy (default 0.935)")
     ap.add_argument("--samples", type=int, default=20_000,
                     help="training rows (default 20000)")
     ap.add_argument("--holdout", type=int, default=5_000,
                     help="held-out rows, scored as the runs go (default 5000)")
     ap.add_argument("--features", type=int, default=2_000, help="columns (default 2000)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the data and the runs "
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the data and the runs "
                     "(default 0)")
     ap.add_argument("--backend", choices=("shm", "ray"), default="shm",
                     help="shm: worker processes on shared memory (default); ray: Ray actors "
@@ -68,6 +69,7 @@ def check(ap, args):
         ap.error("--address joins a Ray cluster: add --backend ray")
     if args.start_method != "fork" and args.backend != "shm":
         ap.error("--start-method applies to --backend shm (Ray starts its own actors)")
+    out_dir(ap, args.out)
     return args
 
 

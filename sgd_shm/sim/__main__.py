@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 
+from sgd_shm._argtypes import finite_float, out_dir, seed_int
+
 COMPARED = ("bsp", "asp", "ssp", "saps", "rps", "sync", "solo", "majority")
 
 
@@ -31,30 +33,30 @@ def add_arguments(ap):
     ap.add_argument("--classes", default="0.75:1,0.25:4",
                     help="the cluster's classes FRACTION:FACTOR,... (default 0.75:1,0.25:4: a "
                          "quarter of the workers 4x slower)")
-    ap.add_argument("--step", type=float, default=1e-3,
+    ap.add_argument("--step", type=finite_float, default=1e-3,
                     help="virtual seconds of a step at factor 1 (default 0.001)")
-    ap.add_argument("--gbps", type=float, default=10.0,
+    ap.add_argument("--gbps", type=finite_float, default=10.0,
                     help="link bandwidth in Gb/s (default 10; 0: free messages)")
-    ap.add_argument("--latency", type=float, default=5e-6,
+    ap.add_argument("--latency", type=finite_float, default=5e-6,
                     help="seconds per message (default 5e-6)")
     ap.add_argument("--topology", choices=("ring", "tree"), default="ring",
                     help="the allreduce's topology (default ring)")
-    ap.add_argument("--imbalance", type=float, nargs=2, default=(0, 0.0),
+    ap.add_argument("--imbalance", type=finite_float, nargs=2, default=(0, 0.0),
                     metavar=("K", "SECONDS"),
                     help="collectives: each round K ranks sleep SECONDS (default 0 0)")
     ap.add_argument("--compress", default=None, help="e.g. 'topk:0.01' (default: dense)")
-    ap.add_argument("--epochs", type=float, default=5.0, help="epochs per run (default 5)")
-    ap.add_argument("--target", type=float, default=0.93,
+    ap.add_argument("--epochs", type=finite_float, default=5.0, help="epochs per run (default 5)")
+    ap.add_argument("--target", type=finite_float, default=0.93,
                     help="target held-out accuracy (default 0.93)")
-    ap.add_argument("--lr", type=float, default=None,
+    ap.add_argument("--lr", type=finite_float, default=None,
                     help="step size (default: 0.5 per push, 2.0 per round)")
     ap.add_argument("--batch", type=int, default=64, help="rows per minibatch (default 64)")
     ap.add_argument("--samples", type=int, default=20_000, help="training rows (default 20000)")
     ap.add_argument("--holdout", type=int, default=5_000, help="held-out rows (default 5000)")
     ap.add_argument("--features", type=int, default=2_000, help="columns (default 2000)")
-    ap.add_argument("--density", type=float, default=0.02,
+    ap.add_argument("--density", type=finite_float, default=0.02,
                     help="nonzeros per row / columns (default 0.02)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the data and the runs")
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the data and the runs")
     ap.add_argument("--out", default=".", help="folder for sim-main.json / .png (default .)")
     return ap
 
@@ -101,6 +103,7 @@ def check(ap, args):
             make_compressor(args.compress)
         except ValueError as e:
             ap.error(f"--{e}")
+    out_dir(ap, args.out)
     return args
 
 
