@@ -489,6 +489,8 @@ def cmd_clock(args):
 def cmd_sim(args):
     from bench.sim import PARTS
     parts = [p for p in args.sim_parts.split(",") if p] if args.sim_parts else list(PARTS)
+    if not parts:                                 # (",": ran nothing, wrote an empty file)
+        sys.exit(f"--sim-parts {args.sim_parts!r} names no part; use {', '.join(PARTS)}")
     bad = sorted(set(parts) - set(PARTS))
     if bad:
         sys.exit(f"--sim-parts: unknown {bad}; use {', '.join(PARTS)}")

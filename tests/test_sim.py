@@ -296,6 +296,10 @@ def test_bad_input(data, kw, err, match):
     (dict(staleness=3, collective="sync"), "staleness: .* collective='sync' does not use"),
     (dict(window=1.0, collective="solo"), "window: .* 'saps', which collective='solo'"),
     (dict(detect_factor=3.0, collective="majority"), "detect_factor: .* is ignored"),
+    (dict(n_shards=2, collective="sync"), "n_shards: .* collective='sync' does not use"),
+    (dict(late="drop"), "late: .* eager collectives, which policy='asp' does not use"),
+    (dict(average="contributors", policy="bsp"), "average: .* policy='bsp' does not use"),
+    (dict(depth=2, policy="saps"), "depth: .* depth=2 is ignored"),
 ])
 def test_settings_the_run_ignores_are_warned_of(data, kw, match):
     """A setting the run does not use is ignored with a warning pointing at the caller's
@@ -326,6 +330,33 @@ def test_bad_models():
             Cluster(delay=bad)
     with pytest.raises(ValueError, match="imbalance"):
         Cluster(imbalance=(-1, 0.1))
+
+
+def test_cluster_and_network_values():
+    """Bools are not numbers here (they were taken as 1: a factor, a fraction, a step's
+    seconds), factors are checked when the cluster is made and named as factors, numpy
+    numbers are numbers, and clusters compare and hash by value (a trace's arrays made
+    == ambiguous, list factors made hash() fail)."""
+    for kw, match in ((dict(factors=[1, True]), "factors: expected a profile name"),
+                      (dict(classes=[(True, 2)]), "classes: expected"),
+                      (dict(trace=[[1e-3], [True]]), "trace: .*not bools"),
+                      (dict(factors="bogus"), "factors: profile must be one of"),
+                      (dict(factors=[1, 0.5]), "factors: factors must be finite and >= 1"),
+                      (dict(factors={0: "x"}), "factors: a factor must be a number")):
+        with pytest.raises(ValueError, match=match):
+            Cluster(**kw)
+    for bad in (True, float("nan"), -1.0, "1e9"):
+        with pytest.raises(ValueError, match="bandwidth"):
+            Network(0.0, bad)
+    assert Network(0.0, np.int64(10**9)) == Network(0.0, np.float32(1e9)) == Network(0.0, 1e9)
+    times = np.array([1e-3, 2e-3])
+    a, b = Cluster(trace=[times]), Cluster(trace=[[1e-3, 2e-3]])
+    assert a == b and hash(a) == hash(b) and a != Cluster(trace=[[1e-3, 3e-3]])
+    times[0] = 5.0                                       # the cluster keeps its own copy
+    assert a.trace[0][0] == 1e-3
+    assert {Cluster(factors=[1, 2]): "x"}[Cluster(factors=[1, 2])] == "x"
+    assert Cluster(factors={0: 2.0}) == Cluster(factors={0: 2.0}) != Cluster(factors={1: 2.0})
+    assert Cluster() == Cluster() != Cluster(step_s=2e-3)
 
 
 @pytest.mark.parametrize("delay", [("exponential", 2e-3), ("pareto", 2e-3, 3.0)])

@@ -17,12 +17,13 @@ DELAYS = ("exponential", "pareto")
 PROFILES = ("none", "straggler", "hetero")
 
 
-def factors_of(slowdown, n_workers):
-    """Per-worker compute-time factors from ``slowdown`` (see :func:`sgd_shm.ps.train`)."""
+def factors_of(slowdown, n_workers, name="slowdown"):
+    """Per-worker compute-time factors from ``slowdown`` (see :func:`sgd_shm.ps.train`);
+    ``name``: the argument's name in the messages."""
     factors = np.ones(n_workers)
     if isinstance(slowdown, str):
         if slowdown not in PROFILES:
-            raise ValueError(f"slowdown: profile must be one of {PROFILES}, got {slowdown!r}")
+            raise ValueError(f"{name}: profile must be one of {PROFILES}, got {slowdown!r}")
         if slowdown == "straggler":
             factors[0] = 4.0
         elif slowdown == "hetero" and n_workers > 1:
@@ -30,28 +31,29 @@ def factors_of(slowdown, n_workers):
     elif isinstance(slowdown, dict):
         for k, f in slowdown.items():
             if not _is_int(k) or not 0 <= k < n_workers:
-                raise ValueError(f"slowdown: worker {k!r} is not an int in [0, {n_workers})")
-            factors[k] = _factor(f)
+                raise ValueError(f"{name}: worker {k!r} is not an int in [0, {n_workers})")
+            factors[k] = _factor(f, name)
     elif slowdown is not None:
         try:
             given = np.asarray(slowdown)
         except (TypeError, ValueError):
             given = np.asarray(None)
-        if given.dtype.kind not in "iuf":          # (not strings, bools, complex, objects)
-            raise ValueError(f"slowdown: expected a profile name, {{worker: factor}} or "
+        if given.dtype.kind not in "iuf" or (given.ndim == 1 and any(
+                isinstance(x, (bool, np.bool_)) for x in slowdown)):
+            raise ValueError(f"{name}: expected a profile name, {{worker: factor}} or "
                              f"{n_workers} factors (numbers), got {slowdown!r}")
         factors = given.astype(float)
         if factors.shape != (n_workers,):
-            raise ValueError(f"slowdown: expected {n_workers} factors, got shape "
+            raise ValueError(f"{name}: expected {n_workers} factors, got shape "
                              f"{factors.shape}")
     if (factors < 1).any() or not np.isfinite(factors).all():
-        raise ValueError("slowdown: factors must be finite and >= 1 (1 = full speed)")
+        raise ValueError(f"{name}: factors must be finite and >= 1 (1 = full speed)")
     return factors
 
 
-def _factor(f):
+def _factor(f, name="slowdown"):
     if not _is_real(f):
-        raise ValueError(f"slowdown: a factor must be a number >= 1 (1 = full speed), "
+        raise ValueError(f"{name}: a factor must be a number >= 1 (1 = full speed), "
                          f"got {f!r}")
     return float(f)
 

@@ -57,19 +57,20 @@ ceil(log2 P) latencies plus the same bytes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from sgd_shm.core.imbalance import delay_of, draw_delay, factors_of, imbalance_of, transient_of
-from sgd_shm.core.validation import check_number, check_positive
+from sgd_shm.core.validation import _is_int, check_number, check_positive
 
 __all__ = ["Cluster", "Network", "TOPOLOGIES"]
 
 TOPOLOGIES = ("ring", "tree")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Cluster:
     """Cluster(step_s=1e-3, *, factors=None, classes=None, transient=None, delay=None,
     imbalance=None, trace=None, compress_s=0.0, wake_s=0.0, gate_s=0.0, cores=None,
@@ -102,6 +103,8 @@ class Cluster:
         check_number("start_s", self.start_s, lo=0)
         if self.factors is not None and self.classes is not None:
             raise ValueError("classes: give factors or classes, not both")
+        if self.factors is not None:
+            self._check_factors()
         if self.classes is not None:
             self._classes()
         object.__setattr__(self, "delay", delay_of(self.delay))
@@ -111,17 +114,57 @@ class Cluster:
             object.__setattr__(self, "imbalance", imbalance_of(self.imbalance))
         if self.trace is not None:
             try:
-                tr = [np.asarray(t, np.float64).ravel() for t in self.trace]
+                tr = [np.array(t, np.float64).ravel() for t in self.trace]     # (copies)
             except (TypeError, ValueError):
                 tr = []                 # not numbers: refused below, naming trace
             if not tr or any(t.size == 0 or not np.isfinite(t).all() or (t < 0).any()
-                             for t in tr):
+                             for t in tr) or _holds_bool(self.trace):
                 raise ValueError("trace: expected one non-empty sequence of step seconds "
-                                 "(finite, >= 0) per worker")
+                                 "(finite, >= 0, not bools) per worker")
+            for t in tr:
+                t.flags.writeable = False          # (a frozen cluster: its times too)
             object.__setattr__(self, "trace", tuple(tr))
+
+    def _check_factors(self):
+        """The factors, checked now (not first when a run uses them): as many workers
+        as they name (a profile: any)."""
+        f = self.factors
+        if isinstance(f, str):
+            n = 1
+        elif isinstance(f, dict):
+            n = 1 + max([k for k in f if _is_int(k) and k >= 0], default=0)
+        else:
+            try:
+                n = len(f)
+            except TypeError:
+                n = 1
+        factors_of(f, n, name="factors")
+
+    def _key(self):
+        """The fields as hashable values (arrays and lists as tuples, dicts as sorted
+        items): equality and hashing by value."""
+        def frozen(v):
+            if isinstance(v, np.ndarray):
+                return ("array", v.shape, tuple(v.ravel().tolist()))
+            if isinstance(v, dict):
+                return ("dict", tuple(sorted((frozen(k), frozen(x)) for k, x in v.items())))
+            if isinstance(v, (list, tuple)):
+                return (type(v).__name__, tuple(frozen(x) for x in v))
+            return v
+        return tuple(frozen(getattr(self, f.name)) for f in fields(self))
+
+    def __eq__(self, other):
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
 
     def _classes(self):
         try:
+            if _holds_bool(self.classes):
+                raise TypeError
             cl = [(float(f), float(x)) for f, x in self.classes]
         except (TypeError, ValueError):
             raise ValueError(f"classes: expected [(fraction, factor), ...], got "
@@ -143,7 +186,7 @@ class Cluster:
                 out[lo:hi] = x
                 lo = hi
             return out
-        return factors_of(self.factors, n_workers)
+        return factors_of(self.factors, n_workers, name="factors")
 
     def check_workers(self, n_workers):
         """Raise when the trace does not hold one sequence per worker, or the imbalance
@@ -200,6 +243,17 @@ class StepTimes:
         return s
 
 
+def _holds_bool(seq):
+    """Whether a sequence (of sequences) holds a bool: numpy would take it as 1."""
+    if isinstance(seq, (bool, np.bool_)):
+        return True
+    if isinstance(seq, np.ndarray):
+        return seq.dtype.kind == "b"
+    if isinstance(seq, (list, tuple)):
+        return any(_holds_bool(x) for x in seq)
+    return False
+
+
 @dataclass(frozen=True)
 class Network:
     """Network(latency=0.0, bandwidth=inf, topology="ring"): every message takes
@@ -213,10 +267,11 @@ class Network:
 
     def __post_init__(self):
         check_number("latency", self.latency, lo=0)
-        if not (isinstance(self.bandwidth, (int, float)) and not isinstance(self.bandwidth, bool)
-                and self.bandwidth > 0):
+        if not (isinstance(self.bandwidth, numbers.Real)
+                and not isinstance(self.bandwidth, (bool, np.bool_)) and self.bandwidth > 0):
             raise ValueError(f"bandwidth: must be a number of bytes per second > 0 (inf: "
                              f"free), got {self.bandwidth!r}")
+        object.__setattr__(self, "bandwidth", float(self.bandwidth))
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"topology: must be one of {TOPOLOGIES}, got {self.topology!r}")
 

@@ -275,9 +275,23 @@ def _config(n_workers, policy, collective, epochs, cluster, network, compress, d
         cfg.policy = make_policy(pol, staleness=staleness, window=window,
                                  detect_factor=detect_factor).bind(n_workers)
         cfg.drop = check_drop(drop, cfg.policy, cfg.compress)
+        _no_collective_settings(pol, cfg)
     else:
         _no_server_settings(collective, drop, staleness, window, detect_factor)
+        if n_shards is not None:
+            warn_caller(f"n_shards: the parameter server's shards, which collective="
+                        f"{collective!r} does not use, so n_shards={n_shards!r} is ignored")
     return cfg
+
+
+def _no_collective_settings(policy, cfg):
+    """A parameter-server run warns of the collectives' settings it ignores (given
+    other than their defaults), as a collective's run warns of the server's."""
+    for name, default in (("late", "carry"), ("average", "size"), ("depth", 8)):
+        v = getattr(cfg, name)
+        if v != default:
+            warn_caller(f"{name}: a setting of the eager collectives, which policy={policy!r} "
+                        f"does not use, so {name}={v!r} is ignored")
 
 
 def _no_server_settings(collective, drop, staleness, window, detect_factor):
