@@ -590,6 +590,34 @@ def test_partial_fit_continues_and_needs_classes():
     assert reg.n_iter_ == 2
 
 
+def test_set_params_between_partial_fits():
+    """eta0 and power_t changed between partial_fit calls take effect (a manual step
+    schedule), as scikit-learn's, step for step; a parameter the state was built with
+    (loss, penalty, fit_intercept, workers, ...) is refused by name instead of being
+    ignored (the second call trained with the old values)."""
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    kw = dict(learning_rate="invscaling", eta0=0.05, power_t=0.25, shuffle=False,
+              penalty="l2", alpha=1e-3, random_state=0)
+    ours, ref = HogwildClassifier(n_workers=1, **kw), SGDClassifier(**kw)
+    for eta0, power_t in ((0.05, 0.25), (0.01, 0.25), (0.01, 0.5)):
+        for est in (ours, ref):
+            est.set_params(eta0=eta0, power_t=power_t).partial_fit(X, y, classes=[0, 1])
+        np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(ours.intercept_, ref.intercept_, rtol=1e-9, atol=1e-12)
+    for name, value in (("fit_intercept", False), ("loss", "modified_huber"), ("alpha", 1e-2),
+                        ("n_workers", 2), ("average", True), ("penalty", None)):
+        est = HogwildClassifier(n_workers=1, **kw).partial_fit(X, y, classes=[0, 1])
+        coef = est.coef_.copy()
+        est.set_params(**{name: value})
+        with pytest.raises(ValueError, match=rf"{name}: set to {value!r} after the state was "
+                                             r"built with .*Call fit to start over"):
+            est.partial_fit(X, y)
+        np.testing.assert_array_equal(est.coef_, coef)        # nothing trained
+        est.fit(X, y)                                         # fit starts over with it
+        est.partial_fit(X, y)
+
+
 def test_divergence_raises_instead_of_nan_weights():
     X, y = load_breast_cancer(return_X_y=True)
     reg = HogwildRegressor(learning_rate="constant", eta0=1e300, random_state=0)

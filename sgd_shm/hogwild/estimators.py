@@ -3,8 +3,9 @@
 ``HogwildClassifier`` (binary, and multiclass one-vs-rest in a single pass: each
 sample updates all class rows at once) and ``HogwildRegressor`` follow
 ``sklearn.linear_model.SGDClassifier`` / ``SGDRegressor``: the same losses,
-penalties, learning-rate schedules, defaults and stopping rule (stop when the
-epoch's loss has not improved by ``tol`` for ``n_iter_no_change`` epochs), with
+penalties, learning-rate schedules and defaults, and a stopping rule of the same form
+(stop when the epoch's loss plus penalty has not improved by ``tol`` for
+``n_iter_no_change`` epochs; its objective differs, see :meth:`_objective`), with
 ``n_workers`` threads updating the weights without locks.
 
 Example::
@@ -164,7 +165,9 @@ class _BaseHogwild(BaseEstimator):
 
     def _objective(self, mean_loss):
         """Mean loss plus the penalty of the current weights (the stopping rule's
-        objective, as in scikit-learn >= 1.7)."""
+        objective). scikit-learn (>= 1.7) adds each step's penalty at that step's weights
+        and leaves sample weights out of the loss; a norm per step is what lock-free
+        workers cannot keep, so the penalty here is the end-of-epoch weights'."""
         st = self._state
         a2, a1 = st.fp[K.F_ALPHA2], st.fp[K.F_ALPHA1]
         pen = 0.0
@@ -175,7 +178,28 @@ class _BaseHogwild(BaseEstimator):
         return mean_loss + pen
 
     _FITTED = ("coef_", "intercept_", "staleness_", "classes_", "loss_curve_", "n_iter_",
-               "hot_features_", "_state", "n_features_in_", "validation_scores_", "history_")
+               "hot_features_", "_state", "n_features_in_", "validation_scores_", "history_",
+               "_state_params")
+
+    #: the parameters a training state is built with (its loss, penalty, schedule kind,
+    #: buffers, workers): partial_fit continues that state, so a change is refused
+    _STATE_PARAMS = ("loss", "penalty", "alpha", "l1_ratio", "fit_intercept", "learning_rate",
+                     "momentum", "n_workers", "backend", "shuffle", "average", "instrument")
+
+    def _continue_state(self):
+        """Before a partial_fit continues the state: eta0 and power_t (the schedule's
+        numbers) take their current values, as a manual step-size schedule needs; a
+        change of a parameter the state was built with raises (it would be ignored)."""
+        for name, old in getattr(self, "_state_params", {}).items():
+            new = getattr(self, name)
+            if type(new) is not type(old) or new != old:
+                raise ValueError(
+                    f"{name}: set to {new!r} after the state was built with {old!r}; "
+                    "partial_fit continues that state, so the new value would be ignored. "
+                    "Call fit to start over with it (eta0 and power_t may change between "
+                    "partial_fit calls)")
+        self._state.fp[K.F_ETA0] = float(self.eta0)
+        self._state.fp[K.F_POWER_T] = float(self.power_t)
 
     def _forget(self):
         """Back to unfitted: after a failed or diverged fit no half-trained state stays."""
@@ -196,9 +220,12 @@ class _BaseHogwild(BaseEstimator):
             self._state = self._new_state(prob.n_features, n_outputs, sparse, int(seed))
             if init is not None:
                 self._state.W[...], self._state.b[...] = init
+            self._state_params = {name: getattr(self, name) for name in self._STATE_PARAMS}
             self.loss_curve_ = []
             self.n_iter_ = 0
             self.history_ = []
+        else:
+            self._continue_state()
         self._history = EpochHistory(held_out, self.history_)
         converged = self._run_epochs(prob, max_iter, stop_early, scorer)
         if stop_early and not converged:
