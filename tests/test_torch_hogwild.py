@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from naive import torch_block_sgd_naive, torch_sgd_naive  # noqa: E402
+from sklearn.exceptions import NotFittedError  # noqa: E402
 
 from sgd_shm.core.errors import DivergenceError  # noqa: E402
 from sgd_shm.core.launcher import WorkerError  # noqa: E402
@@ -217,7 +218,6 @@ def test_bad_data(digits):
 
 def test_an_unfitted_classifier_says_so(digits):
     """Every prediction of an unfitted classifier raises scikit-learn's NotFittedError."""
-    from sklearn.exceptions import NotFittedError
     X = digits[0][:5]
     clf = HogwildNetClassifier(DigitsCNN(seed=0))
     for method in (clf.predict, clf.predict_proba, clf.decision_function):
@@ -228,10 +228,19 @@ def test_an_unfitted_classifier_says_so(digits):
 
 
 def test_divergence_is_an_error(digits):
-    X, _, y, _ = digits
+    """A diverged fit raises and leaves the estimator unfitted (it stayed fitted with
+    NaN weights, predicting class 0, and replaced a good fit)."""
+    X, Xt, y, _ = digits
+    clf = HogwildNetClassifier(DigitsCNN(seed=0), max_epochs=1, random_state=0)
+    clf.fit(X[:300], y[:300])
+    assert hasattr(clf, "model_")
+    clf.set_params(lr=1e4, max_epochs=3)
     with pytest.raises(DivergenceError, match="lower lr"):
-        HogwildNetClassifier(DigitsCNN(seed=0), lr=1e4, max_epochs=3,
-                             random_state=0).fit(X[:300] * 50, y[:300])
+        clf.fit(X[:300] * 50, y[:300])
+    for name in ("classes_", "model_", "module_", "loss_curve_", "history_", "n_iter_"):
+        assert not hasattr(clf, name), name
+    with pytest.raises(NotFittedError):
+        clf.predict(Xt[:5])
 
 
 # ---- processes: the launcher's guarantees --------------------------------------------------

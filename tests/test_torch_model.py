@@ -212,6 +212,58 @@ def test_bad_construction(make, exc, words):
         make()
 
 
+@pytest.mark.parametrize("shape, exc", [("18", TypeError), ((8, 8.0), TypeError),
+                                         ((True, 64), TypeError), ((0, 64), ValueError)])
+def test_input_shape_must_be_ints(shape, exc):
+    """A string was read as its digits ("18" as (1, 8)), floats and bools as ints."""
+    with pytest.raises(exc, match="input_shape: must be a"):
+        TorchModel(FlatNet(), loss="nll_loss", input_shape=shape)
+
+
+def test_bad_buffers_and_weights_are_refused_before_the_passes(digits):
+    model = TorchModel(DigitsCNN(seed=0))
+    data = model.prepare(digits[0][:8], digits[2][:8])
+    with pytest.raises(ValueError, match=rf"grad: expected a flat buffer of {model.n_params}"):
+        model.loss_grad(model.weights.copy(), data, np.arange(8), np.empty(5, np.float32))
+    before = model.weights.copy()
+    for bad in (np.full(model.n_params, np.nan), np.full(model.n_params, np.inf)):
+        with pytest.raises(ValueError, match="w: holds NaN or inf"):
+            model.set_weights(bad)
+    np.testing.assert_array_equal(model.weights, before)
+
+
+def test_frozen_parameters_stay_out_of_the_weights(digits):
+    """A parameter with requires_grad=False (a fixed pretrained layer) is not a weight:
+    the flat vector holds the trainable ones, whose gradient is autograd's, and a run
+    leaves the frozen layer as it was (a raw torch error before: retain_grad on it)."""
+    net = FlatNet()
+    frozen = net.body[1]
+    frozen.requires_grad_(False)
+    kept = [t.detach().clone() for t in frozen.parameters()]
+    model = TorchModel(net, loss="nll_loss", input_shape=(1, 8, 8))
+    assert model.n_params == 12 * 10 + 10 and model.names == ["body.3.weight", "body.3.bias"]
+    X, Xt, y, yt = digits
+    data = model.prepare(X, y)
+    rows = np.arange(32)
+    g = np.empty(model.n_params, np.float32)
+    loss = model.loss_grad(model.weights.copy(), data, rows, g)
+    ref = copy.deepcopy(net)
+    out = torch.nn.functional.nll_loss(ref(torch.from_numpy(data.X[rows])),
+                                       torch.from_numpy(data.y[rows]))
+    out.backward()
+    want = torch.cat([ref.body[3].weight.grad.reshape(-1), ref.body[3].bias.grad])
+    np.testing.assert_allclose(g, want.numpy(), rtol=1e-5, atol=1e-7)
+    assert loss == pytest.approx(out.item(), rel=1e-6)
+    back = pickle.loads(pickle.dumps(model))
+    np.testing.assert_array_equal(back.weights, model.weights)
+    r = ps.train(X, y, model=model, n_workers=2, epochs=15, lr=0.5, eval_set=(Xt, yt),
+                 progress=False, seed=0)
+    assert r.val_score > 0.5
+    model.set_weights(r.coef_)
+    for t, k in zip(frozen.parameters(), kept):
+        assert torch.equal(t.detach(), k)
+
+
 def test_trainers_check_x_against_input_shape(digits):
     X, _, y, _ = digits
     model = TorchModel(DigitsCNN(seed=0))

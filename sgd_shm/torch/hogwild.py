@@ -306,6 +306,23 @@ class HogwildNetClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"y has only 1 class ({classes[0]!r}); a classifier needs "
                              "samples of at least 2 classes")
         evals = check_eval_set(eval_set, model, classes)
+        self._forget()
+        try:
+            self._train(model, lr, nw, X, yi, classes, evals)
+        except BaseException:
+            self._forget()              # a diverged or failed fit leaves no half-trained net
+            raise
+        return self
+
+    _FITTED = ("classes_", "model_", "module_", "loss_curve_", "history_", "n_iter_",
+               "blocks_", "block_owners_")
+
+    def _forget(self):
+        for name in self._FITTED:
+            self.__dict__.pop(name, None)
+
+    def _train(self, model, lr, nw, X, yi, classes, evals):
+        """The epochs of a fit (see :meth:`fit`), publishing the fitted attributes."""
         self.classes_, self.model_, self.module_ = classes, model, model.module
         seed = int(check_random_state(self.random_state).randint(2**31 - 1))
         trainer = NetHogwild(model, n_workers=nw, batch=self.batch_size, lr=lr(0),
@@ -325,7 +342,6 @@ class HogwildNetClassifier(ClassifierMixin, BaseEstimator):
                 self._record(epoch, trained, loss, val, trainer.w)
         if trainer.bounds is not None:
             self.blocks_, self.block_owners_ = trainer.bounds, trainer.owned
-        return self
 
     def _record(self, epoch, seconds, loss, val, w):
         self.n_iter_ = epoch

@@ -105,6 +105,13 @@ def _is_flat32(a, n):
             and a.flags.c_contiguous and a.flags.writeable)
 
 
+def _trainable(module):
+    """(name, parameter) of the module's trainable parameters: the weights. A frozen
+    one (``requires_grad=False``, e.g. a pretrained layer kept fixed) stays the
+    module's own tensor, outside the flat vector."""
+    return [(k, p) for k, p in module.named_parameters() if p.requires_grad]
+
+
 class _Replica:
     """One thread's copy of the module, with its own float32 weight and gradient
     buffers for callers whose vectors are not float32. ``bind_*`` point the
@@ -114,7 +121,7 @@ class _Replica:
     def __init__(self, template, spans):
         self.module = copy.deepcopy(template)
         self.module.train()
-        self.params = list(self.module.parameters())
+        self.params = [p for _, p in _trainable(self.module)]
         self.spans = spans
         n = spans[-1][1] if spans else 0
         self.w_own = torch.empty(n, dtype=torch.float32)
@@ -196,9 +203,10 @@ class TorchModel(Model):
         self.module, self.loss_name = module.float(), loss
         self.input_shape = self._shape(input_shape, module)
         self.n_features = int(np.prod(self.input_shape))
-        named = [(k, p) for k, p in module.named_parameters()]
+        named = _trainable(module)
         if not named:
-            raise ValueError("module: has no parameters to train")
+            raise ValueError("module: has no parameters to train (none, or all have "
+                             "requires_grad=False)")
         if any(p.device.type != "cpu" for _, p in named):
             raise ValueError("module: must be on the CPU (the kit's buffers are host memory); "
                              "call module.cpu() first")
@@ -222,6 +230,10 @@ class TorchModel(Model):
             raise ValueError("input_shape: the module declares none; pass the shape of one "
                              "sample, e.g. TorchModel(net, input_shape=(1, 28, 28))")
         try:
+            if isinstance(shape, (str, bytes)) or any(
+                    isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer))
+                    for s in shape):
+                raise TypeError      # ("18" was (1, 8); 2.5 was 2)
             shape = tuple(int(s) for s in shape)
         except TypeError:
             raise TypeError(f"input_shape: must be a tuple of ints, got {shape!r}") from None
@@ -261,7 +273,7 @@ class TorchModel(Model):
         self._local = threading.local()
         self._flat = torch.empty(self.n_params, dtype=torch.float32)
         with torch.no_grad():
-            for p, (lo, hi) in zip(self.module.parameters(), self.spans):
+            for (_, p), (lo, hi) in zip(_trainable(self.module), self.spans):
                 self._flat[lo:hi] = p.detach().reshape(-1)
                 p.data = self._flat[lo:hi].view(p.shape)
 
@@ -279,6 +291,8 @@ class TorchModel(Model):
         if w.shape != (self.n_params,):
             raise ValueError(f"w: expected {self.n_params} weights (model.n_params), got shape "
                              f"{w.shape}")
+        if w.dtype.kind == "f" and not np.isfinite(w).all():
+            raise ValueError("w: holds NaN or inf; the module's weights must be finite")
         np.copyto(self.weights, w, casting="same_kind")
         return self
 
@@ -321,6 +335,9 @@ class TorchModel(Model):
         written into ``grad`` (all ``n_params``, or with ``block=(lo, hi)`` only
         grad[lo:hi], the others untouched). ``w`` and ``grad``: float32 vectors are
         used in place, float64 ones are converted (see the module notes)."""
+        if np.shape(grad) != (self.n_params,):        # (checked before the passes)
+            raise ValueError(f"grad: expected a flat buffer of {self.n_params} values "
+                             f"(model.n_params), got shape {np.shape(grad)}")
         rep = self.replica()
         rep.bind_weights(w)
         g = rep.bind_grad(grad)
