@@ -647,6 +647,11 @@ def test_huge_steps_warn_about_clipping():
     (dict(hot_features=-1), ValueError, "hot_features: must be an int >= 0"),
     (dict(hot_features="all"), ValueError, "hot_features: must be 'auto' or an int >= 0"),
     (dict(hot_features=2.5), TypeError, "hot_features: must be an int"),
+    # truthy values took effect before ("no" fitted an intercept)
+    (dict(fit_intercept="no"), TypeError, "fit_intercept: must be True or False"),
+    (dict(instrument="yes"), TypeError, "instrument: must be True or False"),
+    (dict(verbose=-1), ValueError, "verbose: must be an int >= 0"),
+    (dict(verbose="x"), TypeError, "verbose: must be an int"),
 ])
 def test_bad_parameters(kwargs, exc, match):
     X, y = load_breast_cancer(return_X_y=True)

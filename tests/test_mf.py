@@ -125,6 +125,8 @@ def test_bad_parameters_and_divergence():
     for bad in ("no", None, 1):                    # ("no" fitted biases)
         with pytest.raises(TypeError, match="fit_bias: must be True or False"):
             MatrixFactorization(fit_bias=bad).fit(X, y)
+    with pytest.raises(ValueError, match="verbose: must be an int >= 0"):
+        MatrixFactorization(verbose=-1).fit(X, y)
     from sgd_shm import DivergenceError
     with pytest.raises(DivergenceError, match="diverged"):
         MatrixFactorization(learning_rate=1e6, decay=1.0, max_iter=5, random_state=0).fit(X, y)

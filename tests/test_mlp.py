@@ -277,6 +277,9 @@ def test_sklearn_estimator_checks_two_partitioned_workers():
     (dict(n_workers=8, partition="blocks", hidden_layer_sizes=(4,)), ValueError,
      "would own no block; use fewer workers"),
     (dict(n_workers=400), ValueError, "every worker needs one: use fewer workers"),
+    (dict(shuffle="no"), TypeError, "shuffle: must be True or False"),
+    (dict(nesterovs_momentum="no"), TypeError, "nesterovs_momentum: must be True or False"),
+    (dict(verbose=-2), ValueError, "verbose: must be an int >= 0"),
 ])
 def test_bad_parameters(kwargs, exc, match):
     X, y = _problem(n=300, d=3)

@@ -195,7 +195,8 @@ def test_labels_probabilities_and_module_class(digits):
                                                         "max_epochs"),
     (dict(n_workers=5, partition="blocks"), ValueError, "n_parts: must be an int in"),
     (dict(module="cnn"), TypeError, "torch.nn.Module instance or class"),
-    (dict(start_method="thread"), ValueError, "start_method")])
+    (dict(start_method="thread"), ValueError, "start_method"),
+    (dict(verbose="loud"), TypeError, "verbose: must be an int")])
 def test_bad_parameters(digits, kw, exc, words):
     X, _, y, _ = digits
     kw = {"module": DigitsCNN(seed=0), **kw}

@@ -3,7 +3,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from torch_ddp_workers import sum_of_ranks  # noqa: E402
+from torch_ddp_workers import exits, sum_of_ranks  # noqa: E402
 
 from sgd_shm.torch.ranks import ok, run_local  # noqa: E402
 
@@ -23,6 +23,15 @@ def test_a_failing_rank_is_reported_and_the_others_do_not_hang():
         ok({1: res[1]}, 2, "a test run")
     with pytest.raises(RuntimeError, match=r"ranks \[1\] sent nothing"):
         ok({0: ("ok", 1)}, 2)
+
+
+def test_a_last_rank_that_dies_is_reported():
+    """The results know how many ranks ran: a last rank that died silently is named by
+    ok() without a size (it returned the others' results before)."""
+    res = run_local(exits, 2, 1, timeout=30, group_timeout=3, destroy=False)
+    assert res.size == 2 and 1 not in res
+    with pytest.raises(RuntimeError, match=r"ranks \[1\] sent nothing"):
+        ok(res)
 
 
 def test_bad_arguments():

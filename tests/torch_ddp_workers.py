@@ -146,6 +146,14 @@ if __name__ == "__main__":
     mpi_main(sys.argv[1], sys.argv[2])
 
 
+def exits(rank, size, exit_rank):
+    """For tests/test_torch_ranks.py: rank ``exit_rank`` dies (os._exit) without a
+    word; the others return their rank."""
+    if rank == exit_rank:
+        os._exit(3)
+    return rank
+
+
 def sum_of_ranks(rank, size, fail_rank=None):
     """For tests/test_torch_ranks.py: an allreduce of each rank's number (rank + 1);
     ``fail_rank`` raises a ValueError instead of joining."""

@@ -113,6 +113,13 @@ def check_bool(name, v) -> bool:
     return bool(v)
 
 
+def check_verbose(v) -> int:
+    """An estimator's ``verbose``: a bool or an int >= 0 (as scikit-learn's)."""
+    if isinstance(v, (bool, np.bool_)):
+        return int(v)
+    return check_int("verbose", v, lo=0)
+
+
 def check_choice(name, v, options):
     """``v`` if it is one of ``options``."""
     if v not in options:

@@ -34,8 +34,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from sgd_shm.hogwild import _kernels as K
 from sgd_shm.core.launcher import check_start_method
-from sgd_shm.core.validation import (check_choice, check_int, check_momentum, check_number,
-                                     eval_pair, resolve_workers)
+from sgd_shm.core.validation import (check_bool, check_choice, check_int, check_momentum,
+                                     check_number, check_verbose, eval_pair, resolve_workers)
 from sgd_shm.hogwild import DivergenceError, HogwildSGD, Problem, auto_hot_features
 from sgd_shm.hogwild._history import EpochHistory, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
@@ -98,6 +98,9 @@ class _BaseHogwild(BaseEstimator):
             check_int("hot_features", self.hot_features, lo=0)
         check_choice("backend", self.backend, _BACKENDS)
         check_start_method(self.start_method)        # checked with either backend
+        check_bool("fit_intercept", self.fit_intercept)     # ("no" fitted one before)
+        check_bool("instrument", self.instrument)
+        check_verbose(self.verbose)
         self._validate_parity_params()
 
     def _validate_parity_params(self):

@@ -27,8 +27,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from sgd_shm.hogwild import _mf
 from sgd_shm.core.atomics import LINE_WORDS
 from sgd_shm.core.launcher import check_start_method
-from sgd_shm.core.validation import (check_bool, check_choice, check_int, check_number, eval_pair,
-                                     resolve_workers)
+from sgd_shm.core.validation import (check_bool, check_choice, check_int, check_number,
+                                     check_verbose, eval_pair, resolve_workers)
 from sgd_shm.hogwild._history import EpochHistory, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
@@ -121,6 +121,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
 
     def _validate_params(self):
         check_int("n_factors", self.n_factors, lo=1)
+        check_verbose(self.verbose)
         check_number("learning_rate", self.learning_rate, lo=0, lo_open=True)
         check_number("reg", self.reg, lo=0)
         check_number("reg_bias", self.reg_bias, lo=0)

@@ -45,8 +45,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from sgd_shm.models import _mlp
 from sgd_shm.core.atomics import LINE_WORDS, read_only_fields
 from sgd_shm.core.launcher import check_start_method
-from sgd_shm.core.validation import (check_choice, check_int, check_momentum, check_number,
-                                     eval_pair, resolve_workers)
+from sgd_shm.core.validation import (check_bool, check_choice, check_int, check_momentum,
+                                     check_number, check_verbose, eval_pair, resolve_workers)
 from sgd_shm.hogwild._history import EpochHistory, score_note
 from sgd_shm.hogwild._log import epoch_level, verbose_logging
 from sgd_shm.hogwild.engine import DivergenceError, run_workers
@@ -280,6 +280,9 @@ class HogwildMLPClassifier(ClassifierMixin, BaseEstimator):
         check_choice("backend", self.backend, _BACKENDS)
         check_start_method(self.start_method)
         check_choice("partition", self.partition, _PARTITIONS)
+        check_bool("shuffle", self.shuffle)
+        check_bool("nesterovs_momentum", self.nesterovs_momentum)
+        check_verbose(self.verbose)
 
     # -- fit --------------------------------------------------------------------------------
     def fit(self, X, y, *, eval_set=None):

@@ -58,6 +58,7 @@ from sgd_shm.core.validation import (
     check_eval_set,
     check_int,
     check_momentum,
+    check_verbose,
     model_data,
     model_X,
     resolve_workers,
@@ -275,6 +276,7 @@ class HogwildNetClassifier(ClassifierMixin, BaseEstimator):
         resolve_workers(self.n_workers)
         check_choice("backend", self.backend, _BACKENDS)
         check_int("max_epochs", self.max_epochs, lo=1)
+        check_verbose(self.verbose)
         lr = for_run(make_schedule(self.lr), 0, int(self.max_epochs))
         check_momentum(self.momentum)
         check_int("batch_size", self.batch_size, lo=1)

@@ -71,10 +71,19 @@ def run_local(fn, size, *args, preload=(), timeout=900.0, group_timeout=60.0,
     return _gather(procs, q, size, time.monotonic() + timeout)
 
 
+class RankResults(dict):
+    """:func:`run_local`'s ``{rank: outcome}``, knowing how many ranks ran (``size``),
+    so that :func:`ok` tells a rank that sent nothing even when it was the last one."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.size = size
+
+
 def _gather(procs, q, size, deadline):
     """The ranks' messages until all have sent one, all have died, or the deadline;
     then the ranks are joined (killed if still alive)."""
-    out = {}
+    out = RankResults(size)
     try:
         while len(out) < size and time.monotonic() < deadline:
             try:
@@ -112,8 +121,13 @@ def _rank_main(rank, size, setup, fn, args, q):
 
 def ok(results, size=None, what="a run"):
     """The ranks' results in rank order, from :func:`run_local`'s dict; RuntimeError
-    naming the rank and its traceback if one failed, or the ranks that sent nothing."""
-    size = max(results, default=-1) + 1 if size is None else size
+    naming the rank and its traceback if one failed, or the ranks that sent nothing.
+    ``size``: the ranks that ran (default: the run's own count; a plain dict gives
+    none, and then its largest rank + 1 is all that can be told)."""
+    if size is None:
+        size = getattr(results, "size", None)
+    if size is None:
+        size = max(results, default=-1) + 1
     for r in sorted(results):
         if results[r][0] == "error":
             raise RuntimeError(f"rank {r} of {what} failed: {results[r][1]}: {results[r][2]}")
