@@ -50,6 +50,20 @@ def test_hogwild_regressor_records_held_out_r2(digits):
     assert reg.history_[-1]["val_score"] == pytest.approx(reg.score(Xv, yv), abs=1e-12)
 
 
+def test_a_regressors_held_out_targets_are_checked(digits):
+    """NaN targets scored nan in every record, strings failed with numpy's words."""
+    Xt, Xv, yt, yv = digits
+    reg = HogwildRegressor(max_iter=1, tol=None, random_state=0)
+    bad_nan = yv.astype(float)
+    bad_nan[3] = np.nan
+    for bad, exc, words in ((bad_nan, ValueError, "eval_set: y_val holds NaN or inf"),
+                            (yv.astype(str), TypeError, "eval_set: y_val must hold numbers")):
+        with pytest.raises(exc, match=words):
+            reg.fit(Xt, yt.astype(float), eval_set=(Xv, bad))
+    reg.fit(Xt, yt.astype(float), eval_set=(Xv, yv))            # integer targets: numbers
+    assert reg.history_[-1]["val_score"] == pytest.approx(reg.score(Xv, yv), abs=1e-12)
+
+
 def test_mlp_records_held_out_accuracy(digits):
     Xt, Xv, yt, yv = digits
     mlp = HogwildMLPClassifier(hidden_layer_sizes=(32,), max_iter=3, learning_rate_init=0.1,

@@ -392,6 +392,15 @@ def test_bad_input(data):
         train(Xd, y[:50])
     with pytest.raises(ValueError, match="faults"):
         train(X, y, n_workers=2, faults={2: 0.1})
+    # a bool worker (True killed worker 1), a word for seconds, a list (raw errors before)
+    for bad, err, match in (({True: 0.0}, ValueError, r"faults: expected \{worker in"),
+                            ({0: "a"}, TypeError, "faults: must be a number"),
+                            ([0.1], TypeError, r"faults: expected \{worker: seconds\} "
+                                               r"\(a dict\), got list")):
+        with pytest.raises(err, match=match):
+            train(X, y, n_workers=2, faults=bad)
+    with pytest.raises(ValueError, match="slowdown: expected a profile name"):
+        train(X, y, n_workers=2, slowdown=[1, True])      # (True was a factor of 1)
     with pytest.raises(ValueError, match="n_workers: X has only 3 rows"):
         train(X[:3], np.array([1.0, -1.0, 1.0]), n_workers=4)
     with pytest.raises(TypeError, match="wait"):

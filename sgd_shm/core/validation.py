@@ -113,6 +113,23 @@ def check_bool(name, v) -> bool:
     return bool(v)
 
 
+def check_faults(faults, n_workers) -> dict:
+    """``faults`` ({worker: seconds}: the worker dies that many seconds into the run)
+    as {int: float}; None: none."""
+    if faults is None:
+        return {}
+    if not isinstance(faults, dict):
+        raise TypeError(f"faults: expected {{worker: seconds}} (a dict), got "
+                        f"{type(faults).__name__} {faults!r}")
+    out = {}
+    for k, t in faults.items():
+        if not _is_int(k) or not 0 <= k < n_workers:       # (True was worker 1)
+            raise ValueError(f"faults: expected {{worker in [0, {n_workers}): seconds >= 0}}, "
+                             f"got {{{k!r}: {t!r}}}")
+        out[int(k)] = check_number("faults", t, lo=0)
+    return out
+
+
 def check_verbose(v) -> int:
     """An estimator's ``verbose``: a bool or an int >= 0 (as scikit-learn's)."""
     if isinstance(v, (bool, np.bool_)):

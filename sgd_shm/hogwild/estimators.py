@@ -382,6 +382,13 @@ class _BaseHogwild(BaseEstimator):
         if is_classifier(self) and not np.isin(yv, self.classes_).all():
             raise ValueError("eval_set: y_val holds labels that are not among the training "
                              f"classes {self.classes_.tolist()[:5]}")
+        if not is_classifier(self):              # (NaN scored nan; strings, numpy's words)
+            if yv.dtype.kind not in "iuf":
+                raise TypeError(f"eval_set: y_val must hold numbers (regression targets), "
+                                f"got dtype {yv.dtype}")
+            if not np.isfinite(yv).all():
+                raise ValueError("eval_set: y_val holds NaN or inf; pass finite targets")
+            yv = yv.astype(np.float64)
         return lambda: self._score_weights(*self._state.averaged(), Xv, yv, None)
 
     def _check_not_early_stopping(self):

@@ -15,8 +15,8 @@ import numpy as np
 from sgd_shm.core.imbalance import PROFILES, factors_of, transient_of  # noqa: F401 (exported)
 from sgd_shm.core.launcher import check_start_method
 from sgd_shm.core.model import Model
-from sgd_shm.core.validation import (check_bool, check_callbacks, check_drop, check_int,
-                                     check_number, check_positive, check_seed,
+from sgd_shm.core.validation import (check_bool, check_callbacks, check_drop, check_faults,
+                                     check_int, check_number, check_positive, check_seed,
                                      model_dtype, resolve_workers, stopping_rule)
 from sgd_shm.core.policies import Policy, make_policy
 from sgd_shm.core.schedules import Schedule, make_schedule
@@ -63,15 +63,6 @@ class TrainConfig:
     def lossy(self) -> bool:
         """True when messages are emulated as lossy (``drop`` given, or RPS)."""
         return self.drop is not None
-
-
-def _faults(faults, n_workers):
-    faults = dict(faults or {})
-    for k, t in faults.items():
-        if not isinstance(k, (int, np.integer)) or not 0 <= k < n_workers or not t >= 0:
-            raise ValueError(f"faults: expected {{worker in [0, {n_workers}): seconds >= 0}}, "
-                             f"got {{{k!r}: {t!r}}}")
-    return faults
 
 
 def _checkpoint_path(checkpoint):
@@ -137,7 +128,7 @@ def make_config(*, n_workers, policy, slowdown, max_seconds, target_loss, lr, ba
         lr=make_schedule(lr), batch_size=check_int("batch_size", batch_size),
         n_shards=None if n_shards is None else check_int("n_shards", n_shards),
         sample_every=check_positive("sample_every", sample_every),
-        transient=transient_of(transient), faults=_faults(faults, n_workers),
+        transient=transient_of(transient), faults=check_faults(faults, n_workers),
         checkpoint=_checkpoint_path(checkpoint),
         checkpoint_every=check_positive("checkpoint_every", checkpoint_every),
         resume=None if resume is None else os.fspath(resume), wait=_wait(wait),

@@ -36,8 +36,8 @@ from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.traces import EagerTrace, PSTrace
 from sgd_shm.core.policies import make_policy
 from sgd_shm.core.schedules import Schedule, for_run, make_schedule
-from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop, check_momentum,
-                                     check_eval_set, check_int, check_number, check_shards,
+from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop, check_faults,
+                                     check_momentum, check_eval_set, check_int, check_number, check_shards,
                                      check_positive, model_data, n_columns, warn_caller,
                                      resolve_workers, stopping_rule)
 from sgd_shm.models.linear import model_or_linear
@@ -396,13 +396,7 @@ def _faults(faults, n_workers, collective):
     if collective is not None:
         raise ValueError("faults: simulated for the parameter server; leave faults=None "
                          "with a collective")
-    out = {}
-    for k, t in dict(faults).items():
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < n_workers:
-            raise ValueError(f"faults: expected {{worker in [0, {n_workers}): seconds >= 0}}, "
-                             f"got {{{k!r}: {t!r}}}")
-        out[int(k)] = check_number("faults", t, lo=0)
-    return out
+    return check_faults(faults, n_workers)
 
 
 def _slowest_step(cfg):
