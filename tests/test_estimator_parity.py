@@ -159,6 +159,9 @@ def test_regressor_warm_start_matches_sgdregressor():
     ours = HogwildRegressor(**IN_ORDER).fit(XR, YR, coef_init=c0, intercept_init=[0.5])
     ref = SGDRegressor(**IN_ORDER).fit(XR, YR, coef_init=c0, intercept_init=[0.5])
     _assert_same_model(ours, ref, "from coef_init / intercept_init")
+    ours = HogwildRegressor(**IN_ORDER).fit(XR, YR, intercept_init=0.5)    # a number, too
+    ref = SGDRegressor(**IN_ORDER).fit(XR, YR, intercept_init=0.5)
+    _assert_same_model(ours, ref, "from a number intercept_init")
 
 
 # -- average (ASGD) ---------------------------------------------------------------------

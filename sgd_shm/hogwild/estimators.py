@@ -321,7 +321,9 @@ class _BaseHogwild(BaseEstimator):
             if value is None:
                 continue
             a = np.asarray(value, dtype=np.float64)
-            if a.size != out.size or a.ndim > out.ndim or a.shape[-1:] != out.shape[-1:]:
+            one = a.ndim == 0 and out.size == 1          # a number for one intercept (sklearn)
+            if not one and (a.size != out.size or a.ndim > out.ndim
+                            or a.shape[-1:] != out.shape[-1:]):
                 raise ValueError(f"{name} must have shape {shape} for this data (the "
                                  f"coef_ / intercept_ of a fit on data like it), got shape "
                                  f"{a.shape}; with warm_start=True, refit on data with the "
