@@ -195,7 +195,7 @@ class _BaseHogwild(BaseEstimator):
         change of a parameter the state was built with raises (it would be ignored)."""
         for name, old in getattr(self, "_state_params", {}).items():
             new = getattr(self, name)
-            if type(new) is not type(old) or new != old:
+            if new != old:
                 raise ValueError(
                     f"{name}: set to {new!r} after the state was built with {old!r}; "
                     "partial_fit continues that state, so the new value would be ignored. "
