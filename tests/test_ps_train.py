@@ -5,6 +5,7 @@ only it, and fast workers take its minibatches; a SIGKILLed worker does not
 stop the run; checkpoints are atomic and resume continues; emulation and bad
 input."""
 import glob
+import json
 import os
 
 import numpy as np
@@ -277,6 +278,26 @@ def test_checkpoint_and_resume(data, tmp_path, no_shm_leak):
     assert r2.batches["lost"] == 0
 
 
+def test_rps_resumes_from_any_checkpoint(data, tmp_path, no_shm_leak):
+    """A replicated run goes on in rounds from the checkpoint's version, whatever wrote
+    it: an RPS run of other workers, or an ASP run whose workers pushed unequally (the
+    round barrier waited forever, or idled to max_seconds, before)."""
+    X, y = data
+    rps, asp = tmp_path / "rps.ckpt", tmp_path / "asp.ckpt"
+    first = train(X, y, n_workers=2, policy="rps", epochs=1, seed=0, checkpoint=rps)
+    rounds = first.updates
+    again = train(X, y, n_workers=3, policy="rps", epochs=1, seed=0, resume=rps,
+                  max_seconds=60)
+    per = again.batches["applied"]                       # one epoch: each its partition's
+    assert per[0] > 0 and per == [per[0]] * 3 and again.batches["epochs"] == [1, 1, 1]
+    assert again.updates == rounds + per[0]              # its rounds, after the first run's
+    assert [w["pushes"] for w in again.workers] == [again.updates] * 3
+    a = train(X, y, n_workers=2, policy="asp", max_seconds=0.3, seed=0, checkpoint=asp)
+    r = train(X, y, n_workers=2, policy="rps", epochs=1, seed=0, resume=asp, max_seconds=60)
+    assert r.updates > a.updates and r.batches["lost"] == 0 and r.killed == []
+    assert r.seconds - load_checkpoint(asp)["seconds"] < 30
+
+
 def test_checkpoint_write_is_atomic(data, tmp_path, monkeypatch):
     """A write that fails halfway leaves the previous checkpoint whole and no
     temporary file behind."""
@@ -318,6 +339,47 @@ def test_resume_rejects_bad_checkpoints(data, tmp_path):
     from sgd_shm.models import SoftmaxRegression
     with pytest.raises(ValueError, match="this run's model has"):
         train(X, y, resume=path, model=SoftmaxRegression(X.shape[1], 2))
+    shards = len(load_checkpoint(path)["shard_versions"])     # (another was ignored)
+    with pytest.raises(ValueError, match=rf"n_shards: the checkpoint was written with "
+                                         rf"{shards} shards.*pass n_shards={shards} or None"):
+        train(X, y, n_workers=1, max_seconds=0.2, resume=path, n_shards=shards + 1)
+    train(X, y, n_workers=1, max_seconds=0.2, resume=path, n_shards=shards)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("version", np.array([1, 2]), "version .* is not an int >= 0"),
+    ("version", np.int64(-1), "version .* is not an int >= 0"),
+    ("epochs", np.array([1, 2]), "pushes and epochs are not ints >= 0, one of each per worker"),
+    ("pushes", np.array([-5]), "pushes and epochs"),
+    ("seconds", np.float64(np.nan), "seconds nan is not a finite number"),
+    ("seconds", np.float64(-1.0), "seconds -1.0"),
+    ("weights", "column", r"weights of shape \(\d+, 1\)"),
+    ("weights", "nan", "weights hold NaN or inf"),
+    ("shard_versions", "above", r"shard_versions are not ints in \[0, version\]"),
+    ("meta", np.array(json.dumps([1, 2])), "is not a checkpoint of format"),
+])
+def test_resume_rejects_inconsistent_checkpoints(data, tmp_path, field, value, words):
+    """A checkpoint whose arrays disagree is refused when read, by name (a short epochs
+    array failed after the run, a NaN clock went into the history, a list meta or an
+    array version raised raw errors)."""
+    X, y = data
+    path = tmp_path / "ok"
+    train(X, y, n_workers=1, policy="asp", max_seconds=0.2, checkpoint=path)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    if isinstance(value, str):
+        w, sv = arrays["weights"], arrays["shard_versions"]
+        value = {"column": w[:, None], "nan": np.full_like(w, np.nan),
+                 "above": sv + arrays["version"] + 1}[value]
+    arrays[field] = value
+    bad = tmp_path / "bad.ckpt"
+    with open(bad, "wb") as f:
+        np.savez(f, **arrays)
+    with pytest.raises(ValueError, match=words):
+        train(X, y, n_workers=1, max_seconds=0.2, resume=bad)
+    np.save(tmp_path / "one.npy", arrays["weights"])          # one array: not a checkpoint
+    with pytest.raises(ValueError, match=r"not a readable checkpoint \(one array"):
+        load_checkpoint(tmp_path / "one.npy")
 
 
 def test_checkpoint_path_is_checked_before_the_run(data, tmp_path):
@@ -328,6 +390,8 @@ def test_checkpoint_path_is_checked_before_the_run(data, tmp_path):
         train(X, y, n_workers=1, max_seconds=5, checkpoint=tmp_path)
     with pytest.raises(ValueError, match="checkpoint: folder .* does not exist"):
         train(X, y, n_workers=1, max_seconds=5, checkpoint=tmp_path / "no" / "ck")
+    with pytest.raises(ValueError, match="checkpoint: an empty path"):
+        train(X, y, n_workers=1, max_seconds=5, checkpoint="")
 
 
 def test_emulation_profiles_and_transient_spells(data):

@@ -57,7 +57,10 @@ def load_checkpoint(path) -> dict:
     """Read a checkpoint written by :func:`train`: a dict with weights,
     shard_versions, version, pushes, epochs, seconds and meta."""
     try:
-        with np.load(os.fspath(path), allow_pickle=False) as z:
+        z = np.load(os.fspath(path), allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):           # (a .npy file: one array)
+            raise ValueError("one array, not an archive of them")
+        with z:
             d = {k: z[k] for k in z.files}
         meta = json.loads(str(d.pop("meta")))
     except FileNotFoundError:
@@ -69,9 +72,38 @@ def load_checkpoint(path) -> dict:
         raise ValueError(f"resume: {os.fspath(path)!r} is not a readable checkpoint "
                          f"({why}); give a file that ps.train(checkpoint=...) wrote") from None
     need = {"weights", "shard_versions", "version", "pushes", "epochs", "seconds"}
-    if not need <= d.keys() or meta.get("format") != CHECKPOINT_FORMAT:
+    if not need <= d.keys() or not isinstance(meta, dict) \
+            or meta.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"resume: {os.fspath(path)!r} is not a checkpoint of format "
                          f"{CHECKPOINT_FORMAT} (has {sorted(d)})")
+    why = _fault(d)
+    if why:
+        raise ValueError(f"resume: {os.fspath(path)!r} is not a valid checkpoint ({why}); "
+                         "give a file that ps.train(checkpoint=...) wrote")
     d["version"], d["seconds"] = int(d["version"]), float(d["seconds"])
     d["meta"] = meta
     return d
+
+
+def _fault(d) -> str | None:
+    """What makes the arrays of a checkpoint inconsistent (None: nothing): a run
+    resumed from it would fail late (a short epochs array) or carry nonsense (a NaN
+    clock) otherwise."""
+    def ints(a, ndim):
+        return a.ndim == ndim and a.dtype.kind in "iu" and (a >= 0).all()
+    w, sv = d["weights"], d["shard_versions"]
+    if w.ndim != 1 or w.dtype.kind != "f" or w.size == 0:
+        return f"weights of shape {w.shape} and dtype {w.dtype}, not a flat float vector"
+    if not np.isfinite(w).all():
+        return "weights hold NaN or inf"
+    if not ints(d["version"], 0):
+        return f"version {d['version'].tolist()!r} is not an int >= 0"
+    if not ints(sv, 1) or sv.size == 0 or (sv > d["version"]).any():
+        return "shard_versions are not ints in [0, version]"
+    if not ints(d["pushes"], 1) or not ints(d["epochs"], 1) \
+            or d["pushes"].shape != d["epochs"].shape:
+        return "pushes and epochs are not ints >= 0, one of each per worker"
+    sec = d["seconds"]
+    if sec.ndim != 0 or sec.dtype.kind != "f" or not np.isfinite(sec) or sec < 0:
+        return f"seconds {sec.tolist()!r} is not a finite number >= 0"
+    return None

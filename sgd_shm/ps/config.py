@@ -69,6 +69,8 @@ def _checkpoint_path(checkpoint):
     if checkpoint is None:
         return None
     path = os.fspath(checkpoint)
+    if not path:                                  # (failed at the first write, after training)
+        raise ValueError("checkpoint: an empty path; give a file path, e.g. 'run.ckpt'")
     if os.path.isdir(path):
         raise ValueError(f"checkpoint: {path!r} is a folder; give a file path in it, e.g. "
                          f"{os.path.join(path, 'run.ckpt')!r}")

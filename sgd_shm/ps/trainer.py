@@ -151,13 +151,27 @@ def _resume_point(cfg, d):
         raise ValueError(f"resume: the checkpoint has {ckpt['weights'].shape[0]} weights but "
                          f"this run's model has {d}; resume with the model and the data (as "
                          "many features) it was trained on")
+    if cfg.policy.replicated:
+        # rounds go on from the checkpoint's version for every worker, whatever policy or
+        # number of workers wrote it (a worker counts its rounds in its pushes: unequal or
+        # missing counts left the round barrier waiting forever)
+        n = cfg.n_workers
+        same = len(ckpt["epochs"]) == n
+        ckpt = {**ckpt, "pushes": np.full(n, ckpt["version"], np.int64),
+                "epochs": ckpt["epochs"] if same else np.zeros(n, np.int64)}
     return ckpt
 
 
 def _n_shards(cfg, d, ckpt):
-    """Shards of the run: a checkpoint's, else :func:`check_shards` of n_shards."""
+    """Shards of the run: a checkpoint's (a resumed run keeps its shard versions; an
+    n_shards that differs is refused, not ignored), else :func:`check_shards` of
+    n_shards."""
     if ckpt is not None:
-        return len(ckpt["shard_versions"])
+        have = len(ckpt["shard_versions"])
+        if cfg.n_shards is not None and check_shards(cfg.n_shards, d) != have:
+            raise ValueError(f"n_shards: the checkpoint was written with {have} shards, whose "
+                             f"versions a resumed run keeps; pass n_shards={have} or None")
+        return have
     return check_shards(cfg.n_shards, d)
 
 
