@@ -223,6 +223,29 @@ def mode_mismatch(args):
     return "every rank raised CollectiveError"
 
 
+# ---- settings: the ranks must agree on n, dtype, late, average and seed ---------------------
+def mode_settings(args):
+    """Each rank builds with one setting of its own: every rank raises CollectiveError
+    naming it (another n gave unsummed values back, another dtype garbage, another
+    seed majority rounds that never completed); agreeing ranks then work."""
+    cases = [dict(n=4 + RANK), dict(n=4, dtype=np.float32 if RANK else np.float64),
+             dict(n=4, seed=RANK), dict(n=4, late="carry" if RANK else "drop")]
+    names = ["n", "dtype", "seed", "late"]
+    for kw, name in zip(cases, names):
+        try:
+            MPICommunicator(timeout=30, **kw)
+        except CollectiveError as e:
+            check(f"{name}: [" in str(e) and "every rank must pass the same" in str(e),
+                  f"message: {e}")
+        else:
+            check(False, f"{name} differing across ranks was accepted")
+    with MPICommunicator(4, seed=7, timeout=30) as c:
+        b = np.full(4, float(RANK))
+        c.allreduce(b)
+        check(np.all(b == SIZE * (SIZE - 1) / 2), f"sum after the refusals: {b}")
+    return "every differing setting refused on every rank; agreeing ranks reduce"
+
+
 # ---- gather: allgather rounds (payloads of variable length, exact to the bit) --------------
 def digest(a):
     """A hash of an array's dtype, length and bits (NaN-free floats compare bitwise)."""
@@ -521,7 +544,8 @@ def mode_bench(args):
 
 MODES = {"exact": mode_exact, "partial": mode_partial, "kill": mode_kill,
          "lag": mode_lag, "single": mode_single, "mismatch": mode_mismatch, "bench": mode_bench,
-         "gather": mode_gather, "gather_mismatch": mode_gather_mismatch}
+         "gather": mode_gather, "gather_mismatch": mode_gather_mismatch,
+         "settings": mode_settings}
 
 
 def main():

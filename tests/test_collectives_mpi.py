@@ -112,6 +112,12 @@ def test_gather_disagreeing_with_reduce_raises_everywhere():
 
 
 @needs_mpiexec
+def test_ranks_that_build_with_different_settings_are_refused():
+    p, _ = _mpirun(2, "settings")
+    _ok(p, "settings")
+
+
+@needs_mpiexec
 def test_close_after_different_round_counts_raises_everywhere():
     p, _ = _mpirun(3, "mismatch")
     _ok(p, "mismatch")

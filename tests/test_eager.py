@@ -171,6 +171,86 @@ def test_cli_mpi(tmp_path, P):
     assert all(o["replicas_equal"] for o in d["summary"].values())
 
 
+MPI_ARGS = r'''
+import numpy as np, sys
+from mpi4py import MPI
+from sgd_shm import eager
+from sgd_shm.collectives.base import CollectiveError
+from sgd_shm.data import make_rcv1_like
+rank = MPI.COMM_WORLD.Get_rank()
+X, y = make_rcv1_like(400, 30 + rank, random_state=0)      # rank 1: one feature more
+kw = dict(n_workers=None, backend="mpi", epochs=1, progress=False, timeout=30)
+for bad, err in ((dict(comm="world"), TypeError), (dict(comm=MPI.COMM_NULL), TypeError),
+                 (dict(n_workers=True), ValueError), (dict(n_workers=2.0), ValueError)):
+    try:
+        eager.train(X, y, **{**kw, **bad})
+    except err as e:
+        assert ("comm: must be an mpi4py" in str(e)) or ("n_workers" in str(e)), e
+    else:
+        raise AssertionError(f"{bad} was accepted")
+try:                          # the ranks' models differ (n): refused on every rank
+    eager.train(X, y, **kw)
+except CollectiveError as e:
+    assert "different settings (n: [" in str(e), e
+else:
+    raise AssertionError("ranks with different features trained")
+print("OK rank", rank, flush=True)
+'''
+
+
+def test_mpi_arguments_and_ranks_that_disagree(tmp_path):
+    """comm= and n_workers= are checked by name (a string comm raised an
+    AttributeError, COMM_NULL became COMM_WORLD, n_workers=True passed); ranks whose
+    data have different widths are refused on every rank (they trained, replicas
+    differing)."""
+    pytest.importorskip("mpi4py")
+    exe = _mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec")
+    script = tmp_path / "args.py"
+    script.write_text(MPI_ARGS)
+    p = subprocess.run([exe, "-n", "2", sys.executable, str(script)], capture_output=True,
+                       text=True, timeout=180, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert p.stdout.count("OK rank") == 2, p.stdout
+
+
+MPI_ONE_FAILS = r'''
+import sys
+from mpi4py import MPI
+import sgd_shm.eager.__main__ as cli
+from sgd_shm.__main__ import build_parser
+real = cli.compare
+def compare(*a, **k):
+    if MPI.COMM_WORLD.Get_rank() == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    return real(*a, **k)
+cli.compare = compare
+ap = build_parser()[1]["eager"]
+args = cli.check(ap, ap.parse_args(["--backend", "mpi", "--seconds", "30", "--samples", "600",
+                                    "--features", "50", "--out", sys.argv[1]]))
+cli.run(args)
+'''
+
+
+def test_cli_mpi_rank_that_fails_ends_the_job(tmp_path):
+    """One rank fails: the command ends the job (MPI_Abort, the rank's traceback on
+    stderr) instead of leaving rank 0 in the round's collective forever."""
+    pytest.importorskip("mpi4py")
+    exe = _mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec")
+    script = tmp_path / "fails.py"
+    script.write_text(MPI_ONE_FAILS)
+    p = subprocess.run([exe, "-n", "2", sys.executable, str(script), str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.returncode != 0
+    assert "rank 1 fails on purpose" in p.stderr, p.stderr[-3000:]
+    assert not (tmp_path / "eager-main.json").exists()
+
+
 def test_cli_mpi_compressed(tmp_path):
     """The sparse allgather on MPI: every replica applies the same bits, an epochs
     budget stops the runs at equal work, and a top-1% message is ~1/67 of dense."""

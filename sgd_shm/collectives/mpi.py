@@ -186,6 +186,7 @@ class MPICommunicator(Communicator):
         if comm.Get_rank() == 0:        # a killed job's MPICH segments (see collectives.stale)
             remove_stale_segments()
         self._comm = comm.Dup()         # collective; from here on only the thread uses it
+        self._check_agreement()
         self._cv = threading.Condition(threading.Lock())
         self._posts = {}                # round -> _Post (at most one is outstanding)
         self._results = {}              # round -> (value, mask, code); value: a
@@ -206,6 +207,22 @@ class MPICommunicator(Communicator):
                                         name=f"mpi-progress-{self.rank}")
         _live.add(self)
         self._thread.start()
+
+    def _check_agreement(self):
+        """Every rank must build the communicator with the same n, dtype, late, average
+        and seed (one allgather, before the thread starts): a rank with another n got
+        its own values back unsummed, another dtype garbage sums, another seed
+        majority rounds that never completed."""
+        mine = (self.n, self.dtype.str, self.late, self.average, self.seed)
+        every = self._comm.allgather(mine)
+        if any(other != mine for other in every):
+            self._comm.Free()
+            names = ("n", "dtype", "late", "average", "seed")
+            differ = [f"{k}: {sorted({str(e[i]) for e in every})}"
+                      for i, k in enumerate(names) if len({e[i] for e in every}) > 1]
+            raise CollectiveError(f"the ranks built MPICommunicator with different settings "
+                                  f"({'; '.join(differ)}); every rank must pass the same "
+                                  "n, dtype, late, average and seed")
 
     # ---- main thread side --------------------------------------------------------------
     def _post(self, r, kind, buf):

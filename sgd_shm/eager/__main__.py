@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
+import traceback
 
 from sgd_shm._argtypes import finite_float, out_dir, seed_int
 from sgd_shm.data import make_rcv1_like
@@ -185,7 +187,24 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    """The comparison on checked ``args`` (see :func:`check`); rank 0 prints and writes."""
+    """The comparison on checked ``args`` (see :func:`check`); rank 0 prints and writes.
+    Under MPI a rank that fails ends the job (MPI_Abort, after its traceback): the
+    others would wait in the round's collective for it forever."""
+    if args.backend != "mpi":
+        return _compare_and_report(args)
+    from mpi4py import MPI
+    try:
+        return _compare_and_report(args)
+    except BaseException:
+        if MPI.COMM_WORLD.Get_size() == 1:
+            raise
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        raise                                    # (Abort does not return)
+
+
+def _compare_and_report(args) -> int:
     rank, n_workers = 0, args.workers
     if args.backend == "mpi":
         from mpi4py import MPI

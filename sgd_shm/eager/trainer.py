@@ -42,8 +42,8 @@ from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.schedules import Schedule, for_run, make_schedule
 from sgd_shm.core.traces import ROUND_FLOATS, ROUND_INTS, EagerTrace
 from sgd_shm.models.linear import model_or_linear
-from sgd_shm.core.validation import (check_bool, check_callbacks, check_choice, check_int,
-                                     check_eval_set, check_momentum, check_number,
+from sgd_shm.core.validation import (_is_int, check_bool, check_callbacks, check_choice,
+                                     check_int, check_eval_set, check_momentum, check_number,
                                      check_positive, model_data, model_dtype, n_columns,
                                      resolve_workers, stopping_rule)
 
@@ -357,8 +357,8 @@ def _mpi_size(n_workers, comm):
         raise ImportError("backend='mpi' needs mpi4py and an MPI library: pip install "
                           "'relaxed-sgd-kit[mpi]' (mpi4py + mpich), then run under mpiexec") \
             from None
-    size = (comm or MPI.COMM_WORLD).Get_size()
-    if n_workers is not None and n_workers != size:
+    size = _world(MPI, comm).Get_size()
+    if n_workers is not None and (not _is_int(n_workers) or n_workers != size):
         raise ValueError(f"n_workers: under MPI the ranks are the communicator's {size} "
                          f"processes, got n_workers={n_workers!r}; pass n_workers=None or "
                          f"run mpiexec -n {n_workers}")
@@ -686,11 +686,22 @@ def _run_shm(job):
             raise
 
 
+def _world(MPI, comm):
+    """``comm`` checked (None: COMM_WORLD); COMM_NULL is falsy, so ``comm or COMM_WORLD``
+    swapped it for the world, and a string failed with an AttributeError."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"comm: must be an mpi4py intracommunicator such as MPI.COMM_WORLD "
+                        f"(or one from comm.Split), got {type(comm).__name__} {comm!r}")
+    return comm
+
+
 def _run_mpi(job, comm):
     from mpi4py import MPI
 
     from sgd_shm.collectives.mpi import MPICommunicator
-    world = comm or MPI.COMM_WORLD
+    world = _world(MPI, comm)
     n, kw = job.comm_args
     with MPICommunicator(n, comm=world, **kw) as c:
         out = rank_main(c, job)
