@@ -323,7 +323,8 @@ class Policy:
                                  f"and > 0 for {_KIND_NAMES[self.kind]}, got {self.extra!r}; "
                                  f"pass e.g. k=1")
         elif self.kind == EXP_BACKOFF:
-            if extra != int(extra) or not 1 <= extra <= _MAX_BACKOFF_PROBES:
+            if not math.isfinite(extra) or extra != int(extra) \
+                    or not 1 <= extra <= _MAX_BACKOFF_PROBES:
                 raise ValueError(f"m (the number of backoff probes, extra) must be an integer "
                                  f"in 1..{_MAX_BACKOFF_PROBES}, got {self.extra!r}; pass e.g. "
                                  f"m={DEFAULT_BACKOFF_PROBES}")
@@ -458,7 +459,7 @@ def documented_ratio(p, model: str | None = None, k: float | None = None) -> flo
 
 def _model_k(p, mc, k):
     if mc == REQUESTOR_ABORTS:
-        if k is not None and float(k) != 1.0:
+        if k is not None and _number("k", k, fix=" (the number of stalled requestors)") != 1.0:
             raise ValueError(f"k (stalled requestors) is a parameter of the requestor-wins "
                              f"model only, got k={k!r} with model='requestor-aborts'; drop k=")
         return 1.0
@@ -477,12 +478,12 @@ def expected_cost(p, T, model: str = "requestor-aborts", k: float | None = None)
     p = policy(p)
     mc = _model_code(model)
     kk = _model_k(p, mc, k)
-    Ts = np.atleast_1d(np.asarray(T, dtype=np.float64))
+    Ts = np.asarray(T, dtype=np.float64)
     if not (np.all(np.isfinite(Ts)) and np.all(Ts > 0)):
         raise ValueError(f"T (holder times) must be finite and > 0, got {T!r}")
-    out = np.empty_like(Ts)
-    _exact_kernel(p.kind, p.B, p.extra, mc, kk, Ts, _GL_NODES, _GL_WEIGHTS, out)
-    return float(out[0]) if np.ndim(T) == 0 else out
+    out = np.empty(Ts.size)
+    _exact_kernel(p.kind, p.B, p.extra, mc, kk, Ts.reshape(-1), _GL_NODES, _GL_WEIGHTS, out)
+    return float(out[0]) if Ts.ndim == 0 else out.reshape(Ts.shape)     # (any shape of T)
 
 
 def expected_ratio(p, T, model: str = "requestor-aborts", k: float | None = None):
@@ -652,6 +653,8 @@ def simulate(p, workload, *, n: int = 200_000, seed: int = 0, model: str = "requ
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    if seed < 0:                                  # (numpy's "expected non-negative integer")
+        raise ValueError(f"seed must be an int >= 0, got {seed}")
     rng = np.random.default_rng(seed)
     extra = {}
     if isinstance(w, Adversarial):

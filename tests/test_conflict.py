@@ -415,6 +415,14 @@ def test_policies_pickle(spec):
     (lambda: C.Pareto(alpha=0.0), ValueError, ["alpha must be finite and > 0"]),
     (lambda: C.Adversarial(lo=2.0, hi=1.0), ValueError, ["lo must be < hi"]),
     (lambda: C.expected_cost("randomized", [1.0, -1.0]), ValueError, ["T (holder times)"]),
+    # raw errors before: int(nan), float("x"), numpy's seed words; k=True passed
+    (lambda: C.Policy(C.EXP_BACKOFF, 1.0, float("nan")), ValueError, ["m (the number of "
+                                                                       "backoff probes"]),
+    (lambda: C.Policy(C.EXP_BACKOFF, 1.0, float("inf")), ValueError, ["m (the number"]),
+    (lambda: C.expected_cost("randomized", 1.0, k="x"), TypeError, ["k must be a real"]),
+    (lambda: C.expected_cost("randomized", 1.0, k=True), TypeError, ["k must be a real"]),
+    (lambda: C.simulate("randomized", C.Exponential(), seed=-1), ValueError,
+     ["seed must be an int >= 0"]),
 ])
 def test_bad_input_messages(call, exc, words):
     with pytest.raises(exc) as ei:
@@ -422,6 +430,30 @@ def test_bad_input_messages(call, exc, words):
     msg = str(ei.value)
     for w in words:
         assert w in msg, f"{w!r} not in {msg!r}"
+
+
+def test_expectations_take_holder_times_of_any_shape():
+    """A 2-D grid of holder times gives a grid of costs and ratios (a numba typing error
+    before), each the value of its own T."""
+    T = np.array([[0.25, 1.0], [2.0, 4.0]])
+    for fn in (C.expected_cost, C.expected_ratio):
+        grid = fn("randomized", T)
+        assert grid.shape == (2, 2)
+        np.testing.assert_allclose(grid.ravel(), fn("randomized", T.ravel()), rtol=0, atol=0)
+        assert grid[0, 1] == fn("randomized", 1.0)
+
+
+def test_requestor_wins_ratios_below_one_requestor():
+    """For k < 1 the ski-rental policies' worst ratios under requestor wins are the
+    k >= 1 formulas divided by k (OPT is kT up to B), as docs/conflict.md states."""
+    T = np.geomspace(1e-3, 1e3, 4000)
+    e = math.e
+    for k in (0.25, 0.5):
+        det = C.expected_ratio("deterministic", T, model=RW, k=k).max()
+        ran = C.expected_ratio("randomized", T, model=RW, k=k).max()
+        assert det == pytest.approx((k + 2) / k, rel=3e-3)
+        assert ran == pytest.approx((1 + (k + 1) / (e - 1)) / k, rel=3e-3)
+        assert C.documented_ratio(C.policy("deterministic"), RW, k) == pytest.approx((k + 2) / k)
 
 
 def test_string_specs_work_everywhere():
