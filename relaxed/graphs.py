@@ -121,7 +121,27 @@ def _kernel_state(rng):
     return np.array([rng.integers(0, 2**63, dtype=np.int64)], dtype=np.int64).view(np.uint64)
 
 
+def _index(x):
+    """``x`` as a Python int (operator.index), bools refused: True was 1 vertex."""
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError("a bool is not a count")
+    return operator.index(x)
+
+
+def _flag(value, name, what):
+    """A True/False option ("no" was true: a torus, one-based ids)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what}: {name}={value!r} must be True or False")
+    return bool(value)
+
+
 def _as_rng(seed, what):
+    if isinstance(seed, (bool, np.bool_)):
+        raise TypeError(f"{what}: seed={seed!r} is not usable; pass None, a non-negative int "
+                        "or a np.random.Generator")
+    if isinstance(seed, (int, np.integer)) and seed < 0:
+        raise ValueError(f"{what}: seed={seed} must be >= 0 (or None, or a "
+                         "np.random.Generator)")
     try:
         return np.random.default_rng(seed)
     except (TypeError, ValueError) as exc:
@@ -511,7 +531,7 @@ def _parse_edgelist(buf, cap):
 def _check_n(n, what):
     """n as a Python int in [0, 2**31)."""
     try:
-        n = operator.index(n)
+        n = _index(n)
     except TypeError:
         raise TypeError(f"{what}: n={n!r} must be an int (the number of vertices)") from None
     if n < 0:
@@ -786,7 +806,7 @@ class Graph:
 
     def neighbors(self, v):
         """Sorted neighbours of vertex ``v`` (a view into ``indices``)."""
-        v = operator.index(v)
+        v = _index(v)
         if not 0 <= v < self.n:
             raise IndexError(f"neighbors: vertex {v} is not in 0..{self.n - 1}")
         return self.indices[self.indptr[v]:self.indptr[v + 1]]
@@ -939,6 +959,7 @@ def read_edgelist(path, n=None, one_based=False):
     """
     path = os.fsdecode(path)
     what = f"read_edgelist({path!r})"
+    one_based = _flag(one_based, "one_based", what)
     if path.lower().endswith(".gz"):
         with gzip.open(path, "rb") as f:
             buf = np.frombuffer(f.read(), dtype=np.uint8)
@@ -1040,7 +1061,7 @@ def as_graph(obj, n=None):
 # --------------------------------------------------------------------------
 def _check_count(x, name, what, low=0):
     try:
-        x = operator.index(x)
+        x = _index(x)
     except TypeError:
         raise TypeError(f"{what}: {name}={x!r} must be an int") from None
     if x < low:
@@ -1187,8 +1208,10 @@ def rmat(n, m, a=0.57, b=0.19, c=0.19, seed=None, permute=False):
     what = "rmat"
     n = _check_n(n, what)
     m = _check_edge_count(n, m, what)
+    permute = _flag(permute, "permute", what)
     for name, p in (("a", a), ("b", b), ("c", c)):
-        if not (isinstance(p, (int, float, np.floating, np.integer)) and 0 <= p <= 1):
+        if isinstance(p, (bool, np.bool_)) or not (
+                isinstance(p, (int, float, np.floating, np.integer)) and 0 <= p <= 1):
             raise ValueError(f"{what}: {name}={p!r} must be a probability in [0, 1]")
     if a <= 0 or b + c <= 0 or a + b + c > 1 + 1e-12:
         raise ValueError(
@@ -1228,6 +1251,7 @@ def rmat(n, m, a=0.57, b=0.19, c=0.19, seed=None, permute=False):
 
 
 def _grid(shape, periodic, what):
+    periodic = _flag(periodic, "periodic", what)
     dims = [_check_count(x, name, what, low=1) for name, x in shape]
     n = _check_n(int(np.prod(dims, dtype=object)), what)
     ids = np.arange(n, dtype=np.int32).reshape(dims)

@@ -33,7 +33,23 @@ __all__ = ["replay", "rank_errors_sequential", "merge_logs", "logged_hold",
 def theory_rank_error(n_queues: int) -> float:
     """Expected long-run rank error of two-choice pops with replacement,
     5/6·n − 1 + 1/(6n) (Walzer and Williams 2025)."""
+    if isinstance(n_queues, (bool, np.bool_)) or not isinstance(n_queues, (int, np.integer)):
+        raise TypeError(f"n_queues must be an int, got {type(n_queues).__name__} {n_queues!r}")
+    if n_queues < 1:
+        raise ValueError(f"n_queues must be >= 1, got {n_queues}")
     return 5 / 6 * n_queues - 1 + 1 / (6 * n_queues)
+
+
+def _ints(name, x):
+    """``x`` as an int64 array; floats (truncated before: keys 1.7 and 1.2 were both 1),
+    bools and other kinds are refused by name."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
+        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}; the log's keys "
+                        f"are ints (scale and round float keys first)")
+    if a.dtype.kind == "u" and a.size and a.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds values above the int64 maximum")
+    return a.astype(np.int64)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -132,17 +148,15 @@ def replay(ticks, ops, keys, values, initial_keys=None, initial_values=None):
     viewed as int64; pass ``keys ^ (1 << 63)`` or use :func:`merge_logs`).
     Raises ValueError if a pop cannot be matched to a push.
     """
-    ticks = np.asarray(ticks, dtype=np.int64)
-    ops = np.asarray(ops, dtype=np.int64)
-    keys = np.asarray(keys, dtype=np.int64)
-    values = np.asarray(values, dtype=np.int64)
+    ticks, ops, keys, values = (_ints(name, a) for name, a in (
+        ("ticks", ticks), ("ops", ops), ("keys", keys), ("values", values)))
     if not (ticks.shape == ops.shape == keys.shape == values.shape) or ticks.ndim != 1:
         raise ValueError("ticks, ops, keys and values must be 1-D arrays of one length")
     if ops.size and not np.isin(ops, (1, 2)).all():
         raise ValueError("ops must be 1 (push) or 2 (pop)")
     if initial_keys is not None:
-        ik = np.asarray(initial_keys, dtype=np.int64)
-        iv = (np.asarray(initial_values, dtype=np.int64) if initial_values is not None
+        ik = _ints("initial_keys", initial_keys)
+        iv = (_ints("initial_values", initial_values) if initial_values is not None
               else np.arange(ik.size, dtype=np.int64))
         if ik.shape != iv.shape:
             raise ValueError("initial_keys and initial_values must have one length")
@@ -164,8 +178,11 @@ def replay(ticks, ops, keys, values, initial_keys=None, initial_values=None):
 
 def rank_errors_sequential(initial_keys, popped, pushed):
     """Rank errors of a one-thread hold run: pop popped[i], then push pushed[i]."""
-    popped = np.asarray(popped, dtype=np.int64)
-    pushed = np.asarray(pushed, dtype=np.int64)
+    popped, pushed = _ints("popped", popped), _ints("pushed", pushed)
+    if popped.ndim != 1 or popped.shape != pushed.shape:
+        raise ValueError(f"popped and pushed must be 1-D of one length (one push after each "
+                         f"pop), got shapes {popped.shape} and {pushed.shape}")
+    initial_keys = _ints("initial_keys", initial_keys)
     n = popped.size
     ticks = np.arange(2 * n, dtype=np.int64)
     ops = np.tile(np.array([2, 1], dtype=np.int64), n)
@@ -201,6 +218,18 @@ def logged_hold(mq, threads, iters, max_increment):
 def merge_logs(logs, lengths):
     """Concatenate per-thread MultiQueue logs (rows of tick, op, mapped key, value)
     into (ticks, ops, keys, values) with keys mapped back to int64 order."""
+    logs, lengths = list(logs), list(lengths)
+    if len(logs) != len(lengths):                 # (zip dropped the extra logs)
+        raise ValueError(f"logs and lengths must match, one length per log: got "
+                         f"{len(logs)} logs and {len(lengths)} lengths")
+    for i, (lg, n) in enumerate(zip(logs, lengths)):
+        if np.ndim(lg) != 2 or np.shape(lg)[1] != 4:
+            raise ValueError(f"logs[{i}] must be an array of rows (tick, op, key, value), "
+                             f"got shape {np.shape(lg)}")
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) \
+                or not 0 <= n <= len(lg):
+            raise ValueError(f"lengths[{i}] must be an int in [0, {len(lg)}] (the rows "
+                             f"logged), got {n!r}")
     parts = [np.asarray(lg)[:n] for lg, n in zip(logs, lengths)]
     rows = np.concatenate(parts) if parts else np.empty((0, 4), dtype=np.int64)
     keys = rows[:, 2] ^ np.int64(-(1 << 63))

@@ -507,6 +507,31 @@ def test_generator_argument_errors():
         grid3d(2, 2, 2.0)
 
 
+def test_bools_and_flags_are_checked(tmp_path):
+    """A bool is no count (True was 1 vertex, 1 edge, 1 dimension) and a flag takes only
+    True/False ("no" built a torus, read ids as one-based, permuted); a negative seed
+    is a ValueError."""
+    for call, words in ((lambda: erdos_renyi(True, 0), "n=True must be an int"),
+                        (lambda: erdos_renyi(5, True), "m=True must be an int"),
+                        (lambda: grid2d(True, 3), "rows=True must be an int"),
+                        (lambda: random_local(5, 2, dim=True), "dim=True must be an int"),
+                        (lambda: erdos_renyi(5, 2, seed=True), "seed=True is not usable"),
+                        (lambda: Graph.from_edges(np.array([[0, 1]]), n=True),
+                         "n=True must be an int"),
+                        (lambda: grid2d(3, 3, periodic="no"), "periodic='no' must be True"),
+                        (lambda: rmat(16, 10, permute="yes"), "permute='yes' must be True"),
+                        (lambda: rmat(16, 10, a=True), "a=True must be a probability")):
+        with pytest.raises((TypeError, ValueError), match=words):
+            call()
+    p = tmp_path / "e.txt"
+    p.write_text("1 2\n2 3\n")
+    with pytest.raises(TypeError, match="one_based='no' must be True or False"):
+        read_edgelist(p, one_based="no")
+    with pytest.raises(ValueError, match="seed=-1 must be >= 0"):
+        erdos_renyi(5, 2, seed=-1)
+    assert grid2d(3, 3, periodic=np.True_).m == 18      # numpy's bools are bools
+
+
 # ---------------------------------------------------------------- generators
 @pytest.mark.parametrize("n,m", [(2, 1), (10, 20), (10, 45), (300, 2000), (1000, 1000)])
 def test_erdos_renyi_exact_m(n, m):

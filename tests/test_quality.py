@@ -4,7 +4,8 @@ import pytest
 
 from naive import delays, rank_errors
 from relaxed import MultiQueue
-from relaxed.quality import logged_hold, merge_logs, rank_errors_sequential, replay
+from relaxed.quality import (logged_hold, merge_logs, rank_errors_sequential, replay,
+                             theory_rank_error)
 
 
 def random_history(rng, n_init, n_ops):
@@ -44,6 +45,37 @@ def test_replay_ticks_reorder_and_unmatched_pop():
         replay([0], [2], [1], [1])
     with pytest.raises(ValueError, match="ops must be"):
         replay([0], [3], [1], [1])
+
+
+def test_bad_logs_are_refused_by_name():
+    """Float keys were truncated (1.7 and 1.2 both became 1: a wrong rank), a float op
+    passed as a push, a short pushed array was broadcast, theory_rank_error(0) divided
+    by zero, and merge_logs dropped the logs past its lengths."""
+    with pytest.raises(TypeError, match="keys must hold integers, got dtype float64"):
+        replay([1, 2], [2, 2], [1.7, 1.2], [1, 0], initial_keys=[12, 17],
+               initial_values=[0, 1])
+    with pytest.raises(TypeError, match="initial_keys must hold integers"):
+        replay([1], [2], [1], [0], initial_keys=[1.5], initial_values=[0])
+    with pytest.raises(TypeError, match="ops must hold integers"):
+        replay([0], [1.5], [1], [1])
+    with pytest.raises(TypeError, match="ops must hold integers, got dtype bool"):
+        replay([0], [True], [1], [1])
+    with pytest.raises(ValueError, match="popped and pushed must be 1-D of one length"):
+        rank_errors_sequential([1, 2], [1, 2], [3])
+    with pytest.raises(ValueError, match="n_queues must be >= 1"):
+        theory_rank_error(0)
+    for bad in (True, 2.5):
+        with pytest.raises(TypeError, match="n_queues must be an int"):
+            theory_rank_error(bad)
+    assert theory_rank_error(1) == pytest.approx(0.0, abs=1e-15)   # one queue: exact
+    log = np.zeros((3, 4), np.int64)
+    with pytest.raises(ValueError, match="one length per log: got 2 logs and 1 lengths"):
+        merge_logs([log, log], [2])
+    for n in (-1, 4, 1.0):
+        with pytest.raises(ValueError, match=r"lengths\[0\] must be an int in \[0, 3\]"):
+            merge_logs([log], [n])
+    with pytest.raises(ValueError, match="rows \\(tick, op, key, value\\)"):
+        merge_logs([np.zeros((3, 3))], [1])
 
 
 def test_sequential_helper_matches_naive():
