@@ -606,7 +606,10 @@ cdef class TL2(ShmStructure):
         n_stripes = _check_int("n_stripes", n_words if n_stripes is None else n_stripes, 1,
                                "use at least one stripe", MAX_ITEMS)
         max_writes = _check_int("max_writes", max_writes, 1, "use at least 1", 1 << 32)
-        n_slots = _check_int("n_slots", n_slots, 1, "use at least 1 (one per thread)", 1 << 20)
+        n_slots = _check_int("n_slots", n_slots, 1, "use at least 1 (one per thread)")
+        if n_slots > 1 << 20:
+            raise ValueError(f"n_slots must be <= 2**20 (a slot per thread in a "
+                             f"transaction at once), got {n_slots}")
         if not isinstance(shared, bool):
             raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
         self._policy, self.pkind, self.pB, self.pextra = _policy_native(conflict)

@@ -145,7 +145,8 @@ def replay(ticks, ops, keys, values, initial_keys=None, initial_values=None):
     ticks, ops, keys, values: 1-D arrays of equal length (op 1 = push, 2 = pop);
     initial_*: the elements present before the first event. Keys must be
     integers in a consistent order (the MultiQueue log holds mapped uint64 keys
-    viewed as int64; pass ``keys ^ (1 << 63)`` or use :func:`merge_logs`).
+    viewed as int64; pass ``keys ^ np.int64(-(1 << 63))``, which maps them back, or
+    use :func:`merge_logs`).
     Raises ValueError if a pop cannot be matched to a push.
     """
     ticks, ops, keys, values = (_ints(name, a) for name, a in (

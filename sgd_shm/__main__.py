@@ -98,8 +98,11 @@ def _run(name, ap, args) -> int:
     configure_logging(args.verbose)
     mod = _module(name)
     args = mod.check(ap, args)
+    from sgd_shm.core.errors import DivergenceError
     try:
         return mod.run(args)
+    except DivergenceError:
+        raise                          # a run's outcome, not a usage error: its traceback
     except (ValueError, TypeError) as e:
         # the library's refusal of a combination of options the checks above let
         # through (e.g. --imbalance K above --workers): its message, not a traceback

@@ -532,7 +532,10 @@ def _read(buf, n):
     message :func:`pack` wrote at the start of ``buf``."""
     if not isinstance(buf, np.ndarray):
         raise TypeError(f"buf must be the numpy array pack() wrote, got {type(buf).__name__}")
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"n must be the message's dense length (an int >= 1), got "
+                        f"{type(n).__name__} {n!r}")
+    if n < 1:
         raise ValueError(f"n must be the message's dense length (an int >= 1), got {n!r}")
     dt = _wire_dtype(buf.dtype)
     h = _head(dt)
@@ -567,6 +570,8 @@ def add_packed(buf, n, out):
     """out += the message :func:`pack` wrote at the start of ``buf`` (n: the dense
     length), as ``unpack(buf, n).add_to(out)`` without building the message."""
     _, scale, idx, vals, _ = _read(buf, n)
+    if idx.size and (idx.min() < 0 or idx.max() >= n):    # (a negative one added to out[-1])
+        raise _not_packed(buf, n, "its indices are not in [0, n)")
     out[idx] += vals if scale == 1.0 else vals * scale
     return out
 

@@ -138,12 +138,17 @@ def test_unpack_refuses_what_pack_did_not_write(head, why):
     buf[:6] = [3.0, 1.0, 4.0, 0.0, 0.0, 0.0]          # three index 0s: not ascending
     with pytest.raises(ValueError, match="indices are not ascending in"):
         unpack(buf, 10)
+    buf[3:5] = np.array([[-1, 2], [3, 0]], np.int32).view(np.float64).ravel()
+    with pytest.raises(ValueError, match=r"its indices are not in \[0, n\)"):
+        add_packed(buf, 10, np.zeros(10))              # (-1 added to out[-1] before)
     with pytest.raises(ValueError, match="too short for the header"):
         unpack(np.zeros(2), 10)
     with pytest.raises(TypeError, match="buf must be the numpy array"):
         unpack([3.0, 1.0, 4.0], 10)
     with pytest.raises(ValueError, match="n must be the message's dense length"):
         unpack(buf, 0)
+    with pytest.raises(TypeError, match="n must be the message's dense length"):
+        unpack(buf, 10.0)
 
 
 def test_channel_keeps_lost_messages_only_when_asked():

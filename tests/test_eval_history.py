@@ -62,6 +62,10 @@ def test_a_regressors_held_out_targets_are_checked(digits):
             reg.fit(Xt, yt.astype(float), eval_set=(Xv, bad))
     reg.fit(Xt, yt.astype(float), eval_set=(Xv, yv))            # integer targets: numbers
     assert reg.history_[-1]["val_score"] == pytest.approx(reg.score(Xv, yv), abs=1e-12)
+    for same in ((yv > 4), yv.astype(object)):                 # as training y takes them
+        reg.fit(Xt, yt > 4, eval_set=(Xv, same))
+        assert np.isfinite(reg.history_[-1]["val_score"])
+    assert reg.history_[-1]["val_score"] == pytest.approx(reg.score(Xv, yv), abs=1e-12)
 
 
 def test_mlp_records_held_out_accuracy(digits):

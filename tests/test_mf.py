@@ -8,10 +8,12 @@ from sgd_shm.hogwild import _mf
 from sgd_shm.data import make_ratings
 
 
-def replay_second_epoch_against_serial_oracle(**kw):
+def replay_second_epoch_against_serial_oracle(change=None, **kw):
     """One worker (``kw``: backend, start_method): fit one epoch to initialise, then
     check that partial_fit's epoch equals the serial oracle replayed by hand on the
-    same order (its session's split, then the worker's shuffle)."""
+    same order (its session's split, then the worker's shuffle); ``change``: settings
+    set between the two (learning_rate, reg, reg_bias), which its epoch must use."""
+    change = change or {}
     X, y = make_ratings(50, 40, 800, rank=3, random_state=1)
     mf = MatrixFactorization(n_factors=4, n_workers=1, max_iter=1, decay=1.0, random_state=2,
                              **kw)
@@ -22,9 +24,10 @@ def replay_second_epoch_against_serial_oracle(**kw):
     rng.bit_generator.state = mf._rng.bit_generator.state
     order = rng.permutation(len(y))
     _mf.shuffle_part(order, 0, len(y), rng.integers(0, 2**63 - 1, size=1)[0])
-    mf.partial_fit(X, y)
-    serial_mf_epoch(X[:, 0], X[:, 1], y, order, P, Q, bu, bi, lr=0.01, reg=0.02, reg_bias=0.02,
-                    mu=mf.global_mean_)
+    mf.set_params(**change).partial_fit(X, y)
+    serial_mf_epoch(X[:, 0], X[:, 1], y, order, P, Q, bu, bi,
+                    lr=change.get("learning_rate", 0.01), reg=change.get("reg", 0.02),
+                    reg_bias=change.get("reg_bias", 0.02), mu=mf.global_mean_)
     for got, want in ((mf.user_factors_, P), (mf.item_factors_, Q), (mf.user_bias_, bu),
                       (mf.item_bias_, bi)):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
@@ -33,6 +36,19 @@ def replay_second_epoch_against_serial_oracle(**kw):
 @pytest.mark.parametrize("backend", ["threads", "processes"])
 def test_one_worker_epoch_equals_serial_oracle(backend, no_shm_leak):
     replay_second_epoch_against_serial_oracle(backend=backend)
+
+
+def test_settings_changed_between_partial_fits_are_used():
+    """A learning_rate set between calls is the next epoch's step (fit's decayed one went
+    on before), and reg / reg_bias too; n_factors, which shapes the tables, is refused
+    by name rather than ignored."""
+    replay_second_epoch_against_serial_oracle(
+        change=dict(learning_rate=0.004, reg=0.05, reg_bias=0.01))
+    X, y = make_ratings(50, 40, 800, rank=3, random_state=1)
+    mf = MatrixFactorization(n_factors=4, max_iter=1, random_state=2).fit(X, y)
+    with pytest.raises(ValueError, match="n_factors: set to 6 after the tables were built "
+                                         "with 4"):
+        mf.set_params(n_factors=6).partial_fit(X, y)
 
 
 def test_shuffle_part_permutes_its_part_only_and_uniformly():

@@ -356,6 +356,9 @@ def test_cluster_and_network_values():
     assert a.trace[0][0] == 1e-3
     assert {Cluster(factors=[1, 2]): "x"}[Cluster(factors=[1, 2])] == "x"
     assert Cluster(factors={0: 2.0}) == Cluster(factors={0: 2.0}) != Cluster(factors={1: 2.0})
+    far = Cluster(factors={10**15: 2.0})          # checked without a vector that long
+    with pytest.raises(ValueError, match=r"factors: worker 1000000000000000 is not an int in"):
+        far.worker_factors(4)
     assert Cluster() == Cluster() != Cluster(step_s=2e-3)
 
 

@@ -385,13 +385,23 @@ class _BaseHogwild(BaseEstimator):
             raise ValueError("eval_set: y_val holds labels that are not among the training "
                              f"classes {self.classes_.tolist()[:5]}")
         if not is_classifier(self):              # (NaN scored nan; strings, numpy's words)
-            if yv.dtype.kind not in "iuf":
-                raise TypeError(f"eval_set: y_val must hold numbers (regression targets), "
-                                f"got dtype {yv.dtype}")
-            if not np.isfinite(yv).all():
-                raise ValueError("eval_set: y_val holds NaN or inf; pass finite targets")
-            yv = yv.astype(np.float64)
+            yv = self._targets_of(yv)
         return lambda: self._score_weights(*self._state.averaged(), Xv, yv, None)
+
+    @staticmethod
+    def _targets_of(yv):
+        """Held-out regression targets as float64, as training y is taken (bools and
+        number objects convert; strings do not), and finite."""
+        try:
+            if yv.dtype.kind not in "biufO":
+                raise TypeError
+            yv = yv.astype(np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"eval_set: y_val must hold numbers (regression targets), got "
+                            f"dtype {yv.dtype}") from None
+        if not np.isfinite(yv).all():
+            raise ValueError("eval_set: y_val holds NaN or inf; pass finite targets")
+        return yv
 
     def _check_not_early_stopping(self):
         if self.early_stopping:

@@ -169,7 +169,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         self.loss_curve_ = []
         self.n_iter_ = 0
         self._rng = np.random.default_rng(rng.randint(2**31 - 1))
-        self._lr = float(self.learning_rate)
+        self._lr = self._lr_set = float(self.learning_rate)
         scorer = None if pair is None else (lambda: self.rmse(*pair))
         self._history = EpochHistory(scorer, key="val_rmse")
         self.history_ = self._history.records
@@ -214,6 +214,7 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
             finally:
                 self.max_iter = saved
         self._validate_params()
+        self._continue_state()
         X, y = self._data(X, y, reset=False)
         if X[:, 0].max() >= self.n_users_ or X[:, 1].max() >= self.n_items_:
             raise ValueError(f"partial_fit got ids beyond the fitted model ({self.n_users_} "
@@ -222,6 +223,19 @@ class MatrixFactorization(RegressorMixin, BaseEstimator):
         with self._session(X, y):
             self._epoch(X, y)
         return self
+
+    def _continue_state(self):
+        """Before a partial_fit goes on: a learning_rate set since the last call becomes
+        the current step (it was ignored: the decayed step of fit went on); n_factors,
+        which shapes the tables, cannot change (refused, not ignored). reg, reg_bias,
+        fit_bias, decay, n_workers and backend are read by every epoch anyway."""
+        if self.n_factors != self.user_factors_.shape[1]:
+            raise ValueError(f"n_factors: set to {self.n_factors!r} after the tables were "
+                             f"built with {self.user_factors_.shape[1]}; partial_fit "
+                             "continues them. Call fit to start over with it")
+        lr = float(self.learning_rate)
+        if lr != getattr(self, "_lr_set", lr):
+            self._lr = self._lr_set = lr
 
     def _epoch(self, X, y):
         n = X.shape[0]

@@ -98,8 +98,10 @@ def _fault(d) -> str | None:
         return "weights hold NaN or inf"
     if not ints(d["version"], 0):
         return f"version {d['version'].tolist()!r} is not an int >= 0"
-    if not ints(sv, 1) or sv.size == 0 or (sv > d["version"]).any():
-        return "shard_versions are not ints in [0, version]"
+    # (a checkpoint taken while workers push reads the global version before the
+    # shards, so a shard's version may be above it: no bound between them here)
+    if not ints(sv, 1) or sv.size == 0:
+        return "shard_versions are not ints >= 0, one per shard"
     if not ints(d["pushes"], 1) or not ints(d["epochs"], 1) \
             or d["pushes"].shape != d["epochs"].shape:
         return "pushes and epochs are not ints >= 0, one of each per worker"

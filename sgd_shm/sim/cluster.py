@@ -62,7 +62,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from sgd_shm.core.imbalance import delay_of, draw_delay, factors_of, imbalance_of, transient_of
+from sgd_shm.core.imbalance import (_factor, delay_of, draw_delay, factors_of, imbalance_of,
+                                    transient_of)
 from sgd_shm.core.validation import _is_int, check_number, check_positive
 
 __all__ = ["Cluster", "Network", "TOPOLOGIES"]
@@ -131,8 +132,14 @@ class Cluster:
         f = self.factors
         if isinstance(f, str):
             n = 1
-        elif isinstance(f, dict):
-            n = 1 + max([k for k in f if _is_int(k) and k >= 0], default=0)
+        elif isinstance(f, dict):               # (no vector as long as the largest id)
+            for k, x in f.items():
+                if not _is_int(k) or k < 0:
+                    raise ValueError(f"factors: worker {k!r} is not an int >= 0")
+                if not (_factor(x, "factors") >= 1 and math.isfinite(x)):
+                    raise ValueError("factors: factors must be finite and >= 1 "
+                                     "(1 = full speed)")
+            return
         else:
             try:
                 n = len(f)

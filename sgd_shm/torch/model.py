@@ -3,8 +3,9 @@ that the kit's trainers (``ps.train``, ``eager.train``, Hogwild) train it.
 
 The kit's trainers own one flat weight vector and ask the model for minibatch
 gradients into a flat buffer. :class:`TorchModel` meets that contract on a module:
-its parameters are laid out one after the other (in ``module.parameters()`` order)
-in one flat vector of ``n_params`` floats, and each gradient call
+its trainable parameters are laid out one after the other (in ``module.parameters()``
+order) in one flat vector of ``n_params`` floats (a frozen one, ``requires_grad=False``,
+stays the module's own tensor, which no trainer changes), and each gradient call
 
 1. points the parameters of this thread's replica of the module at the caller's
    weights: a float32 vector is used in place (the parameters become views of it, as
@@ -174,9 +175,9 @@ class TorchModel(Model):
 
     Parameters
     ----------
-    module : the network (an ``nn.Module`` instance, on the CPU). Its parameters are
-        made float32 and become views of one flat vector (``weights``); its initial
-        weights are what :meth:`init` returns. Its state must all be parameters:
+    module : the network (an ``nn.Module`` instance, on the CPU). Its trainable
+        parameters are made float32 and become views of one flat vector (``weights``;
+        frozen ones stay its own); its initial weights are what :meth:`init` returns. Its state must all be parameters:
         buffers (BatchNorm's running statistics) stay each replica's own.
     loss : "cross_entropy" (the module outputs logits; the default) or "nll_loss"
         (it outputs log-probabilities, as with a final ``log_softmax``), averaged over
