@@ -171,6 +171,19 @@ def test_cli_mpi(tmp_path, P):
     assert all(o["replicas_equal"] for o in d["summary"].values())
 
 
+def _run_script_on_two_ranks(tmp_path, text, *args):
+    """``text`` as a script run by 2 MPI ranks (skipped without mpi4py or mpiexec)."""
+    pytest.importorskip("mpi4py")
+    exe = _mpiexec()
+    if exe is None:
+        pytest.skip("no mpiexec")
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    return subprocess.run([exe, "-n", "2", sys.executable, str(script), *args],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+
+
 MPI_ARGS = r'''
 import numpy as np, sys
 from mpi4py import MPI
@@ -203,15 +216,7 @@ def test_mpi_arguments_and_ranks_that_disagree(tmp_path):
     AttributeError, COMM_NULL became COMM_WORLD, n_workers=True passed); ranks whose
     data have different widths are refused on every rank (they trained, replicas
     differing)."""
-    pytest.importorskip("mpi4py")
-    exe = _mpiexec()
-    if exe is None:
-        pytest.skip("no mpiexec")
-    script = tmp_path / "args.py"
-    script.write_text(MPI_ARGS)
-    p = subprocess.run([exe, "-n", "2", sys.executable, str(script)], capture_output=True,
-                       text=True, timeout=180, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": ROOT})
+    p = _run_script_on_two_ranks(tmp_path, MPI_ARGS)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert p.stdout.count("OK rank") == 2, p.stdout
 
@@ -237,15 +242,7 @@ cli.run(args)
 def test_cli_mpi_rank_that_fails_ends_the_job(tmp_path):
     """One rank fails: the command ends the job (MPI_Abort, the rank's traceback on
     stderr) instead of leaving rank 0 in the round's collective forever."""
-    pytest.importorskip("mpi4py")
-    exe = _mpiexec()
-    if exe is None:
-        pytest.skip("no mpiexec")
-    script = tmp_path / "fails.py"
-    script.write_text(MPI_ONE_FAILS)
-    p = subprocess.run([exe, "-n", "2", sys.executable, str(script), str(tmp_path)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": ROOT})
+    p = _run_script_on_two_ranks(tmp_path, MPI_ONE_FAILS, str(tmp_path))
     assert p.returncode != 0
     assert "rank 1 fails on purpose" in p.stderr, p.stderr[-3000:]
     assert not (tmp_path / "eager-main.json").exists()
