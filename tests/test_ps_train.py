@@ -476,7 +476,7 @@ def test_bad_input(data):
     with pytest.raises(ValueError, match="faults"):
         train(X, y, n_workers=2, faults={2: 0.1})
     # a bool worker (True killed worker 1), a word for seconds, a list (raw errors before)
-    for bad, err, match in (({True: 0.0}, ValueError, r"faults: expected \{worker in"),
+    for bad, err, match in (({True: 0.0}, TypeError, r"faults: expected \{worker in"),
                             ({0: "a"}, TypeError, "faults: must be a number"),
                             ([0.1], TypeError, r"faults: expected \{worker: seconds\} "
                                                r"\(a dict\), got list")):

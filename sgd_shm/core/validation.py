@@ -124,8 +124,9 @@ def check_faults(faults, n_workers) -> dict:
     out = {}
     for k, t in faults.items():
         if not _is_int(k) or not 0 <= k < n_workers:       # (True was worker 1)
-            raise ValueError(f"faults: expected {{worker in [0, {n_workers}): seconds >= 0}}, "
-                             f"got {{{k!r}: {t!r}}}")
+            raise (ValueError if _is_int(k) else ParameterError)(
+                f"faults: expected {{worker in [0, {n_workers}): seconds >= 0}}, got "
+                f"{{{k!r}: {t!r}}}")
         out[int(k)] = check_number("faults", t, lo=0)
     return out
 
