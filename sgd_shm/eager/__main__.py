@@ -40,7 +40,8 @@ def add_arguments(ap):
     ap.add_argument("--imbalance", type=finite_float, nargs=2, default=(1, 0.002),
                     metavar=("K", "SECONDS"),
                     help="each round K ranks sleep SECONDS (default 1 0.002)")
-    ap.add_argument("--seconds", type=finite_float, default=3.0, help="seconds per run (default 3)")
+    ap.add_argument("--seconds", type=finite_float, default=3.0,
+                    help="seconds per run (default 3)")
     ap.add_argument("--target", type=finite_float, default=0.935,
                     help="target held-out accuracy (default 0.935)")
     ap.add_argument("--reps", type=int, default=1, help="runs per collective (default 1)")

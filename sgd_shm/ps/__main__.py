@@ -27,7 +27,8 @@ def add_arguments(ap):
                     help="slowdown factor of worker 0 (default 4; 1 for none)")
     ap.add_argument("--policies", default=",".join(POLICIES),
                     help=f"comma-separated, from {', '.join(POLICIES)} (default all)")
-    ap.add_argument("--seconds", type=finite_float, default=5.0, help="seconds per policy (default 5)")
+    ap.add_argument("--seconds", type=finite_float, default=5.0,
+                    help="seconds per policy (default 5)")
     ap.add_argument("--target", type=finite_float, default=0.935,
                     help="target held-out accuracy (default 0.935)")
     ap.add_argument("--samples", type=int, default=20_000,

@@ -36,10 +36,10 @@ from sgd_shm.core.results import Evaluator, Result
 from sgd_shm.core.traces import EagerTrace, PSTrace
 from sgd_shm.core.policies import make_policy
 from sgd_shm.core.schedules import Schedule, for_run, make_schedule
-from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop, check_faults,
-                                     check_momentum, check_eval_set, check_int, check_number, check_shards,
-                                     check_positive, model_data, n_columns, warn_caller,
-                                     resolve_workers, stopping_rule)
+from sgd_shm.core.validation import (check_callbacks, check_choice, check_drop, check_eval_set,
+                                     check_faults, check_int, check_momentum, check_number,
+                                     check_positive, check_shards, model_data, n_columns,
+                                     resolve_workers, stopping_rule, warn_caller)
 from sgd_shm.models.linear import model_or_linear
 from sgd_shm.sim.cluster import Cluster, Network, StepTimes
 

@@ -177,8 +177,9 @@ class TorchModel(Model):
     ----------
     module : the network (an ``nn.Module`` instance, on the CPU). Its trainable
         parameters are made float32 and become views of one flat vector (``weights``;
-        frozen ones stay its own); its initial weights are what :meth:`init` returns. Its state must all be parameters:
-        buffers (BatchNorm's running statistics) stay each replica's own.
+        frozen ones stay its own); its initial weights are what :meth:`init` returns.
+        Its state must all be parameters: buffers (BatchNorm's running statistics)
+        stay each replica's own.
     loss : "cross_entropy" (the module outputs logits; the default) or "nll_loss"
         (it outputs log-probabilities, as with a final ``log_softmax``), averaged over
         the minibatch.
