@@ -26,6 +26,8 @@ import threading
 import numba as nb
 import numpy as np
 
+from relaxed._multiqueue import _as_1d
+
 __all__ = ["replay", "rank_errors_sequential", "merge_logs", "logged_hold",
            "theory_rank_error"]
 
@@ -38,18 +40,6 @@ def theory_rank_error(n_queues: int) -> float:
     if n_queues < 1:
         raise ValueError(f"n_queues must be >= 1, got {n_queues}")
     return 5 / 6 * n_queues - 1 + 1 / (6 * n_queues)
-
-
-def _ints(name, x):
-    """``x`` as an int64 array; floats (truncated before: keys 1.7 and 1.2 were both 1),
-    bools and other kinds are refused by name."""
-    a = np.asarray(x)
-    if a.dtype.kind not in "iu" and not (a.size == 0 and a.dtype.kind == "f"):
-        raise TypeError(f"{name} must hold integers, got dtype {a.dtype}; the log's keys "
-                        f"are ints (scale and round float keys first)")
-    if a.dtype.kind == "u" and a.size and a.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"{name} holds values above the int64 maximum")
-    return a.astype(np.int64)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -149,16 +139,16 @@ def replay(ticks, ops, keys, values, initial_keys=None, initial_values=None):
     use :func:`merge_logs`).
     Raises ValueError if a pop cannot be matched to a push.
     """
-    ticks, ops, keys, values = (_ints(name, a) for name, a in (
+    ticks, ops, keys, values = (_as_1d(name, a, np.int64, "integer") for name, a in (
         ("ticks", ticks), ("ops", ops), ("keys", keys), ("values", values)))
     if not (ticks.shape == ops.shape == keys.shape == values.shape) or ticks.ndim != 1:
         raise ValueError("ticks, ops, keys and values must be 1-D arrays of one length")
     if ops.size and not np.isin(ops, (1, 2)).all():
         raise ValueError("ops must be 1 (push) or 2 (pop)")
     if initial_keys is not None:
-        ik = _ints("initial_keys", initial_keys)
-        iv = (_ints("initial_values", initial_values) if initial_values is not None
-              else np.arange(ik.size, dtype=np.int64))
+        ik = _as_1d("initial_keys", initial_keys, np.int64, "integer")
+        iv = (_as_1d("initial_values", initial_values, np.int64, "integer")
+              if initial_values is not None else np.arange(ik.size, dtype=np.int64))
         if ik.shape != iv.shape:
             raise ValueError("initial_keys and initial_values must have one length")
         t0 = (ticks.min() if ticks.size else 0) - 1
@@ -179,11 +169,12 @@ def replay(ticks, ops, keys, values, initial_keys=None, initial_values=None):
 
 def rank_errors_sequential(initial_keys, popped, pushed):
     """Rank errors of a one-thread hold run: pop popped[i], then push pushed[i]."""
-    popped, pushed = _ints("popped", popped), _ints("pushed", pushed)
-    if popped.ndim != 1 or popped.shape != pushed.shape:
+    popped = _as_1d("popped", popped, np.int64, "integer")
+    pushed = _as_1d("pushed", pushed, np.int64, "integer")
+    if popped.shape != pushed.shape:
         raise ValueError(f"popped and pushed must be 1-D of one length (one push after each "
                          f"pop), got shapes {popped.shape} and {pushed.shape}")
-    initial_keys = _ints("initial_keys", initial_keys)
+    initial_keys = _as_1d("initial_keys", initial_keys, np.int64, "integer")
     n = popped.size
     ticks = np.arange(2 * n, dtype=np.int64)
     ops = np.tile(np.array([2, 1], dtype=np.int64), n)
