@@ -29,10 +29,8 @@ def factors_of(slowdown, n_workers, name="slowdown"):
         elif slowdown == "hetero" and n_workers > 1:
             factors = 4.0 ** (1.0 - np.arange(n_workers) / (n_workers - 1))
     elif isinstance(slowdown, dict):
-        for k, f in slowdown.items():
-            if not _is_int(k) or not 0 <= k < n_workers:
-                raise ValueError(f"{name}: worker {k!r} is not an int in [0, {n_workers})")
-            factors[k] = _factor(f, name)
+        for k, f in factor_items(slowdown, name, n_workers):
+            factors[k] = f
     elif slowdown is not None:
         try:
             given = np.asarray(slowdown)
@@ -49,6 +47,22 @@ def factors_of(slowdown, n_workers, name="slowdown"):
     if (factors < 1).any() or not np.isfinite(factors).all():
         raise ValueError(f"{name}: factors must be finite and >= 1 (1 = full speed)")
     return factors
+
+
+def factor_items(slowdown, name="slowdown", n_workers=None):
+    """The (worker, factor) pairs of a {worker: factor} dict, checked: workers ints in
+    [0, n_workers) (None: any >= 0, for a cluster made before its run's size is known),
+    factors finite numbers >= 1."""
+    out = []
+    for k, f in slowdown.items():
+        if not _is_int(k) or k < 0 or (n_workers is not None and k >= n_workers):
+            rule = "an int >= 0" if n_workers is None else f"an int in [0, {n_workers})"
+            raise ValueError(f"{name}: worker {k!r} is not {rule}")
+        f = _factor(f, name)
+        if not (f >= 1 and np.isfinite(f)):
+            raise ValueError(f"{name}: factors must be finite and >= 1 (1 = full speed)")
+        out.append((int(k), f))
+    return out
 
 
 def _factor(f, name="slowdown"):

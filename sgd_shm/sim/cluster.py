@@ -62,9 +62,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from sgd_shm.core.imbalance import (_factor, delay_of, draw_delay, factors_of, imbalance_of,
-                                    transient_of)
-from sgd_shm.core.validation import _is_int, check_number, check_positive
+from sgd_shm.core.imbalance import (delay_of, draw_delay, factor_items, factors_of,
+                                    imbalance_of, transient_of)
+from sgd_shm.core.validation import check_number, check_positive
 
 __all__ = ["Cluster", "Network", "TOPOLOGIES"]
 
@@ -133,12 +133,7 @@ class Cluster:
         if isinstance(f, str):
             n = 1
         elif isinstance(f, dict):               # (no vector as long as the largest id)
-            for k, x in f.items():
-                if not _is_int(k) or k < 0:
-                    raise ValueError(f"factors: worker {k!r} is not an int >= 0")
-                if not (_factor(x, "factors") >= 1 and math.isfinite(x)):
-                    raise ValueError("factors: factors must be finite and >= 1 "
-                                     "(1 = full speed)")
+            factor_items(f, "factors")
             return
         else:
             try:
