@@ -81,6 +81,19 @@ except ImportError as e:        # pragma: no cover - exercised by a subprocess t
 
 __all__ = ["MPICommunicator"]
 
+
+def intracomm(comm):
+    """``comm`` checked as the communicator of a run (None: COMM_WORLD): an mpi4py
+    intracommunicator, not COMM_NULL (which is falsy: ``comm or COMM_WORLD`` swapped it
+    for the world)."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"comm: must be an mpi4py intracommunicator (an MPI.Intracomm such "
+                        f"as MPI.COMM_WORLD, or one from comm.Split), got "
+                        f"{type(comm).__name__} {comm!r}")
+    return comm
+
 _TAG_ACT = 7011
 # round codes: the kind of a reduction, the close round, the kind of a gather
 _SYNC, _SOLO, _MAJ, _CLOSE, _GSYNC, _GSOLO, _GMAJ = range(7)
@@ -153,13 +166,7 @@ class MPICommunicator(Communicator):
 
     def __init__(self, n, dtype=np.float64, *, comm=None, late="drop", average="size",
                  depth=8, seed=0, timeout=None):
-        if comm is None:
-            comm = MPI.COMM_WORLD
-        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-            raise TypeError(
-                "comm must be an mpi4py intracommunicator (an MPI.Intracomm such as "
-                f"MPI.COMM_WORLD), got {type(comm).__name__}; pass comm=MPI.COMM_WORLD "
-                "or a communicator from comm.Split")
+        comm = intracomm(comm)
         size = comm.Get_size()
         if size > MAX_RANKS:
             raise ValueError(

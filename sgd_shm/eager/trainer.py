@@ -352,12 +352,13 @@ def _compressor(compress):
 
 def _mpi_size(n_workers, comm):
     try:
-        from mpi4py import MPI
+        import mpi4py  # noqa: F401  (its absence gets the install line below)
     except ImportError:
         raise ImportError("backend='mpi' needs mpi4py and an MPI library: pip install "
                           "'relaxed-sgd-kit[mpi]' (mpi4py + mpich), then run under mpiexec") \
             from None
-    size = _world(MPI, comm).Get_size()
+    from sgd_shm.collectives.mpi import intracomm
+    size = intracomm(comm).Get_size()
     if n_workers is not None and (not _is_int(n_workers) or n_workers != size):
         raise ValueError(f"n_workers: under MPI the ranks are the communicator's {size} "
                          f"processes, got n_workers={n_workers!r}; pass n_workers=None or "
@@ -686,22 +687,9 @@ def _run_shm(job):
             raise
 
 
-def _world(MPI, comm):
-    """``comm`` checked (None: COMM_WORLD); COMM_NULL is falsy, so ``comm or COMM_WORLD``
-    swapped it for the world, and a string failed with an AttributeError."""
-    if comm is None:
-        return MPI.COMM_WORLD
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"comm: must be an mpi4py intracommunicator such as MPI.COMM_WORLD "
-                        f"(or one from comm.Split), got {type(comm).__name__} {comm!r}")
-    return comm
-
-
 def _run_mpi(job, comm):
-    from mpi4py import MPI
-
-    from sgd_shm.collectives.mpi import MPICommunicator
-    world = _world(MPI, comm)
+    from sgd_shm.collectives.mpi import MPICommunicator, intracomm
+    world = intracomm(comm)
     n, kw = job.comm_args
     with MPICommunicator(n, comm=world, **kw) as c:
         out = rank_main(c, job)
